@@ -1,0 +1,47 @@
+"""tpu_models: a TPU-first model zoo for TensorFlow 2 + Keras 3."""
+
+import os
+import re
+
+from setuptools import find_packages, setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(HERE, "tpu_models", "__init__.py")) as f:
+  VERSION = re.search(r'__version__ = "([^"]+)"', f.read()).group(1)
+with open(os.path.join(HERE, "README.md")) as f:
+  LONG_DESCRIPTION = f.read()
+
+EXTRAS = {
+    "coco": ["pycocotools>=2.0.7"],
+    "text": ["sentencepiece>=0.2", "sacrebleu>=2.4"],
+    "dev": ["pytest>=8", "pytest-timeout>=2.3", "scikit-image>=0.22"],
+}
+EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
+
+setup(
+    name="tpu-models",
+    version=VERSION,
+    description="ResNet, Transformer and RetinaNet on one TPU-first training loop "
+                "(TensorFlow 2 + Keras 3).",
+    long_description=LONG_DESCRIPTION,
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["tpu_models", "tpu_models.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "tensorflow>=2.21,<2.22",
+        "tensorflow-text>=2.21,<2.22",
+        "tensorflow-datasets>=4.9",
+        "keras>=3.10",
+        "absl-py>=2.1",
+        "numpy>=1.26",
+        "pyyaml>=6.0",
+    ],
+    extras_require=EXTRAS,
+    entry_points={"console_scripts": ["tpu-models=tpu_models.cli:main"]},
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "License :: OSI Approved :: Apache Software License",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+    license="Apache-2.0",
+)

@@ -1,0 +1,178 @@
+"""The shared reader `build_dataset` on real JPEG TFRecords.
+
+Sharding across input pipelines without overlap or loss, evaluation padding
+and masks, static shapes, and corrupt images (error vs skip).
+"""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tpu_models.config import DataConfig
+from tpu_models.data import example as example_lib
+from tpu_models.data import image as image_lib
+from tpu_models.data import pipeline
+
+IMAGE_SIZE = 24
+NUM_EXAMPLES = 23  # Not a multiple of any batch size used below.
+
+
+def _photo(height, width, seed=0):
+  rng = np.random.default_rng(seed)
+  y, x = np.mgrid[0:height, 0:width]
+  base = np.stack([x * 255 / width, y * 255 / height, (x + y) * 127 / (height + width)], -1)
+  return np.clip(base + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8)
+
+
+def _write_records(prefix, num_examples, num_shards, corrupt_ids=()):
+  """Record i holds a JPEG of varying size and label i (a unique id)."""
+  with example_lib.ShardedRecordWriter(prefix, num_shards) as writer:
+    for i in range(num_examples):
+      encoded = tf.io.encode_jpeg(_photo(30 + i % 7, 40 + i % 5, seed=i)).numpy()
+      if i in corrupt_ids:
+        encoded = encoded[:len(encoded) // 2]  # Truncated: a JPEG header, broken data.
+      writer.write(example_lib.image_example(encoded, i, filename=f"img{i}.jpg")
+                   .SerializeToString())
+  return writer.paths
+
+
+def _decode_eval(serialized):
+  record = example_lib.parse_image_example(serialized)
+  image = image_lib.decode_and_center_crop(record["image/encoded"], IMAGE_SIZE)
+  return image, record["label"]
+
+
+def _decode_train(serialized):
+  record = example_lib.parse_image_example(serialized)
+  image = image_lib.decode_and_random_crop(record["image/encoded"], IMAGE_SIZE)
+  image = image_lib.normalize(image_lib.random_flip(image), image_lib.IMAGENET_MEAN_RGB,
+                              image_lib.IMAGENET_STD_RGB)
+  return image, record["label"]
+
+
+def _real_labels(dataset, max_batches=100):
+  """Labels with mask 1 from an eval dataset, stopping at the first all-padding batch."""
+  labels = []
+  for step, (images, batch_labels, mask) in enumerate(dataset):
+    assert step < max_batches, "evaluation padding never started"
+    assert images.shape[1:] == (IMAGE_SIZE, IMAGE_SIZE, 3)
+    mask = mask.numpy()
+    if not mask.any():
+      break
+    # Real examples come first, padding after: the mask is 1...1 0...0.
+    assert np.all(np.diff(mask) <= 0)
+    labels.extend(batch_labels.numpy()[mask == 1].tolist())
+  return labels
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+  prefix = str(tmp_path_factory.mktemp("records") / "train")
+  _write_records(prefix, NUM_EXAMPLES, num_shards=4)
+  return prefix + "-*"
+
+
+def test_eval_two_pipelines_no_overlap_no_loss(records):
+  config = DataConfig(source="tfrecord", path=records, split="validation", global_batch_size=4)
+  per_pipeline = []
+  for i in range(2):
+    context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=i,
+                                         num_replicas_in_sync=2)
+    ds = pipeline.build_dataset(config, _decode_eval, training=False, input_context=context)
+    images_spec, labels_spec, mask_spec = ds.element_spec
+    assert images_spec.shape == (2, IMAGE_SIZE, IMAGE_SIZE, 3)  # 4 / 2 replicas.
+    assert labels_spec.shape == (2,) and mask_spec.shape == (2,)
+    per_pipeline.append(_real_labels(ds))
+  first, second = per_pipeline
+  assert first and second
+  assert not set(first) & set(second)
+  assert sorted(first + second) == list(range(NUM_EXAMPLES))
+  assert len(first) + len(second) == NUM_EXAMPLES  # Nothing read twice.
+
+
+def test_eval_mask_counts_every_example_once(records):
+  config = DataConfig(source="tfrecord", path=records, split="validation", global_batch_size=4)
+  ds = pipeline.build_dataset(config, _decode_eval, training=False)
+  assert all(s.shape.is_fully_defined() for s in tf.nest.flatten(ds.element_spec))
+  labels = _real_labels(ds)
+  assert len(labels) == NUM_EXAMPLES
+  assert sorted(labels) == list(range(NUM_EXAMPLES))
+  # Padding examples are zeros.
+  images, labels, mask = next(iter(ds.skip(NUM_EXAMPLES // 4 + 1)))
+  assert not mask.numpy().any() and not images.numpy().any()
+
+
+def test_train_batches_static_and_repeating(records):
+  config = DataConfig(source="tfrecord", path=records, global_batch_size=8, shuffle_buffer=16,
+                      seed=1)
+  ds = pipeline.build_dataset(config, _decode_train, training=True)
+  assert ds.element_spec[0].shape == (8, IMAGE_SIZE, IMAGE_SIZE, 3)
+  assert ds.element_spec[0].dtype == tf.float32
+  seen = []
+  for images, labels in ds.take(6):  # 48 > 23 examples: the data repeats.
+    assert np.isfinite(images.numpy()).all()
+    seen.extend(labels.numpy().tolist())
+  assert set(seen) == set(range(NUM_EXAMPLES))
+
+
+def test_too_few_files_for_the_pipelines(records):
+  config = DataConfig(source="tfrecord", path=records, global_batch_size=8)
+  context = tf.distribute.InputContext(num_input_pipelines=8, input_pipeline_id=0,
+                                       num_replicas_in_sync=8)
+  with pytest.raises(ValueError, match="at least 8 shards"):
+    pipeline.build_dataset(config, _decode_eval, training=False, input_context=context)
+
+
+@pytest.fixture(scope="module")
+def corrupt_records(tmp_path_factory):
+  prefix = str(tmp_path_factory.mktemp("corrupt") / "val")
+  _write_records(prefix, 6, num_shards=2, corrupt_ids=(3,))
+  return prefix + "-*"
+
+
+def test_corrupt_jpeg_raises_with_on_corrupt_error(corrupt_records):
+  config = DataConfig(source="tfrecord", path=corrupt_records, global_batch_size=2,
+                      on_corrupt="error")
+  ds = pipeline.build_dataset(config, _decode_eval, training=False)
+  with pytest.raises(tf.errors.InvalidArgumentError):
+    for _ in ds.take(10):  # Bounded: 6 examples fit in 3 batches.
+      pass
+
+
+def test_corrupt_jpeg_skipped_with_on_corrupt_skip(corrupt_records):
+  config = DataConfig(source="tfrecord", path=corrupt_records, global_batch_size=2,
+                      on_corrupt="skip")
+  ds = pipeline.build_dataset(config, _decode_eval, training=False)
+  labels = _real_labels(ds)
+  assert sorted(labels) == [0, 1, 2, 4, 5]
+
+
+def test_num_examples_takes_a_prefix(records):
+  config = DataConfig(source="tfrecord", path=records, global_batch_size=4, num_examples=5)
+  assert len(_real_labels(pipeline.build_dataset(config, _decode_eval, training=False))) == 5
+
+
+@pytest.mark.skipif(not os.path.isdir("/usr/share/datasets/fashion-mnist"),
+                    reason="Debian package dataset-fashion-mnist not installed.")
+def test_fashion_mnist_through_the_reader():
+  config = DataConfig(source="fashion_mnist", path="/usr/share/datasets/fashion-mnist",
+                      split="test", global_batch_size=512)
+
+  def decode(element):
+    return tf.cast(element["image"], tf.float32) / 255.0, element["label"]
+
+  total = 0
+  for i in range(2):
+    context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=i,
+                                         num_replicas_in_sync=2)
+    ds = pipeline.build_dataset(config, decode, training=False, input_context=context)
+    assert ds.element_spec[0].shape == (256, 28, 28, 1)
+    for step, (_, _, mask) in enumerate(ds):
+      count = int(mask.numpy().sum())
+      if not count:
+        break
+      total += count
+      assert step < 30
+  assert total == 10000

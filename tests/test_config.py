@@ -1,0 +1,81 @@
+"""Configs: YAML round trip, overrides, and errors that name the key."""
+
+import pytest
+import yaml
+
+from tpu_models import config as config_lib
+from tpu_models.config import ConfigError
+
+import toy_task  # noqa: F401  (registers the "toy" task and "toy_mlp" model)
+
+
+def test_overrides_convert_types_and_nest():
+  config = toy_task.toy_config([
+      "trainer.train_steps=7", "trainer.optimizer.momentum=0.5", "trainer.schedule.base_lr=1e-3",
+      "runtime.jit_compile=true", "task.model.hidden=5", "trainer.schedule.boundaries=[1, 2]",
+      "trainer.target_metric=accuracy"])
+  assert config.trainer.train_steps == 7
+  assert config.trainer.optimizer.momentum == 0.5
+  assert config.trainer.schedule.base_lr == pytest.approx(1e-3)  # YAML reads "1e-3" as a string
+  assert config.runtime.jit_compile is True
+  assert config.task.model.params == {"hidden": 5}
+  assert config.trainer.schedule.boundaries == [1, 2]
+  assert type(config.task).__name__ == "ToyTaskConfig"
+
+
+def test_yaml_round_trip(tmp_path):
+  config = toy_task.toy_config(["task.model.hidden=9", "task.train_data.global_batch_size=4"])
+  path = tmp_path / "config.yaml"
+  config_lib.dump_config(config, str(path))
+  again = config_lib.load_config(str(path))
+  assert again == config
+  assert yaml.safe_load(path.read_text())["task"]["model"] == {"name": "toy_mlp", "hidden": 9}
+
+
+def test_base_include_and_override(tmp_path):
+  (tmp_path / "base.yaml").write_text(yaml.safe_dump(config_lib.to_dict(toy_task.toy_config())))
+  (tmp_path / "child.yaml").write_text("base: base.yaml\ntrainer: {train_steps: 3}\n")
+  config = config_lib.load_config(str(tmp_path / "child.yaml"), ["trainer.steps_per_loop=1"])
+  assert config.trainer.train_steps == 3 and config.trainer.steps_per_loop == 1
+  assert config.task.name == "toy"
+
+
+def test_misspelled_key_names_key_and_valid_keys():
+  with pytest.raises(ConfigError) as e:
+    toy_task.toy_config(["trainer.trian_steps=5"])
+  message = str(e.value)
+  assert "trainer.trian_steps" in message
+  assert "Did you mean 'train_steps'" in message
+  assert "steps_per_loop" in message and "checkpoint_every" in message
+
+
+def test_misspelled_model_argument_names_builder_arguments():
+  with pytest.raises(ConfigError) as e:
+    toy_task.toy_config(["task.model.hiden=5"])
+  assert "task.model.hiden" in str(e.value) and "hidden" in str(e.value)
+
+
+def test_wrong_type_names_field():
+  with pytest.raises(ConfigError) as e:
+    toy_task.toy_config(["trainer.train_steps=many"])
+  assert "trainer.train_steps" in str(e.value) and "integer" in str(e.value)
+  with pytest.raises(ConfigError) as e:
+    toy_task.toy_config(["runtime.jit_compile=sometimes"])
+  assert "runtime.jit_compile" in str(e.value)
+  with pytest.raises(ConfigError) as e:
+    toy_task.toy_config(["task.model.hidden=1.5"])
+  assert "task.model.hidden" in str(e.value)
+
+
+def test_bad_choice_and_unknown_task():
+  with pytest.raises(ConfigError, match="runtime.mixed_precision.*float32, bfloat16, float16"):
+    toy_task.toy_config(["runtime.mixed_precision=fp8"])
+  with pytest.raises(ConfigError, match="task.name.*Unknown task 'toyy'.*toy"):
+    toy_task.toy_config(["task.name=toyy"])
+
+
+def test_override_syntax_errors():
+  with pytest.raises(ConfigError, match="key.sub=value"):
+    toy_task.toy_config(["trainer.train_steps"])
+  with pytest.raises(ConfigError, match="is a value, not a section"):
+    toy_task.toy_config(["trainer.train_steps.x=1"])

@@ -1,0 +1,118 @@
+"""A tiny learnable task registered from the tests, as a user would register theirs.
+
+Inputs x ~ N(0, 1)^8; the label is the argmax of a fixed random linear map, so
+a small MLP can fit it to near-zero loss. Also runnable as a script, which the
+subprocess tests (resume, SIGTERM, multi-worker) use:
+
+    python tests/toy_task.py MODEL_DIR [key=value overrides...]
+"""
+
+import dataclasses
+import os
+import sys
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tpu_models import config as config_lib
+from tpu_models.config import TaskConfig
+from tpu_models.data import pipeline
+from tpu_models.registry import register_model, register_task
+from tpu_models.tasks.base import Task, weighted_mean
+
+NUM_FEATURES = 8
+NUM_CLASSES = 4
+
+
+@register_model("toy_mlp", overwrite=True)
+def toy_mlp(hidden: int = 32, num_classes: int = NUM_CLASSES) -> keras.Model:
+  inputs = keras.Input((NUM_FEATURES,), name="x")
+  h = keras.layers.Dense(hidden, activation="relu", name="hidden")(inputs)
+  logits = keras.layers.Dense(num_classes, name="logits", dtype="float32")(h)
+  return keras.Model(inputs, logits, name="toy_mlp")
+
+
+class _KeepPositiveRows(keras.layers.Layer):
+  """Drops rows whose first feature is negative: an output shape that depends on data."""
+
+  def call(self, x):
+    kept = tf.boolean_mask(x, x[:, 0] > 0)
+    return tf.reduce_mean(kept, axis=0, keepdims=True) + 0.0 * x
+
+
+@register_model("toy_dynamic", overwrite=True)
+def toy_dynamic(hidden: int = 32, num_classes: int = NUM_CLASSES) -> keras.Model:
+  """Like toy_mlp, but with a data-dependent shape inside: not TPU-ready."""
+  inputs = keras.Input((NUM_FEATURES,), name="x")
+  h = keras.layers.Dense(hidden, activation="relu", name="hidden")(inputs)
+  h = _KeepPositiveRows(name="keep_positive")(h)
+  logits = keras.layers.Dense(num_classes, name="logits", dtype="float32")(h)
+  return keras.Model(inputs, logits, name="toy_dynamic")
+
+
+@dataclasses.dataclass
+class ToyTaskConfig(TaskConfig):
+  name: str = "toy"
+  model: config_lib.ModelConfig = dataclasses.field(
+      default_factory=lambda: config_lib.ModelConfig("toy_mlp"))
+  train_data: config_lib.DataConfig = dataclasses.field(
+      default_factory=lambda: config_lib.DataConfig(source="memory", global_batch_size=16,
+                                                    num_examples=512, shuffle_buffer=0))
+  eval_data: config_lib.DataConfig = dataclasses.field(
+      default_factory=lambda: config_lib.DataConfig(source="memory", split="eval",
+                                                    global_batch_size=8, num_examples=37))
+  nan_example: int = -1  # Index of a training example whose features are NaN.
+  data_seed: int = 0
+
+
+def toy_arrays(n: int, seed: int):
+  rng = np.random.default_rng(seed)
+  projection = np.random.default_rng(1234).normal(size=(NUM_FEATURES, NUM_CLASSES))
+  x = rng.normal(size=(n, NUM_FEATURES)).astype(np.float32)
+  y = np.argmax(x @ projection, axis=1).astype(np.int32)
+  return x, y
+
+
+@register_task("toy", overwrite=True)
+class ToyTask(Task):
+  config_class = ToyTaskConfig
+
+  def build_inputs(self, split, input_context=None):
+    cfg = self.config.train_data if split == "train" else self.config.eval_data
+    seed = self.config.data_seed + (0 if split == "train" else 1)
+    x, y = toy_arrays(cfg.num_examples, seed)
+    if split == "train" and self.config.nan_example >= 0:
+      x[self.config.nan_example] = np.nan
+    dataset = tf.data.Dataset.from_tensor_slices({"x": x, "y": y})
+    if input_context is not None:
+      dataset = dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+    return pipeline.build_dataset(
+        cfg, lambda e: (e["x"], e["y"]), training=split == "train",
+        input_context=input_context, dataset=dataset)
+
+  def loss(self, labels, outputs):
+    return keras.losses.sparse_categorical_crossentropy(labels, outputs, from_logits=True)
+
+  def metrics(self, labels, outputs, weights):
+    correct = tf.cast(tf.equal(tf.argmax(outputs, -1, output_type=tf.int32), labels), tf.float32)
+    return {"accuracy": weighted_mean(correct, weights)}
+
+
+def toy_config(overrides=()):
+  base = {"task": {"name": "toy"},
+          "trainer": {"train_steps": 40, "steps_per_loop": 10, "checkpoint_every": 10,
+                      "optimizer": {"name": "sgd", "momentum": 0.9},
+                      "schedule": {"name": "constant", "base_lr": 0.1}, "tensorboard": False},
+          "runtime": {"strategy": "cpu"}}
+  return config_lib.experiment_from_dict(base, overrides)
+
+
+if __name__ == "__main__":
+  from tpu_models.training.trainer import Trainer
+  model_dir, overrides = sys.argv[1], sys.argv[2:]
+  trainer = Trainer(toy_config(overrides), model_dir)
+  trainer.train()
+  np.save(os.path.join(model_dir, f"weights_{os.getpid()}.npy"),
+          np.concatenate([v.numpy().ravel() for v in trainer.model.trainable_variables]))
+  print("FINAL_STEP", trainer.current_step, flush=True)

@@ -1,0 +1,58 @@
+"""`tpu-models check`: a static model passes, data-dependent shapes are flagged."""
+
+import os
+import subprocess
+import sys
+
+import toy_task
+from conftest import REPO
+from tpu_models.training import tpu_check
+
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_static_model_is_tpu_ready():
+  report = tpu_check.check_config(toy_task.toy_config())
+  assert report.ready, report.format()
+  assert report.compiled
+
+
+def test_dynamic_shape_inside_model_is_flagged():
+  report = tpu_check.check_config(toy_task.toy_config(["task.model.name=toy_dynamic"]))
+  assert not report.ready
+  messages = [f.message for f in report.findings if f.kind == "dynamic_shape"]
+  assert messages and "keep_positive" in messages[0] and "boolean_mask" in messages[0], \
+      report.format()
+
+
+def test_dynamic_input_dimension_and_float64_are_flagged():
+  import tensorflow as tf
+
+  class RaggedToy(toy_task.ToyTask):
+    def build_inputs(self, split, input_context=None):
+      x, y = toy_task.toy_arrays(10, 0)
+      # batch() without drop_remainder: the batch dimension is unknown.
+      return tf.data.Dataset.from_tensor_slices((x.astype("float64"), y)).batch(4)
+
+  from tpu_models import registry
+  registry.register_task("toy_ragged", overwrite=True)(RaggedToy)
+  try:
+    report = tpu_check.check_config(toy_task.toy_config(["task.name=toy_ragged"]))
+  finally:
+    registry.TASKS._entries.pop("toy_ragged")
+  kinds = {f.kind for f in report.findings if f.severity == "error"}
+  assert {"dynamic_shape", "float64"} <= kinds, report.format()
+  assert not report.ready
+
+
+def test_cli_exit_codes():
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, REPO]), TF_CPP_MIN_LOG_LEVEL="2")
+  base = [sys.executable, "-m", "tpu_models.cli", "check", os.path.join(TESTS, "toy.yaml"),
+          "--import", "toy_task"]
+  ok = subprocess.run(base, env=env, capture_output=True, text=True, timeout=300)
+  assert ok.returncode == 0, ok.stdout + ok.stderr
+  assert "TPU-ready." in ok.stdout
+  bad = subprocess.run(base + ["--set", "task.model.name=toy_dynamic"], env=env,
+                       capture_output=True, text=True, timeout=300)
+  assert bad.returncode == 1, bad.stdout + bad.stderr
+  assert "NOT TPU-ready" in bad.stdout and "dynamic_shape" in bad.stdout

@@ -1,0 +1,185 @@
+"""The common Trainer on the toy task: learning, eval counting, NaN, SIGTERM, resume."""
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import toy_task
+from conftest import REPO
+from tpu_models.training import progress
+from tpu_models.training.trainer import NonFiniteLoss, Trainer
+
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _trainer(tmp_path, overrides=(), name="run"):
+  return Trainer(toy_task.toy_config(list(overrides)), str(tmp_path / name))
+
+
+def test_learns_to_near_zero_loss_and_counts_every_eval_example(tmp_path):
+  trainer = _trainer(tmp_path, [
+      "trainer.train_steps=300", "trainer.steps_per_loop=50", "trainer.eval_every=150",
+      "trainer.checkpoint_every=150", "trainer.optimizer.name=adamw",
+      "trainer.schedule.base_lr=0.01", "task.train_data.num_examples=64",
+      "task.eval_data.num_examples=37", "task.eval_data.global_batch_size=8",
+      "task.data_seed=0"])
+  train_metrics = trainer.train()
+  assert train_metrics["loss"] < 0.05, train_metrics
+  result = trainer.evaluate()
+  # 37 examples in batches of 8: the last batch is padded and masked.
+  assert result["examples"] == 37
+  assert 0.0 <= result["accuracy"] <= 1.0
+  x, y = toy_task.toy_arrays(37, seed=1)
+  predictions = np.argmax(trainer.model(x).numpy(), axis=1)
+  assert result["accuracy"] == pytest.approx(np.mean(predictions == y))
+  rows = progress.read_metrics(str(tmp_path / "run"), "train")
+  assert [r["step"] for r in rows] == [50, 100, 150, 200, 250, 300]
+  assert {"loss", "learning_rate", "examples_per_second"} <= set(rows[0])
+  assert os.path.exists(tmp_path / "run" / "config.yaml")
+  trainer.close()
+
+
+def test_train_and_evaluate_reports_padded_eval(tmp_path):
+  trainer = _trainer(tmp_path, ["trainer.train_steps=20", "trainer.eval_every=10",
+                                "task.eval_data.num_examples=13", "task.eval_data.global_batch_size=4"])
+  metrics = trainer.train_and_evaluate()
+  trainer.close()
+  assert metrics["examples"] == 13
+  evals = progress.read_metrics(str(tmp_path / "run"), "eval")
+  assert [r["step"] for r in evals] == [10, 20]
+  assert all(r["examples"] == 13 for r in evals)
+
+
+def test_eval_steps_limits_batches(tmp_path):
+  trainer = _trainer(tmp_path, ["trainer.eval_steps=2", "task.eval_data.num_examples=37",
+                                "task.eval_data.global_batch_size=8"])
+  assert trainer.evaluate()["examples"] == 16
+
+
+def test_nan_loss_raises_naming_the_step(tmp_path):
+  # Batch 16, no shuffling: example 100 is in the 7th batch, i.e. step 7.
+  trainer = _trainer(tmp_path, ["task.nan_example=100", "trainer.steps_per_loop=10"])
+  with pytest.raises(NonFiniteLoss, match=r"NaN or Inf at step 7 \(in the loop of steps 1-10\)"):
+    trainer.train()
+  # Nothing non-finite was written: no checkpoint exists.
+  assert tf.train.latest_checkpoint(str(tmp_path / "run")) is None
+
+
+def test_nan_loss_restore_policy_rolls_back_and_continues(tmp_path):
+  trainer = _trainer(tmp_path, [
+      "task.nan_example=100", "task.train_data.num_examples=512", "trainer.steps_per_loop=10",
+      "trainer.checkpoint_every=10", "trainer.train_steps=30", "trainer.nan_policy=restore"])
+  trainer.train()
+  assert trainer.current_step == 30
+  weights = np.concatenate([v.numpy().ravel() for v in trainer.model.trainable_variables])
+  assert np.all(np.isfinite(weights))
+  rows = progress.read_metrics(str(tmp_path / "run"))
+  assert any(r.get("event") == "non_finite_restored" for r in rows)
+
+
+def test_warm_start_by_variable_path_reports_shape_mismatch(tmp_path):
+  source = _trainer(tmp_path, ["trainer.train_steps=10"], name="source")
+  source.train()
+  target = _trainer(tmp_path, ["task.model.num_classes=3",
+                               f"trainer.init_checkpoint={tmp_path / 'source'}"], name="target")
+  hidden = {v.path: v.numpy() for v in source.model.variables}
+  for v in target.model.variables:
+    if v.path.startswith("hidden/"):
+      np.testing.assert_array_equal(v.numpy(), hidden[v.path])
+  report = target.warm_start(str(tmp_path / "source"))
+  assert sorted(report["restored"]) == ["hidden/bias", "hidden/kernel"]
+  assert len(report["shape_mismatch"]) == 2  # The new 3-class head keeps its init.
+  assert target.current_step == 0
+
+
+def _cli(model_dir, *overrides, extra_env=None):
+  cmd = [sys.executable, "-m", "tpu_models.cli", "train", os.path.join(TESTS, "toy.yaml"),
+         "--import", "toy_task", "--mode", "train", "--model-dir", str(model_dir)]
+  for o in overrides:
+    cmd += ["--set", o]
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, REPO]), TF_CPP_MIN_LOG_LEVEL="2")
+  env.update(extra_env or {})
+  return cmd, env
+
+
+def _final_weights(model_dir):
+  config = toy_task.toy_config()
+  trainer = Trainer(config, str(model_dir))
+  return trainer.current_step, np.concatenate(
+      [v.numpy().ravel() for v in trainer.model.trainable_variables]), trainer
+
+
+def _wait_for(predicate, timeout, proc):
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    if predicate():
+      return True
+    if proc.poll() is not None:
+      return False
+    time.sleep(0.02)
+  return False
+
+
+def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
+  # Every batch is the same 16 examples, so only model, optimizer and step state decide
+  # the result; the cosine schedule with warmup makes the LR depend on the step.
+  overrides = ["trainer.train_steps=3000", "trainer.steps_per_loop=10",
+               "trainer.checkpoint_every=10", "task.train_data.num_examples=16",
+               "trainer.schedule.name=cosine", "trainer.schedule.warmup_steps=50",
+               "trainer.schedule.base_lr=0.05"]
+  straight = tmp_path / "straight"
+  cmd, env = _cli(straight, *overrides)
+  subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=600)
+
+  killed = tmp_path / "killed"
+  cmd, env = _cli(killed, *overrides)
+  proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  has_checkpoint = lambda: bool(glob.glob(str(killed / "ckpt-*.index")))
+  assert _wait_for(has_checkpoint, 300, proc), "no checkpoint appeared"
+  time.sleep(0.3)
+  assert proc.poll() is None, "the run finished before it could be killed"
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  killed_at = int(tf.train.load_variable(tf.train.latest_checkpoint(str(killed)), "step/.ATTRIBUTES/VARIABLE_VALUE"))
+  assert 0 < killed_at < 3000
+
+  result = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True, timeout=600)
+  rows = progress.read_metrics(str(killed), "train")
+  resumed_rows = [r for r in rows if r["step"] > killed_at]
+  assert resumed_rows[0]["step"] == killed_at + 10 - killed_at % 10
+  step_a, weights_a, trainer_a = _final_weights(straight)
+  step_b, weights_b, trainer_b = _final_weights(killed)
+  assert step_a == step_b == 3000
+  np.testing.assert_allclose(weights_b, weights_a, rtol=1e-5, atol=1e-6)
+  # The learning rate at the resumed steps matches the uninterrupted run's.
+  straight_lr = {r["step"]: r["learning_rate"] for r in progress.read_metrics(str(straight), "train")}
+  for row in resumed_rows[:3]:
+    assert row["learning_rate"] == pytest.approx(straight_lr[row["step"]])
+  assert int(trainer_b.optimizer.iterations.numpy()) == 3000
+  del result
+
+
+def test_sigterm_saves_checkpoint_at_current_step(tmp_path):
+  model_dir = tmp_path / "run"
+  cmd, env = _cli(model_dir, "trainer.train_steps=10000000", "trainer.steps_per_loop=10",
+                  "trainer.checkpoint_every=100000")
+  proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  metrics = model_dir / "metrics.jsonl"
+  assert _wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= 3, 300, proc)
+  proc.send_signal(signal.SIGTERM)
+  out, err = proc.communicate(timeout=120)
+  assert proc.returncode == 143, err
+  assert "Stopped by SIGTERM" in err
+  rows = progress.read_metrics(str(model_dir), "train")
+  last_step = rows[-1]["step"]
+  checkpoint = tf.train.latest_checkpoint(str(model_dir))
+  assert checkpoint is not None and checkpoint.endswith(f"ckpt-{last_step}")
+  assert last_step < 100000  # Not a periodic checkpoint: it was written for SIGTERM.

@@ -1,0 +1,204 @@
+"""`tpu-models`: list, train, evaluate, export, check, benchmark, convert.
+
+    tpu-models train official/resnet/fashion_mnist_resnet.yaml --model-dir runs/fm
+    tpu-models train CONFIG --set trainer.train_steps=100 --set runtime.mixed_precision=bfloat16
+    tpu-models evaluate CONFIG --model-dir runs/fm [--continuous]
+    tpu-models check CONFIG          # TPU-readiness on the CPU; exit 1 when not ready
+"""
+
+import argparse
+import os
+import sys
+from typing import List, Optional
+
+
+def _add_config_args(parser: argparse.ArgumentParser, model_dir_required: bool = False) -> None:
+  parser.add_argument("config", help="experiment YAML, e.g. official/resnet/fashion_mnist_resnet.yaml")
+  parser.add_argument("--model-dir", required=model_dir_required,
+                      help="checkpoints, config.yaml, metrics.jsonl and TensorBoard summaries "
+                           "(default: runs/<config name>)")
+  parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a config value, e.g. --set trainer.train_steps=100 "
+                           "(repeatable)")
+  parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                      help="import a module that registers your own models, tasks or datasets "
+                           "(repeatable; the current directory is on the path)")
+
+
+def _parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+      prog="tpu-models", description="Train, evaluate, check and export tpu_models experiments.",
+      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+  sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+  p = sub.add_parser("list", help="registered models, tasks and datasets")
+  p.add_argument("kind", nargs="?", choices=("models", "tasks", "datasets"), default=None)
+  p.add_argument("--pattern", help="glob over names, e.g. 'resnet*'")
+
+  p = sub.add_parser("config", help="print the effective config (after --set overrides)")
+  _add_config_args(p)
+
+  p = sub.add_parser("train", help="train (and evaluate) an experiment")
+  _add_config_args(p)
+  p.add_argument("--mode", choices=("train", "train_and_evaluate"), default="train_and_evaluate")
+
+  p = sub.add_parser("evaluate", help="evaluate the latest checkpoint of a model_dir")
+  _add_config_args(p, model_dir_required=True)
+  p.add_argument("--continuous", action="store_true",
+                 help="evaluate every new checkpoint until the run's last step")
+  p.add_argument("--timeout", type=float, default=None,
+                 help="with --continuous: stop after this many seconds without a new checkpoint")
+
+  p = sub.add_parser("export", help="write a SavedModel with serving signatures")
+  _add_config_args(p, model_dir_required=True)
+  p.add_argument("--output", required=True, help="SavedModel directory to write")
+
+  p = sub.add_parser("check", help="TPU-readiness: compile the train step with XLA on the CPU")
+  _add_config_args(p)
+  p.add_argument("--batch-size", type=int, default=2, help="per-replica batch used for the check")
+
+  p = sub.add_parser("benchmark", help="train-step throughput of an experiment on synthetic data")
+  _add_config_args(p)
+  p.add_argument("--steps", type=int, default=20, help="timed steps")
+  p.add_argument("--warmup", type=int, default=5, help="untimed steps (compilation)")
+  p.add_argument("--real-data", action="store_true", help="use the config's data, not synthetic")
+
+  p = sub.add_parser("convert", help="write ImageNet-schema TFRecords")
+  conv = p.add_subparsers(dest="source", required=True, metavar="SOURCE")
+  c = conv.add_parser("image-folder", help="INPUT_DIR/<class>/*.jpg -> sharded TFRecords")
+  c.add_argument("input_dir")
+  c.add_argument("output_prefix", help="e.g. /data/mine/train (writes train-00000-of-00008 ...)")
+  c.add_argument("--num-shards", type=int, default=8)
+  c.add_argument("--seed", type=int, default=0)
+  c = conv.add_parser("fashion-mnist", help="local Fashion-MNIST idx files -> JPEG TFRecords")
+  c.add_argument("output_dir")
+  c.add_argument("--num-shards", type=int, default=8)
+  c.add_argument("--path", default="", help="directory of the idx .gz files (default: search)")
+  return parser
+
+
+def _load(args):
+  import importlib
+  from tpu_models import config as config_lib
+  if args.imports and os.getcwd() not in sys.path:
+    sys.path.insert(0, os.getcwd())
+  for module in args.imports:
+    importlib.import_module(module)
+  config = config_lib.load_config(args.config, args.overrides)
+  model_dir = args.model_dir or os.path.join(
+      "runs", os.path.splitext(os.path.basename(args.config))[0])
+  return config, model_dir
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+  args = _parser().parse_args(argv)
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # Keep C++ start-up chatter out of the way.
+  from tpu_models.config import ConfigError
+  try:
+    return _COMMANDS[args.command](args)
+  except (ConfigError, FileNotFoundError, KeyError, ValueError) as e:
+    message = e.args[0] if isinstance(e, KeyError) and e.args else e
+    print(f"tpu-models {args.command}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _list(args) -> int:
+  from tpu_models import registry
+  kinds = [args.kind] if args.kind else ["models", "tasks", "datasets"]
+  for kind in kinds:
+    names = {"models": registry.list_models, "tasks": registry.list_tasks,
+             "datasets": registry.list_datasets}[kind](args.pattern)
+    print(f"{kind}: {', '.join(names) if names else '(none)'}")
+  return 0
+
+
+def _config(args) -> int:
+  from tpu_models.config import dump_config
+  config, _ = _load(args)
+  print(dump_config(config), end="")
+  return 0
+
+
+def _train(args) -> int:
+  from tpu_models.training.trainer import NonFiniteLoss, Preempted, Trainer
+  config, model_dir = _load(args)
+  print(f"model_dir: {model_dir}", flush=True)
+  trainer = Trainer(config, model_dir)
+  try:
+    if args.mode == "train":
+      trainer.train()
+    else:
+      metrics = trainer.train_and_evaluate()
+      summary = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "examples")
+      print(f"final eval ({int(metrics.get('examples', 0))} examples): {summary}", flush=True)
+  except Preempted as e:
+    print(str(e), file=sys.stderr)
+    return 143
+  except NonFiniteLoss as e:
+    print(f"tpu-models train: error: {e}", file=sys.stderr)
+    return 1
+  finally:
+    trainer.close()
+  return 0
+
+
+def _evaluate(args) -> int:
+  import tensorflow as tf
+  from tpu_models.training.trainer import Trainer
+  config, model_dir = _load(args)
+  if not args.continuous and not tf.train.latest_checkpoint(model_dir):
+    raise FileNotFoundError(f"No checkpoint in {model_dir!r}; train first or pass --continuous.")
+  trainer = Trainer(config, model_dir)
+  try:
+    if args.continuous:
+      trainer.continuous_evaluate(timeout=args.timeout)
+    else:
+      trainer._evaluate_and_report()
+  finally:
+    trainer.close()
+  return 0
+
+
+def _export(args) -> int:
+  from tpu_models import export
+  config, model_dir = _load(args)
+  export.export_saved_model(config, model_dir, args.output)
+  print(f"SavedModel written to {args.output}")
+  return 0
+
+
+def _check(args) -> int:
+  from tpu_models.training import tpu_check
+  config, _ = _load(args)
+  report = tpu_check.check_config(config, per_replica_batch=args.batch_size)
+  print(report.format())
+  return 0 if report.ready else 1
+
+
+def _benchmark(args) -> int:
+  from tpu_models.training import benchmark
+  config, model_dir = _load(args)
+  result = benchmark.train_throughput(config, steps=args.steps, warmup=args.warmup,
+                                      synthetic=not args.real_data)
+  print(benchmark.format_result(result))
+  return 0
+
+
+def _convert(args) -> int:
+  from tpu_models.data import convert
+  if args.source == "image-folder":
+    stats = convert.convert_image_folder(args.input_dir, args.output_prefix,
+                                         num_shards=args.num_shards, shuffle_seed=args.seed)
+  else:
+    stats = convert.convert_fashion_mnist(args.output_dir, num_shards=args.num_shards,
+                                          path=args.path)
+  print(stats)
+  return 0
+
+
+_COMMANDS = {"list": _list, "config": _config, "train": _train, "evaluate": _evaluate,
+             "export": _export, "check": _check, "benchmark": _benchmark, "convert": _convert}
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,425 @@
+"""Typed experiment configs: dataclasses, YAML files and `a.b=value` overrides.
+
+An experiment is `ExperimentConfig(task, trainer, runtime)`. Each registered
+task brings its own `TaskConfig` subclass, chosen by `task.name`; a model is
+`ModelConfig(name, params)` whose params are checked against the registered
+builder's signature. Every key is checked: an unknown key is an error naming
+the valid keys, a value of the wrong type is an error naming the field.
+
+    config = load_config("official/resnet/fashion_mnist_resnet.yaml",
+                         overrides=["trainer.train_steps=100"])
+    dump_config(config, "/tmp/run/config.yaml")
+"""
+
+import dataclasses
+import inspect
+import os
+import types
+import typing
+from typing import Any, Dict, Iterable, List, Optional, Union
+
+import yaml
+
+
+class ConfigError(ValueError):
+  """A config key or value is wrong; the message names it and what is expected."""
+
+
+# ----------------------------------------------------------------------------
+# The shared sections.
+
+
+@dataclasses.dataclass
+class ModelConfig:
+  """A registered model and the keyword arguments of its builder.
+
+  In YAML the params sit beside the name: `model: {name: resnet50, num_classes: 10}`.
+  """
+  name: str = ""
+  params: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class DataConfig:
+  """Where examples come from and how the shared reader batches them."""
+  source: str = "tfrecord"  # A registered dataset: tfrecord | fashion_mnist | tfds | synthetic
+  path: str = ""  # Files (glob or comma-separated globs) or a data directory.
+  tfds_name: str = ""  # With source tfds: the TFDS builder name, read from `path` (data_dir).
+  split: str = "train"
+  global_batch_size: int = 32
+  shuffle_buffer: int = 10000  # 0 disables shuffling.
+  cache: bool = False
+  deterministic: bool = False
+  seed: Optional[int] = None
+  cycle_length: int = 8  # Files read in parallel by each input pipeline.
+  on_corrupt: str = "error"  # error | skip (skips are logged by tf.data).
+  num_examples: Optional[int] = None  # Take only the first N examples (debugging).
+  prefetch: int = -1  # -1 = AUTOTUNE.
+
+
+@dataclasses.dataclass
+class TaskConfig:
+  """Base of every task's config; `name` selects the registered task."""
+  name: str = ""
+
+
+@dataclasses.dataclass
+class OptimizerConfig:
+  name: str = "sgd"  # sgd | lars | adamw | adafactor
+  momentum: float = 0.9
+  nesterov: bool = False
+  beta_1: float = 0.9
+  beta_2: float = 0.999
+  epsilon: float = 1e-7
+  # Decoupled weight decay (AdamW, LARS, SGD's `weight_decay`): w -= lr * wd * w.
+  weight_decay: float = 0.0
+  # Coupled L2 penalty added to the loss: l2 * sum(w**2) / 2 (the ResNet recipe).
+  l2_regularization: float = 0.0
+  # Variables whose name contains one of these skip weight decay, L2 and the
+  # LARS trust ratio. Vectors (biases, BN gamma/beta) are always skipped.
+  exclude_from_weight_decay: List[str] = dataclasses.field(default_factory=list)
+  clip_norm: Optional[float] = None  # Clip by the GLOBAL norm of all gradients.
+  lars_eta: float = 0.001
+
+
+@dataclasses.dataclass
+class ScheduleConfig:
+  """Learning rate: linear warmup, then `name`. Steps are optimizer steps."""
+  name: str = "constant"  # constant | cosine | step | inverse_sqrt | polynomial
+  base_lr: float = 0.1
+  warmup_steps: int = 0
+  decay_steps: Optional[int] = None  # Defaults to trainer.train_steps.
+  end_lr: float = 0.0  # cosine / polynomial floor.
+  power: float = 1.0  # polynomial
+  boundaries: List[int] = dataclasses.field(default_factory=list)  # step
+  multipliers: List[float] = dataclasses.field(default_factory=list)  # step
+
+
+@dataclasses.dataclass
+class TrainerConfig:
+  train_steps: int = 1000
+  steps_per_loop: int = 100  # Steps per compiled host loop; also the log interval.
+  eval_every: int = 0  # Steps between evaluations in train_and_evaluate; 0 = at the end.
+  eval_steps: Optional[int] = None  # None = the whole eval set, every example counted.
+  checkpoint_every: int = 1000
+  max_checkpoints: int = 3
+  optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+  schedule: ScheduleConfig = dataclasses.field(default_factory=ScheduleConfig)
+  nan_policy: str = "raise"  # raise | restore (roll back to the last checkpoint)
+  max_nan_restores: int = 3
+  target_metric: Optional[str] = None  # e.g. "top1"; its time-to-accuracy is logged
+  target_value: Optional[float] = None
+  stop_at_target: bool = False
+  init_checkpoint: Optional[str] = None  # Warm start (fine-tuning) from here.
+  # Regex -> replacement applied to our variable paths to find them in
+  # init_checkpoint, e.g. {"^retinanet/backbone/": "resnet50/"}.
+  init_checkpoint_map: Dict[str, str] = dataclasses.field(default_factory=dict)
+  tensorboard: bool = True
+
+
+@dataclasses.dataclass
+class RuntimeConfig:
+  strategy: str = "auto"  # auto | cpu | gpu | mirrored | multi_worker | tpu[:name]
+  mixed_precision: str = "float32"  # float32 | bfloat16 | float16
+  jit_compile: Optional[bool] = None  # None = per device: on for TPU, off for CPU/GPU.
+  seed: Optional[int] = 42
+
+
+@dataclasses.dataclass
+class ExperimentConfig:
+  task: TaskConfig = dataclasses.field(default_factory=TaskConfig)
+  trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
+  runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
+
+
+_CHOICES = {
+    ("runtime", "mixed_precision"): ("float32", "bfloat16", "float16"),
+    ("trainer", "nan_policy"): ("raise", "restore"),
+    ("optimizer", "name"): ("sgd", "lars", "adamw", "adafactor"),
+    ("schedule", "name"): ("constant", "cosine", "step", "inverse_sqrt", "polynomial"),
+    ("data", "on_corrupt"): ("error", "skip"),
+}
+
+
+# ----------------------------------------------------------------------------
+# dict <-> dataclass, with checking.
+
+
+def from_dict(cls, data: Any, path: str = ""):
+  """Builds dataclass `cls` from plain data, checking keys and types."""
+  if dataclasses.is_dataclass(data) and isinstance(data, cls):
+    return data
+  if cls is ModelConfig:
+    return _model_from_dict(data, path)
+  if not isinstance(data, dict):
+    raise ConfigError(f"{_where(path)} must be a mapping of {cls.__name__} fields, got {data!r}.")
+  if cls is TaskConfig:  # The task's name picks its config class.
+    cls = _task_config_class(data, path)
+  hints = typing.get_type_hints(cls)
+  valid = [f.name for f in dataclasses.fields(cls)]
+  kwargs = {}
+  for key, value in data.items():
+    if key not in valid:
+      raise ConfigError(_unknown_key_message(key, path, valid))
+    kwargs[key] = _convert(hints[key], value, _join(path, key))
+  _check_choices(cls, kwargs, path)
+  return cls(**kwargs)
+
+
+def to_dict(config) -> Any:
+  """Plain data (dicts, lists, scalars) for YAML; the inverse of `from_dict`."""
+  if isinstance(config, ModelConfig):
+    return {"name": config.name, **{k: to_dict(v) for k, v in config.params.items()}}
+  if dataclasses.is_dataclass(config):
+    return {f.name: to_dict(getattr(config, f.name)) for f in dataclasses.fields(config)}
+  if isinstance(config, (list, tuple)):
+    return [to_dict(v) for v in config]
+  if isinstance(config, dict):
+    return {k: to_dict(v) for k, v in config.items()}
+  return config
+
+
+def _task_config_class(data: dict, path: str):
+  from tpu_models import registry  # Deferred: the registry imports the task modules.
+  name = data.get("name")
+  if not name:
+    raise ConfigError(
+        f"{_where(path)} needs a 'name' choosing the task; registered tasks: "
+        f"{', '.join(registry.list_tasks())}.")
+  try:
+    task_cls = registry.TASKS.get(name)
+  except KeyError as e:
+    raise ConfigError(f"{_where(_join(path, 'name'))}: {e.args[0]}") from None
+  return task_cls.config_class
+
+
+def _model_from_dict(data: Any, path: str) -> ModelConfig:
+  from tpu_models import registry
+  if not isinstance(data, dict) or not data.get("name"):
+    raise ConfigError(
+        f"{_where(path)} must be a mapping with a model 'name' and its builder's "
+        f"arguments, got {data!r}.")
+  name = data["name"]
+  try:
+    signature = registry.model_signature(name)
+  except KeyError as e:
+    raise ConfigError(f"{_where(_join(path, 'name'))}: {e.args[0]}") from None
+  params = {}
+  valid = [p for p in signature.parameters
+           if signature.parameters[p].kind in (inspect.Parameter.KEYWORD_ONLY,
+                                               inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+  hints = typing.get_type_hints(registry.MODELS.get(name))
+  for key, value in data.items():
+    if key == "name":
+      continue
+    if key not in valid:
+      raise ConfigError(_unknown_key_message(key, path, ["name"] + valid, f"model {name!r}"))
+    param = signature.parameters[key]
+    if key in hints:
+      params[key] = _convert(hints[key], value, _join(path, key))
+    elif param.default is not inspect.Parameter.empty and param.default is not None:
+      params[key] = _convert(type(param.default), value, _join(path, key))
+    else:
+      params[key] = value
+  return ModelConfig(name=name, params=params)
+
+
+def _convert(tp, value, path: str):
+  """Checks `value` against type annotation `tp`, converting where lossless."""
+  origin = typing.get_origin(tp)
+  args = typing.get_args(tp)
+  if tp is Any:
+    return value
+  if origin in (Union, types.UnionType):
+    if value is None and type(None) in args:
+      return None
+    errors = []
+    for arg in args:
+      if arg is type(None):
+        continue
+      try:
+        return _convert(arg, value, path)
+      except ConfigError as e:
+        errors.append(str(e))
+    raise ConfigError(errors[0] if len(errors) == 1 else
+                      f"{_where(path)}: {value!r} matches none of {_type_name(tp)}.")
+  if dataclasses.is_dataclass(tp):
+    return from_dict(tp, value, path)
+  if origin in (list, List, tuple):
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+      raise ConfigError(f"{_where(path)} must be a list ({_type_name(tp)}), got {value!r}.")
+    item = args[0] if args else Any
+    return [_convert(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
+  if origin in (dict, Dict):
+    if not isinstance(value, dict):
+      raise ConfigError(f"{_where(path)} must be a mapping ({_type_name(tp)}), got {value!r}.")
+    vt = args[1] if args else Any
+    return {k: _convert(vt, v, _join(path, str(k))) for k, v in value.items()}
+  if tp is bool:
+    if isinstance(value, bool):
+      return value
+  elif tp is int:
+    if isinstance(value, int) and not isinstance(value, bool):
+      return value
+    if isinstance(value, float) and value.is_integer():
+      return int(value)
+  elif tp is float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+      return float(value)
+    if isinstance(value, str):
+      try:  # YAML 1.1 reads "1e-4" as a string.
+        return float(value)
+      except ValueError:
+        pass
+  elif tp is str:
+    if isinstance(value, str):
+      return value
+  elif isinstance(tp, type):
+    if isinstance(value, tp):
+      return value
+  else:
+    return value
+  raise ConfigError(
+      f"{_where(path)} must be {_type_name(tp)}, got {type(value).__name__} {value!r}.")
+
+
+def _check_choices(cls, kwargs: dict, path: str) -> None:
+  section = path.rsplit(".", 1)[-1] if path else ""
+  if cls is DataConfig or section.endswith("_data"):
+    section = "data"
+  for key, value in kwargs.items():
+    choices = _CHOICES.get((section, key))
+    if choices and value not in choices:
+      raise ConfigError(f"{_where(_join(path, key))} must be one of {', '.join(choices)}; "
+                        f"got {value!r}.")
+
+
+def _type_name(tp) -> str:
+  if isinstance(tp, type):
+    return {"int": "an integer", "float": "a number", "bool": "true or false",
+            "str": "a string"}.get(tp.__name__, tp.__name__)
+  return str(tp).replace("typing.", "")
+
+
+def _join(path: str, key: str) -> str:
+  return f"{path}.{key}" if path else key
+
+
+def _where(path: str) -> str:
+  return f"Config key '{path}'" if path else "The config"
+
+
+def _unknown_key_message(key: str, path: str, valid: Iterable[str], what: str = "") -> str:
+  import difflib
+  valid = list(valid)
+  close = difflib.get_close_matches(key, valid, n=3)
+  hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+  section = f"'{path}'" if path else "the top level"
+  owner = f" ({what})" if what else ""
+  return (f"Unknown config key '{_join(path, key)}'.{hint} Valid keys under {section}{owner}: "
+          f"{', '.join(valid)}.")
+
+
+# ----------------------------------------------------------------------------
+# Files and overrides.
+
+
+def parse_override(override: str):
+  """'trainer.optimizer.momentum=0.8' -> (['trainer', 'optimizer', 'momentum'], 0.8)."""
+  if "=" not in override:
+    raise ConfigError(f"Override {override!r} must look like key.sub=value.")
+  key, raw = override.split("=", 1)
+  key = key.strip()
+  if not key or any(not part for part in key.split(".")):
+    raise ConfigError(f"Override {override!r} has an empty key part.")
+  try:
+    value = yaml.safe_load(raw) if raw.strip() else ""
+  except yaml.YAMLError:
+    value = raw
+  return key.split("."), value
+
+
+def apply_overrides(data: dict, overrides: Iterable[str]) -> dict:
+  """Sets dotted keys in plain config data; validation happens in from_dict."""
+  for override in overrides:
+    keys, value = parse_override(override)
+    node = data
+    for i, key in enumerate(keys[:-1]):
+      child = node.get(key)
+      if child is None:
+        child = node[key] = {}
+      if not isinstance(child, dict):
+        raise ConfigError(f"Override {override!r}: '{'.'.join(keys[:i + 1])}' is a value, "
+                          f"not a section.")
+      node = child
+    node[keys[-1]] = value
+  return data
+
+
+def experiment_from_dict(data: dict, overrides: Iterable[str] = ()) -> ExperimentConfig:
+  """An ExperimentConfig from plain data, with `key.sub=value` overrides applied.
+
+  Overrides apply on top of the defaults (so `task.model.depth=18` works when the
+  file leaves the model at its default), except those that pick a task or model
+  by `name`: they apply first, since they change which keys are valid.
+  """
+  import copy
+  overrides = list(overrides)
+  renames = [o for o in overrides if o.split("=", 1)[0].strip().endswith("name")]
+  rest = [o for o in overrides if o not in renames]
+  config = from_dict(ExperimentConfig, apply_overrides(copy.deepcopy(data or {}), renames))
+  if not rest:
+    return config
+  return from_dict(ExperimentConfig, apply_overrides(to_dict(config), rest))
+
+
+def load_config(path: str, overrides: Iterable[str] = ()) -> ExperimentConfig:
+  """Reads an experiment YAML (following `base:` includes) and applies overrides."""
+  return experiment_from_dict(_read_yaml(path), overrides)
+
+
+def override(config: ExperimentConfig, overrides: Iterable[str]) -> ExperimentConfig:
+  """A new config with `key.sub=value` overrides applied to `config`."""
+  return experiment_from_dict(to_dict(config), overrides)
+
+
+def dump_config(config, path: Optional[str] = None) -> str:
+  """The config as YAML text, also written to `path` when given."""
+  text = yaml.safe_dump(to_dict(config), sort_keys=False, default_flow_style=None)
+  if path:
+    import tensorflow as tf  # gfile: model_dir may be a gs:// path.
+    tf.io.gfile.makedirs(os.path.dirname(path) or ".")
+    with tf.io.gfile.GFile(path, "w") as f:
+      f.write(text)
+  return text
+
+
+def _read_yaml(path: str) -> dict:
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"Config file {path!r} does not exist.")
+  with open(path) as f:
+    try:
+      data = yaml.safe_load(f) or {}
+    except yaml.YAMLError as e:
+      raise ConfigError(f"{path} is not valid YAML: {e}") from None
+  if not isinstance(data, dict):
+    raise ConfigError(f"{path} must hold a mapping at the top level.")
+  base = data.pop("base", None)
+  if base:  # A file may extend another: `base: fashion_mnist_resnet.yaml`.
+    parent = _read_yaml(os.path.join(os.path.dirname(path), base))
+    data = _deep_merge(parent, data)
+  return data
+
+
+def _deep_merge(base: dict, update: dict) -> dict:
+  merged = dict(base)
+  for key, value in update.items():
+    if isinstance(value, dict) and isinstance(merged.get(key), dict):
+      # A different model or task name replaces the section rather than mixing.
+      if "name" in value and value["name"] != merged[key].get("name"):
+        merged[key] = value
+      else:
+        merged[key] = _deep_merge(merged[key], value)
+    else:
+      merged[key] = value
+  return merged

@@ -1,0 +1,220 @@
+"""Built-in dataset sources besides `tfrecord`: Fashion-MNIST and TFDS.
+
+A source has the signature `source(config, training, input_context)` and
+returns this input pipeline's share of undecoded elements (see pipeline.py).
+
+fashion_mnist: the four idx `.gz` files, read into memory. Splits are "train"
+(60,000), "test" (10,000) and slices of them, "train[:55000]" /
+"train[55000:]" / "train[:90%]", so a validation split is carved from train:
+the test split must never be used for model selection.
+
+tfds: an already prepared TensorFlow Datasets builder read from `config.path`
+(its data_dir). Nothing is ever downloaded at run time.
+"""
+
+import functools
+import gzip
+import os
+import re
+import zlib
+from typing import Optional, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from tpu_models.config import DataConfig
+from tpu_models.registry import register_dataset
+
+DATA_ENV = "TPU_MODELS_DATA"
+DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
+FASHION_MNIST_URL = "https://github.com/zalandoresearch/fashion-mnist"
+FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal",
+                         "Shirt", "Sneaker", "Bag", "Ankle boot")
+FASHION_MNIST_SIZES = {"train": 60000, "test": 10000}
+_FILES = {
+    "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+    "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
+}
+_IMAGES_MAGIC, _LABELS_MAGIC = 2051, 2049  # idx: ubyte data, 3 or 1 dimensions.
+
+
+# ----------------------------------------------------------------------------
+# Fashion-MNIST.
+
+
+def _fashion_mnist_candidates(path: str = ""):
+  candidates = []
+  if path:
+    candidates.append(path)
+  root = os.environ.get(DATA_ENV)
+  if root:
+    candidates += [os.path.join(root, "fashion-mnist"), root]
+  candidates.append(DEBIAN_FASHION_MNIST)
+  return candidates
+
+
+def find_fashion_mnist(path: str = "") -> str:
+  """The directory holding the four Fashion-MNIST idx `.gz` files.
+
+  Searched in order: `path`, `$TPU_MODELS_DATA/fashion-mnist`,
+  `$TPU_MODELS_DATA`, /usr/share/datasets/fashion-mnist (Debian).
+
+  Raises:
+    FileNotFoundError: naming every place searched and how to get the files.
+  """
+  needed = [name for pair in _FILES.values() for name in pair]
+  searched = []
+  for directory in _fashion_mnist_candidates(path):
+    if all(os.path.isfile(os.path.join(directory, n)) for n in needed):
+      return directory
+    searched.append(directory)
+  where = "\n".join(f"  - {d}" for d in searched)
+  raise FileNotFoundError(
+      f"Fashion-MNIST files ({', '.join(needed)}) not found. Searched:\n{where}\n"
+      f"Get them with `apt-get install dataset-fashion-mnist` (Debian; installs into "
+      f"{DEBIAN_FASHION_MNIST}), or download the four files from {FASHION_MNIST_URL} "
+      f"into ${DATA_ENV}/fashion-mnist (or the directory given as data.path).")
+
+
+def _read_idx(filename: str, magic: int, item_shape: Tuple[int, ...]) -> np.ndarray:
+  """One idx file as uint8 [count, *item_shape], with its header checked."""
+  try:
+    with gzip.open(filename, "rb") as f:
+      data = f.read()
+  except (OSError, EOFError, zlib.error) as e:
+    raise ValueError(f"{filename} is not a readable gzip file (truncated or corrupt? "
+                     f"re-download or reinstall it): {e}") from None
+  ndim = 1 + len(item_shape)
+  header_size = 4 * (1 + ndim)
+  if len(data) < header_size:
+    raise ValueError(f"{filename} is too short ({len(data)} bytes) to be an idx file.")
+  header = np.frombuffer(data, ">u4", count=1 + ndim)
+  if int(header[0]) != magic:
+    raise ValueError(f"{filename} has idx magic number {int(header[0])}, expected {magic}; "
+                     f"is it the right file?")
+  count, dims = int(header[1]), tuple(int(d) for d in header[2:])
+  if dims != item_shape:
+    raise ValueError(f"{filename} holds items of shape {dims}, expected {item_shape}.")
+  expected = header_size + count * int(np.prod(item_shape, dtype=np.int64))
+  if len(data) != expected:
+    raise ValueError(f"{filename} holds {len(data)} bytes but its header announces {count} "
+                     f"items ({expected} bytes): the file is truncated or corrupt.")
+  return np.frombuffer(data, np.uint8, offset=header_size).reshape((count,) + item_shape)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_split(directory: str, split: str) -> Tuple[np.ndarray, np.ndarray]:
+  images_file, labels_file = (os.path.join(directory, n) for n in _FILES[split])
+  images = _read_idx(images_file, _IMAGES_MAGIC, (28, 28))
+  labels = _read_idx(labels_file, _LABELS_MAGIC, ())
+  if len(images) != len(labels):
+    raise ValueError(f"{images_file} holds {len(images)} images but {labels_file} holds "
+                     f"{len(labels)} labels.")
+  if len(images) != FASHION_MNIST_SIZES[split]:
+    raise ValueError(f"{images_file} holds {len(images)} images; Fashion-MNIST {split} has "
+                     f"{FASHION_MNIST_SIZES[split]}. Re-download it from {FASHION_MNIST_URL}.")
+  if labels.max() > 9:
+    raise ValueError(f"{labels_file} holds label {labels.max()}; Fashion-MNIST labels are 0..9.")
+  images = images[..., None]
+  labels = labels.astype(np.int32)
+  # Cached and shared between callers: make accidental in-place edits fail.
+  images.flags.writeable = False
+  labels.flags.writeable = False
+  return images, labels
+
+
+_SPLIT_RE = re.compile(r"^(train|test)(?:\[(-?\d+%?)?:(-?\d+%?)?\])?$")
+
+
+def _parse_split(split: str) -> Tuple[str, slice]:
+  """'train[:55000]' -> ('train', slice(None, 55000)); percentages of the split allowed."""
+  match = _SPLIT_RE.match(split.replace(" ", ""))
+  if not match:
+    raise ValueError(
+        f"Unknown Fashion-MNIST split {split!r}; use 'train', 'test', or a slice such as "
+        f"'train[:55000]', 'train[55000:]' or 'train[:90%]' (carve validation from train).")
+  name, start, stop = match.groups()
+  size = FASHION_MNIST_SIZES[name]
+
+  def bound(text: Optional[str]) -> Optional[int]:
+    if text is None:
+      return None
+    if text.endswith("%"):
+      return round(int(text[:-1]) * size / 100)
+    return int(text)
+
+  return name, slice(bound(start), bound(stop))
+
+
+def load_fashion_mnist(split: str, path: str = "") -> Tuple[np.ndarray, np.ndarray]:
+  """Fashion-MNIST as numpy arrays.
+
+  Args:
+    split: "train", "test", or a slice such as "train[:55000]" / "train[55000:]".
+    path: a directory to search first (see `find_fashion_mnist`).
+
+  Returns:
+    (images uint8 [N, 28, 28, 1], labels int32 [N]); read-only arrays shared
+    with later calls (copy before editing).
+  """
+  name, index = _parse_split(split)
+  images, labels = _load_split(find_fashion_mnist(path), name)
+  return images[index], labels[index]
+
+
+@register_dataset("fashion_mnist")
+def fashion_mnist_source(config: DataConfig, training: bool,
+                         input_context: Optional[tf.distribute.InputContext]) -> tf.data.Dataset:
+  """{"image": uint8 [28, 28, 1], "label": int32 []} from memory, sharded per pipeline.
+
+  Pipeline i of n gets examples i, i + n, i + 2n, ... (the same elements as
+  `dataset.shard(n, i)`), sliced in numpy so each host embeds only its share.
+  """
+  del training  # The shared reader shuffles and repeats.
+  images, labels = load_fashion_mnist(config.split, config.path)
+  if input_context is not None and input_context.num_input_pipelines > 1:
+    n, i = input_context.num_input_pipelines, input_context.input_pipeline_id
+    images, labels = images[i::n], labels[i::n]
+  return tf.data.Dataset.from_tensor_slices({"image": images, "label": labels})
+
+
+# ----------------------------------------------------------------------------
+# TensorFlow Datasets.
+
+
+@register_dataset("tfds")
+def tfds_source(config: DataConfig, training: bool,
+                input_context: Optional[tf.distribute.InputContext]) -> tf.data.Dataset:
+  """A prepared TFDS builder's split: dict elements as TFDS decodes them.
+
+  `config.tfds_name` names the builder (e.g. "imagenet2012", "cifar10:3.0.2"),
+  `config.path` is the TFDS data_dir (default ~/tensorflow_datasets), and
+  `config.split` any TFDS split string ("train[:90%]"). Files are sharded per
+  input pipeline by TFDS (`ReadConfig.input_context`).
+  """
+  if not config.tfds_name:
+    raise ValueError(f"Data source 'tfds' needs data.tfds_name (split {config.split!r}), the "
+                     f"TFDS builder name such as 'cifar10' or 'imagenet2012'.")
+  import tensorflow_datasets as tfds  # Heavy: only when this source is used.
+
+  data_dir = config.path or None
+  try:
+    builder = tfds.builder(config.tfds_name, data_dir=data_dir)
+  except tfds.core.DatasetNotFoundError:
+    raise ValueError(
+        f"TFDS has no builder named {config.tfds_name!r} and no prepared data for it under "
+        f"{data_dir or '~/tensorflow_datasets'}. Check the name "
+        f"(`tfds.list_builders()`).") from None
+  if not builder.is_prepared():
+    raise FileNotFoundError(
+        f"TFDS dataset {config.tfds_name!r} is not prepared in {builder.data_dir}. Data is "
+        f"never downloaded at run time: on a machine with internet run\n"
+        f"  tfds build {config.tfds_name} --data_dir {data_dir or '~/tensorflow_datasets'}\n"
+        f"(manual-download datasets such as imagenet2012 also need --manual_dir), then copy "
+        f"the data_dir here or point data.path at it.")
+  read_config = tfds.ReadConfig(
+      input_context=input_context,
+      shuffle_seed=config.seed,
+      interleave_cycle_length=config.cycle_length,
+      try_autocache=False)  # The shared reader caches when data.cache is set.
+  return builder.as_dataset(split=config.split, shuffle_files=training, read_config=read_config)

@@ -1,0 +1,116 @@
+"""Train-step throughput and MFU, measured through the real Trainer.
+
+MFU = achieved model FLOP/s / peak matmul FLOP/s, where the peak is measured on
+this machine in the same process (a large matmul in the run's precision), so
+the figure stays meaningful on a shared, noisy CPU. Training FLOPs are taken as
+3x the forward FLOPs of the convolutions and dense layers (backward = 2x forward).
+"""
+
+import os
+import tempfile
+import time
+from typing import Dict, Optional
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tpu_models import config as config_lib
+
+
+def forward_flops(model: keras.Model) -> float:
+  """FLOPs (2 per multiply-add) of one example through the Conv2D and Dense layers."""
+  total = 0.0
+  for layer in _leaf_layers(model):
+    if isinstance(layer, keras.layers.Conv2D) and not isinstance(layer,
+                                                                 keras.layers.DepthwiseConv2D):
+      out = layer.output.shape  # [B, H, W, C_out]
+      kh, kw = layer.kernel_size
+      cin = layer.kernel.shape[2]
+      total += 2.0 * out[1] * out[2] * out[3] * kh * kw * cin
+    elif isinstance(layer, keras.layers.DepthwiseConv2D):
+      out = layer.output.shape
+      kh, kw = layer.kernel_size
+      total += 2.0 * out[1] * out[2] * out[3] * kh * kw
+    elif isinstance(layer, keras.layers.Dense):
+      rows = int(np.prod(layer.output.shape[1:-1])) if len(layer.output.shape) > 2 else 1
+      total += 2.0 * rows * layer.kernel.shape[0] * layer.kernel.shape[1]
+  return total
+
+
+def _leaf_layers(model):
+  for layer in model.layers:
+    if isinstance(layer, keras.Model):
+      yield from _leaf_layers(layer)
+    else:
+      yield layer
+
+
+def matmul_peak_flops(dtype: str = "float32", size: int = 2048, seconds: float = 2.0) -> float:
+  """Measured FLOP/s of a [size, size] @ [size, size] matmul in `dtype` on the CPU."""
+  tf_dtype = tf.bfloat16 if dtype == "bfloat16" else tf.float16 if dtype == "float16" else tf.float32
+  a = tf.random.normal([size, size], dtype=tf.float32)
+  a = tf.cast(a, tf_dtype)
+
+  @tf.function
+  def chain(x, n):
+    for _ in tf.range(n):
+      x = tf.matmul(x, a) * tf.cast(1.0 / size, tf_dtype)  # Keeps values bounded.
+    return x
+
+  chain(a, tf.constant(2)).numpy()
+  n, elapsed = 4, 0.0
+  while elapsed < seconds:
+    n *= 2
+    start = time.perf_counter()
+    chain(a, tf.constant(n)).numpy()
+    elapsed = time.perf_counter() - start
+  return 2.0 * size ** 3 * n / elapsed
+
+
+def train_throughput(config: config_lib.ExperimentConfig, *, steps: int = 20, warmup: int = 5,
+                     synthetic: bool = True, model_dir: Optional[str] = None,
+                     peak: bool = True) -> Dict[str, float]:
+  """Examples/s of `config`'s train step through `Trainer`, plus MFU.
+
+  Returns a dict: examples_per_second, step_seconds, global_batch, train_flops_per_example,
+  achieved_tflops, peak_tflops, mfu, precision, device.
+  """
+  from tpu_models.training.trainer import Trainer
+  overrides = [f"trainer.train_steps={warmup + steps}", f"trainer.steps_per_loop={steps}",
+               f"trainer.checkpoint_every={10 ** 9}", "trainer.tensorboard=false"]
+  if synthetic:
+    overrides.append("task.train_data.source=synthetic")
+  config = config_lib.override(config, overrides)
+  with tempfile.TemporaryDirectory() as tmp:
+    trainer = Trainer(config, model_dir or os.path.join(tmp, "run"), stream=open(os.devnull, "w"))
+    trainer.train(steps=warmup)  # Traces and compiles.
+    start = time.perf_counter()
+    trainer.train(steps=steps)
+    seconds = time.perf_counter() - start
+    batch = config.task.train_data.global_batch_size
+    flops = 3.0 * forward_flops(trainer.model)
+    trainer.close()
+  result = {
+      "examples_per_second": batch * steps / seconds,
+      "step_seconds": seconds / steps,
+      "global_batch": batch,
+      "train_flops_per_example": flops,
+      "achieved_tflops": flops * batch * steps / seconds / 1e12,
+      "precision": config.runtime.mixed_precision,
+      "device": trainer.device,
+  }
+  if peak:
+    result["peak_tflops"] = matmul_peak_flops(config.runtime.mixed_precision) / 1e12
+    result["mfu"] = result["achieved_tflops"] / result["peak_tflops"]
+  return result
+
+
+def format_result(result: Dict[str, float]) -> str:
+  line = (f"{result['examples_per_second']:.2f} examples/s "
+          f"({result['step_seconds'] * 1000:.1f} ms/step, batch {result['global_batch']}, "
+          f"{result['precision']}, {result['device']})")
+  if "mfu" in result:
+    line += (f", {result['achieved_tflops']:.3f} TFLOP/s of a measured "
+             f"{result['peak_tflops']:.3f} peak: MFU {100 * result['mfu']:.1f}%")
+  return line

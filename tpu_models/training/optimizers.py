@@ -1,0 +1,113 @@
+"""Optimizers from `OptimizerConfig`, and the weight-decay exclusion rule.
+
+SGD (momentum, Nesterov), LARS, AdamW and Adafactor. Vectors (biases, batch-norm
+gamma/beta) and variables whose path contains an `exclude_from_weight_decay`
+substring are excluded from weight decay, the coupled L2 penalty and LARS'
+layer-wise trust ratio, as in the large-batch ResNet recipes.
+"""
+
+from typing import List, Sequence
+
+import keras
+import tensorflow as tf
+
+from tpu_models.config import OptimizerConfig
+
+
+def decays(variable, exclude: Sequence[str] = ()) -> bool:
+  """Whether weight decay / L2 applies to `variable` (matrices and kernels only)."""
+  if len(variable.shape) <= 1:
+    return False
+  path = getattr(variable, "path", variable.name)
+  return not any(pattern in path for pattern in exclude)
+
+
+def l2_penalty(variables, l2: float, exclude: Sequence[str] = ()) -> tf.Tensor:
+  """l2 * sum(w**2) / 2 over the decayed variables, in float32."""
+  terms = [tf.reduce_sum(tf.square(tf.cast(v, tf.float32))) for v in variables
+           if decays(v, exclude)]
+  if not terms or not l2:
+    return tf.constant(0.0)
+  return 0.5 * l2 * tf.add_n(terms)
+
+
+class LARS(keras.optimizers.Optimizer):
+  """Layer-wise Adaptive Rate Scaling (You et al. 2017) with momentum.
+
+  For each decayed variable w with gradient g:
+    g' = g + wd * w
+    trust = eta * |w| / |g'|      (1 where either norm is 0)
+    v = momentum * v + lr * trust * g'
+    w = w - v                     (Nesterov: w - (momentum * v + lr * trust * g'))
+  Excluded variables (biases, BN) use trust 1 and no decay.
+  """
+
+  def __init__(self, learning_rate=0.1, momentum: float = 0.9, weight_decay: float = 0.0,
+               eta: float = 0.001, nesterov: bool = False,
+               exclude_from_weight_decay: Sequence[str] = (), name: str = "lars", **kwargs):
+    super().__init__(learning_rate=learning_rate, name=name, **kwargs)
+    self.momentum = momentum
+    self.lars_weight_decay = weight_decay
+    self.eta = eta
+    self.nesterov = nesterov
+    self.exclude = tuple(exclude_from_weight_decay)
+
+  def build(self, variables):
+    if self.built:
+      return
+    super().build(variables)
+    self._momentums = [self.add_variable_from_reference(v, "momentum") for v in variables]
+    self._decayed = {self._var_key(v): decays(v, self.exclude) for v in variables}
+
+  def update_step(self, gradient, variable, learning_rate):
+    lr = tf.cast(learning_rate, variable.dtype)
+    momentum = self._momentums[self._get_variable_index(variable)]
+    grad = tf.convert_to_tensor(gradient)
+    if self._decayed[self._var_key(variable)]:
+      w = tf.convert_to_tensor(variable)
+      grad = grad + self.lars_weight_decay * w
+      w_norm = tf.norm(w)
+      g_norm = tf.norm(grad)
+      trust = tf.where((w_norm > 0) & (g_norm > 0), self.eta * w_norm / g_norm,
+                       tf.ones_like(w_norm))
+      step = lr * trust * grad
+    else:
+      step = lr * grad
+    new_momentum = self.momentum * momentum + step
+    self.assign(momentum, new_momentum)
+    if self.nesterov:
+      self.assign_sub(variable, self.momentum * new_momentum + step)
+    else:
+      self.assign_sub(variable, new_momentum)
+
+  def get_config(self):
+    config = super().get_config()
+    config.update(momentum=self.momentum, weight_decay=self.lars_weight_decay, eta=self.eta,
+                  nesterov=self.nesterov, exclude_from_weight_decay=list(self.exclude))
+    return config
+
+
+def build_optimizer(config: OptimizerConfig, learning_rate,
+                    variables: List) -> keras.optimizers.Optimizer:
+  """The optimizer named by `config`, built for `variables`."""
+  wd = config.weight_decay or None
+  if config.name == "lars":
+    optimizer = LARS(learning_rate, momentum=config.momentum, weight_decay=config.weight_decay,
+                     eta=config.lars_eta, nesterov=config.nesterov,
+                     exclude_from_weight_decay=config.exclude_from_weight_decay)
+  elif config.name == "sgd":
+    optimizer = keras.optimizers.SGD(learning_rate, momentum=config.momentum,
+                                     nesterov=config.nesterov, weight_decay=wd)
+  elif config.name == "adamw":
+    optimizer = keras.optimizers.AdamW(learning_rate, weight_decay=config.weight_decay,
+                                       beta_1=config.beta_1, beta_2=config.beta_2,
+                                       epsilon=config.epsilon)
+  elif config.name == "adafactor":
+    optimizer = keras.optimizers.Adafactor(learning_rate, weight_decay=wd)
+  else:
+    raise ValueError(f"Unknown optimizer {config.name!r}; expected sgd, lars, adamw or adafactor.")
+  if config.name != "lars" and wd:
+    optimizer.exclude_from_weight_decay(
+        var_list=[v for v in variables if not decays(v, config.exclude_from_weight_decay)])
+  optimizer.build(variables)
+  return optimizer

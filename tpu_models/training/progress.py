@@ -1,0 +1,117 @@
+"""What a run reports: a live progress line, metrics.jsonl and TensorBoard.
+
+On a terminal the progress line is redrawn in place; when stdout is a file or
+a pipe (CI, a cluster log) every update is a plain line of its own.
+"""
+
+import json
+import os
+import sys
+import time
+from typing import Dict, Optional
+
+import tensorflow as tf
+
+
+def _fmt_duration(seconds: float) -> str:
+  seconds = int(max(0, seconds))
+  h, rem = divmod(seconds, 3600)
+  m, s = divmod(rem, 60)
+  return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def _fmt_value(value: float) -> str:
+  if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
+    return f"{value:.3e}"
+  return f"{value:.4f}"
+
+
+class Reporter:
+  """Writes progress to stdout and, on the chief, metrics to model_dir."""
+
+  def __init__(self, model_dir: str, total_steps: int, *, chief: bool = True,
+               tensorboard: bool = True, stream=None):
+    self.total_steps = total_steps
+    self.chief = chief
+    self.stream = stream or sys.stdout
+    self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+    self._jsonl = None
+    self._writers: Dict[str, tf.summary.SummaryWriter] = {}
+    self._tensorboard = tensorboard and chief
+    self._model_dir = model_dir
+    self._line_open = False
+    if chief:
+      tf.io.gfile.makedirs(model_dir)
+      self._jsonl = tf.io.gfile.GFile(os.path.join(model_dir, "metrics.jsonl"), "a")
+
+  def train_progress(self, step: int, metrics: Dict[str, float], lr: float,
+                     examples_per_sec: float, seconds_per_step: float) -> None:
+    eta = (self.total_steps - step) * seconds_per_step
+    width = len(str(self.total_steps))
+    parts = [f"step {step:>{width}}/{self.total_steps}"]
+    if self.tty:
+      done = int(20 * step / max(1, self.total_steps))
+      parts[0] = f"[{'#' * done}{'.' * (20 - done)}] " + parts[0]
+    parts += [f"{k} {_fmt_value(v)}" for k, v in metrics.items()]
+    parts += [f"lr {_fmt_value(lr)}", f"{examples_per_sec:,.1f} ex/s", f"ETA {_fmt_duration(eta)}"]
+    self._print(" | ".join(parts), transient=self.tty)
+    self.record("train", step, dict(metrics, learning_rate=lr,
+                                    examples_per_second=examples_per_sec))
+
+  def eval_result(self, step: int, metrics: Dict[str, float], seconds: float) -> None:
+    text = ", ".join(f"{k} {_fmt_value(v)}" for k, v in metrics.items())
+    self._print(f"eval at step {step}: {text} ({seconds:.1f}s)")
+    self.record("eval", step, metrics)
+
+  def message(self, text: str) -> None:
+    self._print(text)
+
+  def record(self, split: str, step: int, metrics: Dict[str, float], **extra) -> None:
+    """One JSON line (and TensorBoard scalars) for `metrics` at `step`."""
+    if not self.chief:
+      return
+    row = {"time": round(time.time(), 3), "split": split, "step": int(step)}
+    row.update({k: float(v) for k, v in metrics.items()})
+    row.update(extra)
+    self._jsonl.write(json.dumps(row) + "\n")
+    self._jsonl.flush()
+    if self._tensorboard and metrics:
+      writer = self._writers.get(split)
+      if writer is None:
+        writer = self._writers[split] = tf.summary.create_file_writer(
+            os.path.join(self._model_dir, "summaries", split))
+      with writer.as_default(step=int(step)):
+        for k, v in metrics.items():
+          tf.summary.scalar(k, float(v))
+      writer.flush()
+
+  def _print(self, text: str, transient: bool = False) -> None:
+    if not self.chief:
+      return
+    if self.tty:
+      self.stream.write("\r\033[K" + text + ("" if transient else "\n"))
+      self._line_open = transient
+    else:
+      self.stream.write(text + "\n")
+    self.stream.flush()
+
+  def close(self) -> None:
+    if self._line_open:
+      self.stream.write("\n")
+      self._line_open = False
+    if self._jsonl is not None:
+      self._jsonl.close()
+      self._jsonl = None
+    for writer in self._writers.values():
+      writer.close()
+    self._writers.clear()
+
+
+def read_metrics(model_dir: str, split: Optional[str] = None):
+  """The rows of model_dir/metrics.jsonl, optionally only one split."""
+  path = os.path.join(model_dir, "metrics.jsonl")
+  if not tf.io.gfile.exists(path):
+    return []
+  with tf.io.gfile.GFile(path) as f:
+    rows = [json.loads(line) for line in f if line.strip()]
+  return [r for r in rows if split is None or r.get("split") == split]

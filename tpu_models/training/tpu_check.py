@@ -1,0 +1,191 @@
+"""TPU-readiness, checked on the CPU before anyone pays for a TPU.
+
+Compiles a task's whole train step (forward, backward, optimizer update) with
+XLA (`jit_compile=True`) on a tiny batch and reports what a TPU would reject or
+run slowly:
+
+  - dynamic dimensions in the input pipeline's element_spec (XLA recompiles,
+    or fails, for every new shape);
+  - ops XLA cannot compile, and shapes that are not compile-time constants;
+  - float64 tensors (no float64 on TPU);
+  - `tf.py_function` / `tf.numpy_function` in the model (cannot run on a TPU)
+    or in the input pipeline (runs in Python on the host, holding the GIL).
+
+    report = check_config(load_config("official/resnet/imagenet_resnet50.yaml"))
+    print(report.format()); assert report.ready
+"""
+
+import dataclasses
+import re
+from typing import List
+
+import tensorflow as tf
+
+from tpu_models import config as config_lib
+from tpu_models.tasks.base import create_task
+from tpu_models.training import optimizers as optimizers_lib
+from tpu_models.training import schedules
+
+_PY_FUNC_OPS = {"PyFunc", "PyFuncStateless", "EagerPyFunc"}
+# Ops whose output shape depends on the data. XLA's CPU/GPU backends can pad
+# some of them to a bound, but on a TPU they recompile, fail, or run padded to
+# the worst case: use fixed-size equivalents (masks, top_k, padded NMS).
+_DATA_DEPENDENT_SHAPE_OPS = {
+    "Where": "tf.where(cond) / tf.boolean_mask",
+    "Unique": "tf.unique", "UniqueV2": "tf.unique", "UniqueWithCounts": "tf.unique_with_counts",
+    "DynamicPartition": "tf.dynamic_partition",
+    "NonMaxSuppressionV3": "tf.image.non_max_suppression (use the padded variant)",
+    "NonMaxSuppressionV4": "tf.image.non_max_suppression_padded without pad_to_max_output_size",
+    "NonMaxSuppressionV5": "tf.image.non_max_suppression_with_scores",
+    "SparseToDense": "tf.sparse.to_dense",
+}
+
+
+@dataclasses.dataclass
+class Finding:
+  severity: str  # "error" (not TPU-ready) or "warning"
+  kind: str  # dynamic_shape | xla_compile | float64 | py_function
+  message: str
+
+
+@dataclasses.dataclass
+class CheckReport:
+  findings: List[Finding] = dataclasses.field(default_factory=list)
+  compiled: bool = False
+
+  @property
+  def ready(self) -> bool:
+    return self.compiled and not any(f.severity == "error" for f in self.findings)
+
+  def add(self, severity: str, kind: str, message: str) -> None:
+    self.findings.append(Finding(severity, kind, message))
+
+  def format(self) -> str:
+    lines = [f"{f.severity.upper()} [{f.kind}] {f.message}" for f in self.findings]
+    if self.compiled:
+      lines.append("OK: the train step compiled with XLA (jit_compile=True).")
+    lines.append("TPU-ready." if self.ready else "NOT TPU-ready: fix the errors above.")
+    return "\n".join(lines)
+
+
+def check_config(config: config_lib.ExperimentConfig, per_replica_batch: int = 2) -> CheckReport:
+  """Builds `config`'s task on the CPU and checks its input and train step; see module doc."""
+  overrides = [f"task.train_data.global_batch_size={per_replica_batch}"]
+  config = config_lib.override(config, overrides)
+  task = create_task(config.task)
+  report = CheckReport()
+
+  dataset = task.build_inputs("train", None)
+  _check_element_spec(dataset.element_spec, report)
+  _check_dataset_graph(dataset, report)
+
+  from tpu_models.training.trainer import precision_policy
+  with tf.device("/cpu:0"), precision_policy(config.runtime.mixed_precision):
+    model = task.build_model()
+  schedule = schedules.build_schedule(config.trainer.schedule, config.trainer.train_steps)
+  optimizer = optimizers_lib.build_optimizer(config.trainer.optimizer, schedule,
+                                             model.trainable_variables)
+  # Zeros of the batch's shape: the check needs shapes, not data (None -> 1).
+  features, labels = tf.nest.map_structure(
+      lambda s: tf.zeros([d if d is not None else 1 for d in s.shape], s.dtype),
+      dataset.element_spec)
+
+  def train_step(features, labels):
+    with tf.GradientTape() as tape:
+      outputs = model(features, training=True)
+      loss = tf.reduce_mean(tf.cast(task.loss(labels, outputs), tf.float32))
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    return loss
+
+  compiled = tf.function(train_step, jit_compile=True)
+  try:
+    graph = compiled.get_concrete_function(features, labels).graph
+    _check_graph(graph, report)
+    compiled(features, labels)
+    report.compiled = True
+  except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError,
+          tf.errors.InternalError, ValueError, TypeError) as e:
+    report.add("error", "xla_compile", _summarize_xla_error(str(e)))
+  return report
+
+
+def _check_element_spec(spec, report: CheckReport) -> None:
+  for path, tensor_spec in _flatten_with_paths(spec):
+    if not tensor_spec.shape.is_fully_defined():
+      report.add("error", "dynamic_shape",
+                 f"input {path or 'element'} has shape {tensor_spec.shape} ({tensor_spec.dtype.name}):"
+                 f" every dimension must be static on a TPU. Pad or resize to a fixed size and "
+                 f"batch with drop_remainder=True.")
+    if tensor_spec.dtype == tf.float64:
+      report.add("error", "float64", f"input {path or 'element'} is float64; use float32.")
+
+
+def _flatten_with_paths(structure, prefix=""):
+  """[("0/image", spec), ...] for a nest of tuples and dicts."""
+  if isinstance(structure, dict):
+    items = sorted(structure.items())
+  elif isinstance(structure, (tuple, list)):
+    items = list(enumerate(structure))
+  else:
+    return [(prefix, structure)]
+  out = []
+  for key, value in items:
+    out += _flatten_with_paths(value, f"{prefix}/{key}" if prefix else str(key))
+  return out
+
+
+def _check_dataset_graph(dataset: tf.data.Dataset, report: CheckReport) -> None:
+  graph_def = tf.compat.v1.GraphDef()
+  try:
+    graph_def.ParseFromString(dataset._as_serialized_graph().numpy())  # pylint: disable=protected-access
+  except (tf.errors.OpError, ValueError):
+    return  # Datasets built from Python generators cannot be serialized; nothing to scan.
+  nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
+  ops = sorted({n.op for n in nodes if n.op in _PY_FUNC_OPS})
+  if ops:
+    report.add("warning", "py_function",
+               f"the input pipeline calls Python ({', '.join(ops)}): it runs on the host under "
+               f"the GIL and will starve a TPU; rewrite it with TensorFlow ops.")
+
+
+def _check_graph(graph: tf.Graph, report: CheckReport) -> None:
+  float64, py_funcs, dynamic = set(), set(), set()
+  graphs = [graph] + [f.graph for f in getattr(graph, "_functions", {}).values()
+                      if hasattr(f, "graph")]
+  for g in graphs:
+    for op in g.get_operations():
+      if op.type in _PY_FUNC_OPS:
+        py_funcs.add(op.name)
+      if op.type in _DATA_DEPENDENT_SHAPE_OPS and not (op.type == "Where" and
+                                                         len(op.inputs) > 1):
+        if not all(t.shape.is_fully_defined() for t in op.outputs):
+          dynamic.add(f"{op.name} ({_DATA_DEPENDENT_SHAPE_OPS[op.type]})")
+      if any(t.dtype == tf.float64 for t in op.outputs):
+        float64.add(f"{op.name} ({op.type})")
+  if float64:
+    report.add("error", "float64",
+               f"{len(float64)} op(s) produce float64, which TPUs do not support: "
+               f"{', '.join(sorted(float64)[:8])}")
+  if dynamic:
+    report.add("error", "dynamic_shape",
+               f"{len(dynamic)} op(s) produce a shape that depends on the data: "
+               f"{', '.join(sorted(dynamic)[:8])}. Use fixed-size equivalents (masks, top_k, "
+               f"padded outputs).")
+  if py_funcs:
+    report.add("error", "py_function",
+               f"the model calls Python (tf.py_function/numpy_function), which cannot run on a "
+               f"TPU: {', '.join(sorted(py_funcs)[:8])}")
+
+
+def _summarize_xla_error(message: str) -> str:
+  unsupported = re.findall(r"\{\{node ([^}]+)\}\}", message)
+  first = message.strip().splitlines()[0] if message.strip() else "unknown error"
+  if "must be a compile-time constant" in message or "compile-time constant" in message:
+    kind = "a shape that depends on data (dynamic shape)"
+  elif "unsupported operations" in message.lower() or "No registered" in message:
+    kind = "ops XLA cannot compile"
+  else:
+    kind = "an XLA compilation failure"
+  where = f" at {', '.join(sorted(set(unsupported))[:5])}" if unsupported else ""
+  return f"the train step does not compile with XLA: {kind}{where}. XLA said: {first[:500]}"
