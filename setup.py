@@ -35,6 +35,7 @@ setup(
         "absl-py>=2.1",
         "numpy>=1.26",
         "pyyaml>=6.0",
+        "tensorboard>=2.20",
     ],
     extras_require=EXTRAS,
     entry_points={"console_scripts": ["tpu-models=tpu_models.cli:main"]},

@@ -129,8 +129,10 @@ def _train(args) -> int:
       trainer.train()
     else:
       metrics = trainer.train_and_evaluate()
-      summary = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "examples")
-      print(f"final eval ({int(metrics.get('examples', 0))} examples): {summary}", flush=True)
+      print(f"final eval: {_summary(metrics)}", flush=True)
+      if getattr(config.task, "test_data", None) is not None:
+        # The held-out test split, once, after training: never used to pick anything.
+        print(f"final test: {_summary(trainer.evaluate_and_report('test'))}", flush=True)
   except Preempted as e:
     print(str(e), file=sys.stderr)
     return 143
@@ -140,6 +142,11 @@ def _train(args) -> int:
   finally:
     trainer.close()
   return 0
+
+
+def _summary(metrics) -> str:
+  parts = [f"{k} {v:.4f}" for k, v in metrics.items() if k != "examples"]
+  return f"{', '.join(parts)} ({int(metrics.get('examples', 0))} examples)"
 
 
 def _evaluate(args) -> int:

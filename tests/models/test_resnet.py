@@ -54,7 +54,7 @@ def test_bad_arguments_are_rejected():
   with pytest.raises(ValueError, match="stem"):
     resnet.resnet18(stem="tiny")
   with pytest.raises(TypeError):
-    resnet.resnet18(width=2)
+    resnet.resnet18(not_an_argument=2)
 
 
 def test_resnet50_param_count():
@@ -334,6 +334,8 @@ def test_mixed_bfloat16_logits_are_float32(policy):
   assert np.isfinite(logits.numpy()).all()
   features = resnet.resnet18(include_top=False, stem="small")(tf.zeros([2, 32, 32, 3]))
   assert features["C5"].dtype == tf.bfloat16
+  s2d = resnet.resnet18(num_classes=10, stem="space_to_depth", input_shape=[64, 64, 3])
+  assert s2d(tf.random.normal([2, 64, 64, 3]), training=True).dtype == tf.float32
 
 
 def test_xla_train_step():

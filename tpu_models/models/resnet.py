@@ -123,17 +123,17 @@ def _bottleneck_block(x, width: int, strides: int, bn: _BatchNormFactory,
 # Stems.
 
 
-def _stem(x, stem: str, bn: _BatchNormFactory):
+def _stem(x, stem: str, bn: _BatchNormFactory, filters: int = 64):
   """The layers before stage 2: stride 4 for imagenet/space_to_depth, 1 for small."""
   if stem == "imagenet":
-    x = _conv(64, 7, 2, "conv1")(x)
+    x = _conv(filters, 7, 2, "conv1")(x)
   elif stem == "space_to_depth":
     x = SpaceToDepth(2, name="space_to_depth")(x)
     # With "same" padding on even sizes the 7x7/2 conv pads (2, 3) and this
     # 4x4/1 conv pads (1, 2) blocks: the same window, see the kernel helper.
-    x = _conv(64, 4, 1, "conv1")(x)
+    x = _conv(filters, 4, 1, "conv1")(x)
   elif stem == "small":
-    x = _conv(64, 3, 1, "conv1")(x)
+    x = _conv(filters, 3, 1, "conv1")(x)
   else:
     raise ValueError(f"Unknown ResNet stem {stem!r}; expected one of {', '.join(STEMS)}.")
   x = bn("bn1")(x)
@@ -187,6 +187,7 @@ def resnet(*,
            bn_epsilon: float = 1e-5,
            fused_bn: bool = True,
            dropout_rate: float = 0.0,
+           width: int = 64,
            name: Optional[str] = None) -> keras.Model:
   """Builds a ResNet v1.5 of the given depth.
 
@@ -205,6 +206,8 @@ def resnet(*,
     fused_bn: use `FusedBatchNormalization` (same variables, faster) instead of
       `keras.layers.BatchNormalization`.
     dropout_rate: dropout before the classifier; 0 adds no layer.
+    width: channels of the stem and of stage 2; stages 3-5 double it each time
+      (64 = the paper's ResNets; 16-32 make fast small-image models).
     name: model name, default f"resnet{depth}".
 
   Returns:
@@ -226,12 +229,13 @@ def resnet(*,
   bn = _BatchNormFactory(bn_momentum, bn_epsilon, fused_bn)
 
   inputs = keras.Input(shape=tuple(input_shape), name="image")
-  x = _stem(inputs, stem, bn)
+  x = _stem(inputs, stem, bn, width)
   features: Dict[str, keras.KerasTensor] = {}
-  for stage, (width, num_blocks) in enumerate(zip(_STAGE_WIDTHS, blocks_per_stage), 2):
+  stage_widths = [width * w // _STAGE_WIDTHS[0] for w in _STAGE_WIDTHS]
+  for stage, (stage_width, num_blocks) in enumerate(zip(stage_widths, blocks_per_stage), 2):
     for block in range(1, num_blocks + 1):
       strides = 2 if block == 1 and stage > 2 else 1
-      x = block_fn(x, width, strides, bn, zero_init_last_bn,
+      x = block_fn(x, stage_width, strides, bn, zero_init_last_bn,
                    prefix=f"stage{stage}_block{block}")
     features[f"C{stage}"] = x
 

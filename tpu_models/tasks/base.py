@@ -72,6 +72,10 @@ class Task:
     """Metrics from the aggregated `state` at the end of evaluation."""
     return {}
 
+  def serving_signatures(self, model: keras.Model) -> Dict[str, Any]:
+    """Name -> concrete `tf.function` for SavedModel export (preprocessing included)."""
+    raise NotImplementedError(f"{type(self).__name__} does not define serving signatures.")
+
   def derived_metrics(self, metrics: Dict[str, float]) -> Dict[str, float]:
     """Metrics computed from the averaged ones (e.g. perplexity = exp(loss))."""
     return {}

@@ -32,6 +32,8 @@ class ClassificationConfig(TaskConfig):
   train_data: DataConfig = dataclasses.field(default_factory=DataConfig)
   eval_data: DataConfig = dataclasses.field(
       default_factory=lambda: DataConfig(split="validation", shuffle_buffer=0))
+  # Evaluated once after training (`tpu-models train`), never for model selection.
+  test_data: Optional[DataConfig] = None
   image_size: int = 224
   channels: int = 3
   augment: str = "inception_crop"  # inception_crop | pad_crop_flip | none
@@ -70,7 +72,10 @@ class ClassificationTask(Task):
   def build_inputs(self, split: str,
                    input_context: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
     training = split == "train"
-    data = self.config.train_data if training else self.config.eval_data
+    data = {"train": self.config.train_data, "eval": self.config.eval_data,
+            "test": self.config.test_data}[split]
+    if data is None:
+      raise ValueError(f"task.{split}_data is not set.")
     if data.source == "synthetic":
       return self._synthetic(data, training, input_context)
     return pipeline.build_dataset(data, lambda e: self.decode(e, training), training=training,
@@ -151,6 +156,37 @@ class ClassificationTask(Task):
       pad = tf.nest.map_structure(tf.zeros_like, next(iter(dataset)))
       dataset = dataset.take(count).concatenate(tf.data.Dataset.from_tensors(pad).repeat())
     return dataset
+
+  # Serving.
+
+  def serving_signatures(self, model: keras.Model):
+    """Encoded bytes and uint8 pixels in; logits, probabilities and classes out."""
+    cfg = self.config
+    image_spec = tf.TensorSpec([cfg.image_size, cfg.image_size, cfg.channels], tf.float32)
+
+    def predict(images):
+      logits = tf.cast(model(images, training=False), tf.float32)
+      return {"logits": logits, "probabilities": tf.nn.softmax(logits),
+              "classes": tf.argmax(logits, axis=-1, output_type=tf.int32)}
+
+    def from_bytes(image_bytes):
+      image = self._from_bytes(image_bytes, training=False)
+      return image_lib.normalize(image, cfg.mean, cfg.std)
+
+    def from_pixels(image):
+      return image_lib.normalize(self._from_pixels(image, training=False), cfg.mean, cfg.std)
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")])
+    def serving_default(image_bytes):
+      return predict(tf.map_fn(from_bytes, image_bytes, fn_output_signature=image_spec))
+
+    @tf.function(input_signature=[
+        tf.TensorSpec([None, None, None, cfg.channels], tf.uint8, name="images")])
+    def serve_images(images):
+      return predict(tf.map_fn(from_pixels, images, fn_output_signature=image_spec))
+
+    return {"serving_default": serving_default.get_concrete_function(),
+            "serve_images": serve_images.get_concrete_function()}
 
   # Loss and metrics.
 

@@ -34,11 +34,11 @@ def l2_penalty(variables, l2: float, exclude: Sequence[str] = ()) -> tf.Tensor:
 class LARS(keras.optimizers.Optimizer):
   """Layer-wise Adaptive Rate Scaling (You et al. 2017) with momentum.
 
-  For each decayed variable w with gradient g:
-    g' = g + wd * w
-    trust = eta * |w| / |g'|      (1 where either norm is 0)
-    v = momentum * v + lr * trust * g'
-    w = w - v                     (Nesterov: w - (momentum * v + lr * trust * g'))
+  For each decayed variable w with gradient g (the formulation of the TPU
+  ResNet reference's LARSOptimizer):
+    trust = eta * |w| / (|g| + wd * |w|)     (1 where either norm is 0)
+    v = momentum * v + lr * trust * (g + wd * w)
+    w = w - v                  (Nesterov: w - (momentum * v + lr * trust * (g + wd * w)))
   Excluded variables (biases, BN) use trust 1 and no decay.
   """
 
@@ -65,11 +65,12 @@ class LARS(keras.optimizers.Optimizer):
     grad = tf.convert_to_tensor(gradient)
     if self._decayed[self._var_key(variable)]:
       w = tf.convert_to_tensor(variable)
-      grad = grad + self.lars_weight_decay * w
       w_norm = tf.norm(w)
       g_norm = tf.norm(grad)
-      trust = tf.where((w_norm > 0) & (g_norm > 0), self.eta * w_norm / g_norm,
+      trust = tf.where((w_norm > 0) & (g_norm > 0),
+                       self.eta * w_norm / (g_norm + self.lars_weight_decay * w_norm),
                        tf.ones_like(w_norm))
+      grad = grad + self.lars_weight_decay * w
       step = lr * trust * grad
     else:
       step = lr * grad

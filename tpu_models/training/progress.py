@@ -58,10 +58,12 @@ class Reporter:
     self.record("train", step, dict(metrics, learning_rate=lr,
                                     examples_per_second=examples_per_sec))
 
-  def eval_result(self, step: int, metrics: Dict[str, float], seconds: float) -> None:
-    text = ", ".join(f"{k} {_fmt_value(v)}" for k, v in metrics.items())
-    self._print(f"eval at step {step}: {text} ({seconds:.1f}s)")
-    self.record("eval", step, metrics)
+  def eval_result(self, step: int, metrics: Dict[str, float], seconds: float,
+                  split: str = "eval") -> None:
+    text = ", ".join(f"{k} {int(v)}" if k == "examples" else f"{k} {_fmt_value(v)}"
+                     for k, v in metrics.items())
+    self._print(f"{split} at step {step}: {text} ({seconds:.1f}s)")
+    self.record(split, step, metrics)
 
   def message(self, text: str) -> None:
     self._print(text)

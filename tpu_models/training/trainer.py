@@ -125,7 +125,7 @@ class Trainer:
     self._train_loop_fn = None
     self._eval_step_fn = None
     self._train_iterator = None
-    self._eval_dataset = None
+    self._eval_datasets = {}
     self._reporter = None
     self._run_start = None
     self._elapsed_at_start = 0.0
@@ -411,15 +411,16 @@ class Trainer:
     sums.update(self.task.metrics(labels, outputs, weights))
     return sums, self.task.eval_outputs(features, labels, outputs, weights)
 
-  def evaluate(self) -> Dict[str, float]:
-    """Evaluates the current weights on the whole eval split (or `eval_steps` batches).
+  def evaluate(self, split: str = "eval") -> Dict[str, float]:
+    """Evaluates the current weights on the whole `split` (or `eval_steps` batches).
 
     Every example counts once: batches are padded with masked examples and the
-    loop ends when no replica has a real example left.
+    loop ends when no replica has a real example left. `split` is "eval" (the
+    validation data watched during training) or "test" (held out; for reporting).
     """
-    if self._eval_dataset is None:
-      self._eval_dataset = self.strategy.distribute_datasets_from_function(
-          lambda ctx: self.task.build_inputs("eval", ctx))
+    if split not in self._eval_datasets:
+      self._eval_datasets[split] = self.strategy.distribute_datasets_from_function(
+          lambda ctx: self.task.build_inputs(split, ctx))
     if self._eval_step_fn is None:
       step_fn = (tf.function(self._replica_eval_step, jit_compile=True)
                  if self.jit_compile and self.device != "tpu" else self._replica_eval_step)
@@ -432,14 +433,14 @@ class Trainer:
         return sums, extra
 
       self._eval_step_fn = eval_step
-    iterator = iter(self._eval_dataset)
+    iterator = iter(self._eval_datasets[split])
     totals, state, steps = None, None, 0
     max_steps = self.config.trainer.eval_steps
     while max_steps is None or steps < max_steps:
       try:
         sums, extra = self._eval_step_fn(iterator)
       except tf.errors.InvalidArgumentError as e:
-        raise _explain_input_error(e, self.config, split="eval") from None
+        raise _explain_input_error(e, self.config, split=split) from None
       if float(sums["examples"][0]) == 0:
         break
       steps += 1
@@ -450,7 +451,7 @@ class Trainer:
             lambda t: [x.numpy() for x in self.strategy.experimental_local_results(t)], extra)
         state = self.task.aggregate(state, local)
     if totals is None:
-      raise ValueError("The eval split produced no examples; check task.eval_data.")
+      raise ValueError(f"The {split} split produced no examples; check task.{split}_data.")
     metrics = _means(totals)
     metrics["examples"] = float(totals["examples"][0])
     metrics.update(self.task.finalize(state))
@@ -459,12 +460,16 @@ class Trainer:
 
   def _evaluate_and_report(self) -> bool:
     """Evaluates, logs, and returns whether the target metric was reached."""
+    self._last_eval = self.evaluate_and_report("eval")
+    return self._check_target(self._last_eval)
+
+  def evaluate_and_report(self, split: str = "eval") -> Dict[str, float]:
+    """`evaluate(split)`, printed and logged to metrics.jsonl / TensorBoard under `split`."""
     reporter = self._open_reporter(self.config.trainer.train_steps)
     start = time.time()
-    metrics = self.evaluate()
-    reporter.eval_result(self.current_step, metrics, time.time() - start)
-    self._last_eval = metrics
-    return self._check_target(metrics)
+    metrics = self.evaluate(split)
+    reporter.eval_result(self.current_step, metrics, time.time() - start, split=split)
+    return metrics
 
   def _check_target(self, metrics: Dict[str, float]) -> bool:
     cfg = self.config.trainer

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Creates benchmarks/.venv-model-garden: an isolated venv with TF Model Garden
+# (tf-models-official), which pins its own tensorflow + tf-keras (Keras 2).
+# It lives in its own venv so Keras 2 never leaks into the main environment
+# (tpu_models is Keras 3 only). Used only by benchmarks/compare_resnet.py.
+#
+# Usage:
+#   bash benchmarks/model_garden/setup_venv.sh                # newest that installs
+#   MG_VERSION=2.19.1 bash benchmarks/model_garden/setup_venv.sh
+#   PYTHON=/usr/bin/python3.11 bash benchmarks/model_garden/setup_venv.sh
+#
+# Idempotent: exits at once if the venv can already import Model Garden.
+# Needs PyPI access and ~2 GB of disk; takes several minutes.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+venv="$(cd "${here}/.." && pwd)/.venv-model-garden"
+python="${PYTHON:-/root/.pyenv/versions/3.11.7/bin/python}"
+# Newest release first; the first that resolves and imports wins. Set MG_VERSION to pin.
+versions="${MG_VERSION:-2.20.0 2.19.1 2.18.0}"
+
+check='import official.vision.modeling.factory, tf_keras, tensorflow as tf, importlib.metadata as m; print("tf-models-official", m.version("tf-models-official"), "tensorflow", tf.__version__, "tf-keras", m.version("tf-keras"))'
+
+if [[ -x "${venv}/bin/python" ]] && "${venv}/bin/python" -c "${check}" 2>/dev/null; then
+  echo "Model Garden venv already set up: ${venv}"
+  exit 0
+fi
+
+start=$(date +%s)
+"${python}" -m venv "${venv}"
+"${venv}/bin/python" -m pip install --quiet --upgrade pip wheel setuptools
+
+installed=""
+for version in ${versions}; do
+  echo "Installing tf-models-official==${version} into ${venv} ..."
+  # --no-cache-dir: the wheels (tensorflow alone is ~600 MB) are needed once.
+  if "${venv}/bin/python" -m pip install --no-cache-dir "tf-models-official==${version}" \
+      && "${venv}/bin/python" -c "${check}"; then
+    installed="${version}"
+    break
+  fi
+  echo "tf-models-official==${version} did not install/import; trying the next." >&2
+done
+
+if [[ -z "${installed}" ]]; then
+  echo "Could not install any of: ${versions}" >&2
+  exit 1
+fi
+echo "Set up ${venv} with tf-models-official==${installed} in $(( $(date +%s) - start )) s."

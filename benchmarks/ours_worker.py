@@ -1,0 +1,162 @@
+"""One measurement of OUR side of the ResNet-50 comparison; prints ONE JSON line.
+
+Run by benchmarks/compare_resnet.py as a subprocess (one fresh process per
+measurement, so no run inherits another's threads, caches or allocator state),
+in the main Python environment (TF 2.21, Keras 3). Modes:
+
+  train_step          our ResNet-50 (tpu_models) through the real Trainer via
+                      `tpu_models.training.benchmark.train_throughput`, plus the
+                      matmul peak of this process and MFU.
+  keras_applications  `keras.applications.ResNet50(weights=None)` (Keras 3) with
+                      a plain SGD-momentum train step, for reference: the
+                      stock Keras 3 model, without our fused batch norm.
+  input_pipeline      our JPEG training input pipeline (benchmarks/input_pipeline.py)
+                      on the given TFRecords.
+
+    python benchmarks/ours_worker.py --mode train_step --precision bfloat16 --steps 8
+    python benchmarks/ours_worker.py --mode input_pipeline --data '/tmp/x/train-*'
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # Keep stdout/stderr to the point.
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(_HERE))
+sys.path.insert(0, _HERE)
+
+import keras  # pylint: disable=g-import-not-at-top
+import tensorflow as tf
+
+from tpu_models import config as config_lib
+from tpu_models.training import benchmark
+
+IMAGE_SIZE = 224
+NUM_CLASSES = 1000
+
+
+def experiment(batch: int, precision: str, image_size: int = IMAGE_SIZE) -> dict:
+  """The ResNet-50 experiment the comparison measures (see benchmarks/README.md)."""
+  return {
+      "task": {"name": "classification",
+               "model": {"name": "resnet50", "num_classes": NUM_CLASSES,
+                         "input_shape": [image_size, image_size, 3]},
+               "image_size": image_size,
+               "train_data": {"source": "synthetic", "global_batch_size": batch}},
+      "trainer": {"optimizer": {"name": "sgd", "momentum": 0.9},
+                  "schedule": {"name": "constant", "base_lr": 0.1},
+                  "tensorboard": False},
+      "runtime": {"strategy": "cpu", "mixed_precision": precision},
+  }
+
+
+def train_step(args) -> dict:
+  config = config_lib.experiment_from_dict(experiment(args.batch, args.precision))
+  result = benchmark.train_throughput(config, steps=args.steps, warmup=args.warmup, peak=True)
+  return {
+      "images_per_second": result["examples_per_second"],
+      "step_seconds": result["step_seconds"],
+      "train_flops_per_example": result["train_flops_per_example"],
+      "achieved_tflops": result["achieved_tflops"],
+      "peak_tflops": result["peak_tflops"],
+      "mfu": result["mfu"],
+      "device": result["device"],
+  }
+
+
+def keras_applications(args) -> dict:
+  """Stock Keras 3 ResNet50 (v1, unfused BN), the same SGD step in one tf.function loop."""
+  previous = keras.mixed_precision.global_policy()
+  keras.mixed_precision.set_global_policy(
+      "mixed_bfloat16" if args.precision == "bfloat16" else "float32")
+  try:
+    model = keras.applications.ResNet50(weights=None, classes=NUM_CLASSES,
+                                        input_shape=(IMAGE_SIZE, IMAGE_SIZE, 3),
+                                        classifier_activation=None)  # Logits, like ours.
+  finally:
+    keras.mixed_precision.set_global_policy(previous)
+  optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+  optimizer.build(model.trainable_variables)
+
+  # The same fixed synthetic batch as our task's `source: synthetic` (one image, tiled).
+  image = tf.random.stateless_normal([IMAGE_SIZE, IMAGE_SIZE, 3], [1, 2])
+  images = tf.tile(image[None], [args.batch, 1, 1, 1])
+  labels = tf.ones([args.batch], tf.int32)
+  iterator = iter(tf.data.Dataset.from_tensors((images, labels)).repeat())
+
+  def step(batch):
+    x, y = batch
+    with tf.GradientTape() as tape:
+      logits = tf.cast(model(x, training=True), tf.float32)
+      loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y,
+                                                                            logits=logits))
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    return loss
+
+  @tf.function  # Several steps per call, as our Trainer's host loop does.
+  def loop(n):
+    loss = tf.constant(0.0)
+    for _ in tf.range(n):
+      loss = step(next(iterator))
+    return loss
+
+  loop(tf.constant(args.warmup)).numpy()  # Traces; runs the warm-up steps.
+  start = time.perf_counter()
+  loop(tf.constant(args.steps)).numpy()
+  seconds = time.perf_counter() - start
+  own_flops = 3.0 * benchmark.forward_flops(model)
+  return {
+      "images_per_second": args.batch * args.steps / seconds,
+      "step_seconds": seconds / args.steps,
+      # keras.applications.ResNet50 is v1 (stride in the first 1x1 conv): fewer FLOPs
+      # than v1.5. MFU in the comparison uses OUR FLOP count; this is for reference.
+      "own_train_flops_per_example": own_flops,
+      "keras_version": keras.__version__,
+  }
+
+
+def input_pipeline(args) -> dict:
+  import input_pipeline as pipeline_bench  # benchmarks/input_pipeline.py
+  images_per_second, batches, seconds = pipeline_bench.run(
+      args.data, args.batch, IMAGE_SIZE, args.seconds, threads=0, decode="fused",
+      dtype=args.precision)
+  return {"images_per_second": images_per_second, "batches": batches, "seconds": seconds}
+
+
+MODES = {"train_step": train_step, "keras_applications": keras_applications,
+         "input_pipeline": input_pipeline}
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(
+      description="One measurement of our side of the ResNet-50 comparison; prints one JSON line.")
+  parser.add_argument("--mode", choices=sorted(MODES), required=True)
+  parser.add_argument("--batch", type=int, default=32, help="Global batch size.")
+  parser.add_argument("--precision", choices=("float32", "bfloat16"), default="float32",
+                      help="float32, or bfloat16 = the mixed_bfloat16 policy (input_pipeline: "
+                           "the dtype of the output images).")
+  parser.add_argument("--steps", type=int, default=8, help="Timed train steps.")
+  parser.add_argument("--warmup", type=int, default=3,
+                      help="Untimed train steps first (tracing, allocator warm-up).")
+  parser.add_argument("--data", default="", help="input_pipeline: TFRecord glob.")
+  parser.add_argument("--seconds", type=float, default=20.0, help="input_pipeline: measured time.")
+  args = parser.parse_args(argv)
+  if args.mode == "input_pipeline" and not args.data:
+    parser.error("--mode input_pipeline needs --data (a TFRecord glob).")
+
+  start = time.perf_counter()
+  result = MODES[args.mode](args)
+  result.update(side="keras_applications" if args.mode == "keras_applications" else "ours",
+                mode=args.mode, batch=args.batch, precision=args.precision, steps=args.steps,
+                warmup=args.warmup, tensorflow=tf.__version__, keras=keras.__version__,
+                process_seconds=time.perf_counter() - start)
+  print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,63 @@
+"""The `tpu-models` command line: help, list, config, errors and convert."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+from conftest import REPO
+from tpu_models import cli
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def _run(*args):
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, REPO]), TF_CPP_MIN_LOG_LEVEL="3")
+  return subprocess.run([sys.executable, "-m", "tpu_models.cli", *args], env=env, cwd=REPO,
+                        capture_output=True, text=True, timeout=300)
+
+
+def test_help_lists_commands():
+  result = _run("--help")
+  assert result.returncode == 0
+  for command in ("list", "train", "evaluate", "export", "check", "benchmark", "convert"):
+    assert command in result.stdout
+
+
+def test_list_and_config(capsys):
+  assert cli.main(["list", "models", "--pattern", "resnet*"]) == 0
+  out = capsys.readouterr().out
+  assert "resnet18" in out and "resnet200" in out
+  assert cli.main(["config", os.path.join(REPO, "official/resnet/fashion_mnist_resnet.yaml"),
+                   "--set", "trainer.train_steps=11"]) == 0
+  assert "train_steps: 11" in capsys.readouterr().out
+
+
+def test_config_error_exits_2_naming_the_key(capsys):
+  code = cli.main(["config", os.path.join(REPO, "official/resnet/fashion_mnist_resnet.yaml"),
+                   "--set", "trainer.optimizer.momentun=0.1"])
+  assert code == 2
+  err = capsys.readouterr().err
+  assert "trainer.optimizer.momentun" in err and "momentum" in err
+
+
+def test_missing_config_file_is_a_clear_error(capsys):
+  assert cli.main(["train", "no/such.yaml"]) == 2
+  assert "no/such.yaml" in capsys.readouterr().err
+
+
+def test_convert_image_folder(tmp_path, capsys):
+  for cls in ("cat", "dog"):
+    os.makedirs(tmp_path / "photos" / cls)
+    for i in range(3):
+      image = np.full((20, 20, 3), 40 * i, np.uint8)
+      (tmp_path / "photos" / cls / f"{i}.jpg").write_bytes(tf.io.encode_jpeg(image).numpy())
+  assert cli.main(["convert", "image-folder", str(tmp_path / "photos"),
+                   str(tmp_path / "out" / "train"), "--num-shards", "2"]) == 0
+  shards = sorted(os.listdir(tmp_path / "out"))
+  assert "train-00000-of-00002" in shards and "train-00001-of-00002" in shards
+  records = sum(1 for _ in tf.data.TFRecordDataset(
+      [str(tmp_path / "out" / s) for s in shards if s.startswith("train-")]))
+  assert records == 6

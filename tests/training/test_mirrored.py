@@ -1,0 +1,41 @@
+"""Two replicas (virtual CPUs) give the same training as one: loss averaging and clipping."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from conftest import REPO
+
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SCRIPT = r"""
+import sys, numpy as np, tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import toy_task
+from tpu_models.training.trainer import Trainer
+replicas, model_dir = int(sys.argv[1]), sys.argv[2]
+strategy = (tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]) if replicas == 2
+            else tf.distribute.OneDeviceStrategy("/cpu:0"))
+config = toy_task.toy_config(["trainer.train_steps=20", "task.train_data.num_examples=16",
+                              "trainer.optimizer.clip_norm=0.05",
+                              "trainer.optimizer.l2_regularization=0.01"])
+trainer = Trainer(config, model_dir, strategy=strategy)
+assert trainer.strategy.num_replicas_in_sync == replicas
+trainer.train()
+np.save(model_dir + "/w.npy", np.concatenate([v.numpy().ravel() for v in trainer.model.trainable_variables]))
+"""
+
+
+def test_two_replicas_match_one(tmp_path):
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, REPO]), TF_CPP_MIN_LOG_LEVEL="2")
+  weights = {}
+  for replicas in (1, 2):
+    model_dir = str(tmp_path / f"r{replicas}")
+    os.makedirs(model_dir)
+    subprocess.run([sys.executable, "-c", SCRIPT, str(replicas), model_dir], env=env, check=True,
+                   timeout=300)
+    weights[replicas] = np.load(os.path.join(model_dir, "w.npy"))
+  np.testing.assert_allclose(weights[2], weights[1], rtol=1e-4, atol=1e-6)

@@ -1,0 +1,94 @@
+"""Learning-rate schedules and optimizers against closed-form values."""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tpu_models.config import OptimizerConfig, ScheduleConfig
+from tpu_models.training import optimizers, schedules
+
+
+def _lr(schedule, step):
+  return float(schedule(tf.constant(step)))
+
+
+def test_warmup_then_cosine():
+  s = schedules.build_schedule(ScheduleConfig(name="cosine", base_lr=1.0, warmup_steps=10,
+                                              end_lr=0.1), train_steps=110)
+  assert _lr(s, 0) == pytest.approx(0.1)  # (step + 1) / warmup
+  assert _lr(s, 9) == pytest.approx(1.0)
+  assert _lr(s, 10) == pytest.approx(1.0)
+  assert _lr(s, 60) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+  assert _lr(s, 110) == pytest.approx(0.1)
+  assert _lr(s, 500) == pytest.approx(0.1)
+
+
+def test_step_inverse_sqrt_polynomial():
+  step = schedules.build_schedule(ScheduleConfig(name="step", base_lr=0.4, boundaries=[10, 20],
+                                                 multipliers=[0.1, 0.01]), 30)
+  assert [_lr(step, s) for s in (0, 9, 10, 19, 20)] == pytest.approx([0.4, 0.4, 0.04, 0.04, 0.004])
+  inv = schedules.build_schedule(ScheduleConfig(name="inverse_sqrt", base_lr=1.0,
+                                                warmup_steps=100), 1000)
+  assert _lr(inv, 400) == pytest.approx(0.5)
+  assert _lr(inv, 99) == pytest.approx(1.0)
+  poly = schedules.build_schedule(ScheduleConfig(name="polynomial", base_lr=2.0, power=2.0,
+                                                 warmup_steps=0, decay_steps=100), 100)
+  assert _lr(poly, 50) == pytest.approx(2.0 * 0.25)
+  with pytest.raises(ValueError, match="multipliers"):
+    schedules.build_schedule(ScheduleConfig(name="step", boundaries=[1], multipliers=[]), 5)
+
+
+def _variables():
+  kernel = keras.Variable(np.array([[1.0, -2.0], [3.0, 0.5]], np.float32), name="kernel")
+  bias = keras.Variable(np.array([0.5, -0.5], np.float32), name="bias")
+  return kernel, bias
+
+
+def test_lars_matches_formula_and_skips_vectors():
+  kernel, bias = _variables()
+  g_kernel = np.array([[0.1, 0.2], [-0.3, 0.4]], np.float32)
+  g_bias = np.array([1.0, 2.0], np.float32)
+  opt = optimizers.build_optimizer(
+      OptimizerConfig(name="lars", momentum=0.9, weight_decay=0.01, lars_eta=0.002), 0.5,
+      [kernel, bias])
+  w0, b0 = kernel.numpy(), bias.numpy()
+  opt.apply_gradients([(tf.constant(g_kernel), kernel), (tf.constant(g_bias), bias)])
+  w_norm, g_norm = np.linalg.norm(w0), np.linalg.norm(g_kernel)
+  trust = 0.002 * w_norm / (g_norm + 0.01 * w_norm)
+  np.testing.assert_allclose(kernel.numpy(), w0 - 0.5 * trust * (g_kernel + 0.01 * w0), rtol=1e-5)
+  np.testing.assert_allclose(bias.numpy(), b0 - 0.5 * g_bias, rtol=1e-6)  # trust 1, no decay
+
+
+def test_decoupled_weight_decay_skips_vectors_and_named_variables():
+  kernel, bias = _variables()
+  zero = [(tf.zeros_like(kernel), kernel), (tf.zeros_like(bias), bias)]
+  opt = optimizers.build_optimizer(OptimizerConfig(name="sgd", momentum=0.0, weight_decay=0.1),
+                                   1.0, [kernel, bias])
+  w0, b0 = kernel.numpy(), bias.numpy()
+  opt.apply_gradients(zero)
+  np.testing.assert_allclose(kernel.numpy(), w0 * (1 - 0.1), rtol=1e-6)
+  np.testing.assert_allclose(bias.numpy(), b0)
+  assert optimizers.decays(kernel) and not optimizers.decays(bias)
+  assert not optimizers.decays(kernel, exclude=["kern"])
+
+
+def test_l2_penalty():
+  kernel, bias = _variables()
+  expected = 0.5 * 0.01 * np.sum(kernel.numpy() ** 2)
+  assert float(optimizers.l2_penalty([kernel, bias], 0.01)) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("name", ["adamw", "adafactor", "sgd", "lars"])
+def test_every_optimizer_reduces_a_quadratic(name):
+  w = keras.Variable(np.array([[3.0, -2.0]], np.float32), name="w")
+  opt = optimizers.build_optimizer(OptimizerConfig(name=name, momentum=0.5, lars_eta=1.0), 0.05,
+                                   [w])
+  start = float(tf.reduce_sum(w ** 2))
+  for _ in range(20):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(w ** 2)
+    opt.apply_gradients([(tape.gradient(loss, w), w)])
+  assert float(tf.reduce_sum(w ** 2)) < start
