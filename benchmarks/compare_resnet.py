@@ -282,7 +282,7 @@ def main(argv=None):
     mg_version = model_garden_version(args.mg_python)
     if mg_version is None:
       print(f"The Model Garden venv ({args.mg_python}) is missing or cannot import "
-            f"official.vision. Set it up first (several minutes, ~2 GB):\n\n  {SETUP_COMMAND}\n",
+            f"official.vision. Set it up first (~5 minutes, ~3.5 GB):\n\n  {SETUP_COMMAND}\n",
             file=sys.stderr)
       return 2
 

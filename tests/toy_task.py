@@ -26,9 +26,10 @@ NUM_CLASSES = 4
 
 
 @register_model("toy_mlp", overwrite=True)
-def toy_mlp(hidden: int = 32, num_classes: int = NUM_CLASSES) -> keras.Model:
+def toy_mlp(hidden: int = 32, num_classes: int = NUM_CLASSES,
+            hidden_name: str = "hidden") -> keras.Model:
   inputs = keras.Input((NUM_FEATURES,), name="x")
-  h = keras.layers.Dense(hidden, activation="relu", name="hidden")(inputs)
+  h = keras.layers.Dense(hidden, activation="relu", name=hidden_name)(inputs)
   logits = keras.layers.Dense(num_classes, name="logits", dtype="float32")(h)
   return keras.Model(inputs, logits, name="toy_mlp")
 

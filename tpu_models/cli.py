@@ -74,6 +74,8 @@ def _parser() -> argparse.ArgumentParser:
   c.add_argument("output_dir")
   c.add_argument("--num-shards", type=int, default=8)
   c.add_argument("--path", default="", help="directory of the idx .gz files (default: search)")
+  c.add_argument("--validation-size", type=int, default=5000,
+                 help="last N training images written as validation-* (0: none)")
   return parser
 
 
@@ -83,7 +85,11 @@ def _load(args):
   if args.imports and os.getcwd() not in sys.path:
     sys.path.insert(0, os.getcwd())
   for module in args.imports:
-    importlib.import_module(module)
+    try:
+      importlib.import_module(module)
+    except ImportError as e:
+      raise ValueError(f"--import {module}: {e}. Run from the directory that holds the module "
+                       f"or add it to PYTHONPATH.") from None
   config = config_lib.load_config(args.config, args.overrides)
   model_dir = args.model_dir or os.path.join(
       "runs", os.path.splitext(os.path.basename(args.config))[0])
@@ -124,6 +130,7 @@ def _train(args) -> int:
   config, model_dir = _load(args)
   print(f"model_dir: {model_dir}", flush=True)
   trainer = Trainer(config, model_dir)
+  print(trainer.describe(), flush=True)
   try:
     if args.mode == "train":
       trainer.train()
@@ -160,7 +167,7 @@ def _evaluate(args) -> int:
     if args.continuous:
       trainer.continuous_evaluate(timeout=args.timeout)
     else:
-      trainer._evaluate_and_report()
+      trainer.evaluate_and_report("eval")
   finally:
     trainer.close()
   return 0
@@ -198,7 +205,7 @@ def _convert(args) -> int:
                                          num_shards=args.num_shards, shuffle_seed=args.seed)
   else:
     stats = convert.convert_fashion_mnist(args.output_dir, num_shards=args.num_shards,
-                                          path=args.path)
+                                          path=args.path, validation_size=args.validation_size)
   print(stats)
   return 0
 

@@ -365,7 +365,7 @@ def experiment_from_dict(data: dict, overrides: Iterable[str] = ()) -> Experimen
   """
   import copy
   overrides = list(overrides)
-  renames = [o for o in overrides if o.split("=", 1)[0].strip().endswith("name")]
+  renames = [o for o in overrides if o.split("=", 1)[0].strip().split(".")[-1] == "name"]
   rest = [o for o in overrides if o not in renames]
   config = from_dict(ExperimentConfig, apply_overrides(copy.deepcopy(data or {}), renames))
   if not rest:

@@ -183,3 +183,76 @@ def test_sigterm_saves_checkpoint_at_current_step(tmp_path):
   checkpoint = tf.train.latest_checkpoint(str(model_dir))
   assert checkpoint is not None and checkpoint.endswith(f"ckpt-{last_step}")
   assert last_step < 100000  # Not a periodic checkpoint: it was written for SIGTERM.
+
+
+def test_warm_start_with_name_mapping(tmp_path):
+  source = _trainer(tmp_path, ["trainer.train_steps=10"], name="source")
+  source.train()
+  target = _trainer(tmp_path, ["task.model.hidden_name=encoder",
+                               f"trainer.init_checkpoint={tmp_path / 'source'}",
+                               "trainer.init_checkpoint_map={'^encoder/': 'hidden/'}"],
+                    name="target")
+  np.testing.assert_array_equal(target.model.get_layer("encoder").kernel.numpy(),
+                                source.model.get_layer("hidden").kernel.numpy())
+  np.testing.assert_array_equal(target.model.get_layer("logits").kernel.numpy(),
+                                source.model.get_layer("logits").kernel.numpy())
+
+
+def test_warm_start_with_nothing_matching_is_an_error(tmp_path):
+  source = _trainer(tmp_path, ["trainer.train_steps=10"], name="source")
+  source.train()
+  with pytest.raises(ValueError, match="init_checkpoint_map"):
+    _trainer(tmp_path, ["task.model.hidden_name=encoder",
+                        "trainer.init_checkpoint_map={'^': 'nothing/'}",
+                        f"trainer.init_checkpoint={tmp_path / 'source'}"], name="target")
+
+
+@pytest.mark.parametrize("precision,jit", [("bfloat16", False), ("float16", False),
+                                           ("float32", True)])
+def test_precisions_and_xla_train(tmp_path, precision, jit):
+  trainer = _trainer(tmp_path, [f"runtime.mixed_precision={precision}",
+                                f"runtime.jit_compile={str(jit).lower()}",
+                                "trainer.train_steps=60", "trainer.steps_per_loop=20",
+                                "trainer.optimizer.clip_norm=5.0"])
+  assert trainer.jit_compile is jit
+  first = trainer.train(steps=20)["loss"]
+  last = trainer.train()["loss"]
+  assert np.isfinite(last) and last < first
+  assert trainer.model.get_layer("hidden").compute_dtype == {"float32": "float32",
+                                                              "bfloat16": "bfloat16",
+                                                              "float16": "float16"}[precision]
+  assert all(v.dtype == "float32" for v in trainer.model.trainable_variables)
+
+
+def test_target_metric_records_time_to_accuracy_and_stops(tmp_path):
+  trainer = _trainer(tmp_path, ["trainer.train_steps=400", "trainer.eval_every=20",
+                                "trainer.target_metric=accuracy", "trainer.target_value=0.6",
+                                "trainer.stop_at_target=true", "task.eval_data.num_examples=64"])
+  trainer.train_and_evaluate()
+  rows = progress.read_metrics(str(tmp_path / "run"), "target")
+  assert len(rows) == 1 and rows[0]["accuracy"] >= 0.6
+  assert rows[0]["time_to_target_seconds"] > 0
+  assert trainer.current_step == rows[0]["step"] < 400
+
+
+def test_unknown_target_metric_names_the_available_ones(tmp_path):
+  trainer = _trainer(tmp_path, ["trainer.train_steps=10", "trainer.eval_every=10",
+                                "trainer.target_metric=top1", "trainer.target_value=0.5"])
+  with pytest.raises(KeyError, match="accuracy"):
+    trainer.train_and_evaluate()
+
+
+def test_continuous_evaluate_follows_a_running_job(tmp_path):
+  model_dir = tmp_path / "run"
+  cmd, env = _cli(model_dir, "trainer.train_steps=3000", "trainer.steps_per_loop=10",
+                  "trainer.checkpoint_every=1000", "trainer.max_checkpoints=5")
+  proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    evaluator = Trainer(toy_task.toy_config(["trainer.train_steps=3000"]), str(model_dir))
+    final = evaluator.continuous_evaluate(timeout=120)
+  finally:
+    proc.wait(timeout=300)
+  assert evaluator.current_step == 3000
+  assert final["examples"] == 37
+  steps = [r["step"] for r in progress.read_metrics(str(model_dir), "eval")]
+  assert steps[-1] == 3000 and steps == sorted(steps)

@@ -46,6 +46,7 @@ class ClassificationConfig(TaskConfig):
   label_smoothing: float = 0.0
   label_offset: int = 0  # Added to stored labels (ImageNet TFRecords from tensorflow/tpu: -1).
   host_bfloat16: bool = False  # Cast images to bfloat16 on the host: half the infeed bytes.
+  mixup_alpha: float = 0.0  # > 0: mixup of each training batch (labels become soft).
 
 
 _AUGMENTATIONS = ("inception_crop", "pad_crop_flip", "none")
@@ -78,8 +79,17 @@ class ClassificationTask(Task):
       raise ValueError(f"task.{split}_data is not set.")
     if data.source == "synthetic":
       return self._synthetic(data, training, input_context)
-    return pipeline.build_dataset(data, lambda e: self.decode(e, training), training=training,
-                                  input_context=input_context)
+    dataset = pipeline.build_dataset(data, lambda e: self.decode(e, training),
+                                     training=training, input_context=input_context)
+    if training and self.config.mixup_alpha > 0:
+      dataset = dataset.map(self._mixup, num_parallel_calls=tf.data.AUTOTUNE)
+    return dataset
+
+  def _mixup(self, images, labels):
+    """Batch-level mixup on the host; labels become float32 [batch, num_classes]."""
+    one_hot = tf.one_hot(labels, self.num_classes)
+    mixed, soft = image_lib.mixup(tf.cast(images, tf.float32), one_hot, self.config.mixup_alpha)
+    return tf.cast(mixed, images.dtype), soft
 
   def decode(self, element, training: bool):
     """One raw element -> (image float32/bfloat16 [size, size, C], label int32 [])."""
@@ -191,15 +201,19 @@ class ClassificationTask(Task):
   # Loss and metrics.
 
   def loss(self, labels, outputs):
+    """Cross-entropy per example; `labels` are int32 [B] or soft float32 [B, K] (mixup)."""
     logits = tf.cast(outputs, tf.float32)
-    if self.config.label_smoothing:
-      one_hot = tf.one_hot(labels, self.num_classes)
+    soft = labels.dtype.is_floating
+    if self.config.label_smoothing or soft:
+      targets = labels if soft else tf.one_hot(labels, self.num_classes)
       return keras.losses.categorical_crossentropy(
-          one_hot, logits, from_logits=True, label_smoothing=self.config.label_smoothing)
+          targets, logits, from_logits=True, label_smoothing=self.config.label_smoothing)
     return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
 
   def metrics(self, labels, outputs, weights):
     logits = tf.cast(outputs, tf.float32)
+    if labels.dtype.is_floating:  # Mixed labels: score against the dominant class.
+      labels = tf.argmax(labels, axis=-1, output_type=tf.int32)
     sums = {"top1": weighted_mean(tf.math.in_top_k(labels, logits, 1), weights)}
     if self.num_classes > 5:
       sums["top5"] = weighted_mean(tf.math.in_top_k(labels, logits, 5), weights)

@@ -24,11 +24,11 @@ def decays(variable, exclude: Sequence[str] = ()) -> bool:
 
 def l2_penalty(variables, l2: float, exclude: Sequence[str] = ()) -> tf.Tensor:
   """l2 * sum(w**2) / 2 over the decayed variables, in float32."""
+  if not l2:
+    return tf.constant(0.0)
   terms = [tf.reduce_sum(tf.square(tf.cast(v, tf.float32))) for v in variables
            if decays(v, exclude)]
-  if not terms or not l2:
-    return tf.constant(0.0)
-  return 0.5 * l2 * tf.add_n(terms)
+  return 0.5 * l2 * tf.add_n(terms) if terms else tf.constant(0.0)
 
 
 class LARS(keras.optimizers.Optimizer):

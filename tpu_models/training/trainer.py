@@ -17,7 +17,6 @@ back to the last checkpoint when `trainer.nan_policy: restore`.
 """
 
 import contextlib
-import logging
 import math
 import os
 import re
@@ -37,8 +36,6 @@ from tpu_models.tasks.base import Task, create_task
 from tpu_models.training import optimizers as optimizers_lib
 from tpu_models.training import schedules
 from tpu_models.training.progress import Reporter
-
-log = logging.getLogger(__name__)
 
 _POLICIES = {"float32": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
 _WEIGHTS_PREFIX = "weights/"
@@ -135,6 +132,15 @@ class Trainer:
     if self.chief:
       dump_config(config, os.path.join(model_dir, "config.yaml"))
 
+  def describe(self) -> str:
+    """One line: model size, strategy, replicas, precision and XLA."""
+    params = sum(int(np.prod(v.shape)) for v in self.model.trainable_variables)
+    return (f"{self.model.name}: {params / 1e6:.2f}M trainable parameters | "
+            f"{type(self.strategy).__name__} on {self.device} x "
+            f"{self.strategy.num_replicas_in_sync} | {self.config.runtime.mixed_precision} | "
+            f"XLA {'on' if self.jit_compile else 'off'} | step {self.current_step}/"
+            f"{self.config.trainer.train_steps}")
+
   # --------------------------------------------------------------------------
   # Checkpoints.
 
@@ -147,7 +153,7 @@ class Trainer:
     if latest:
       self._restore_target.restore(latest).assert_existing_objects_matched()
       self._elapsed_at_start = float(self.elapsed_seconds.numpy())
-      log.info("Resumed from %s at step %d.", latest, self.current_step)
+      self._say(f"Resumed from {latest} at step {self.current_step}.")
     elif self.config.trainer.init_checkpoint:
       self.warm_start(self.config.trainer.init_checkpoint,
                       self.config.trainer.init_checkpoint_map)
@@ -199,7 +205,7 @@ class Trainer:
               f"{len(report['shape_mismatch'])} of another shape and "
               f"{len(report['missing'])} absent keep their initial values.")
     for line in report["shape_mismatch"]:
-      log.info("warm start, shape differs: %s", line)
+      self._say(f"  kept initial value, shape differs: {line}")
     return report
 
   def save_checkpoint(self) -> str:
