@@ -17,7 +17,6 @@ in the main Python environment (TF 2.21, Keras 3). Modes:
     python benchmarks/ours_worker.py --mode input_pipeline --data '/tmp/x/train-*'
 """
 
-import argparse
 import json
 import os
 import sys
@@ -33,6 +32,7 @@ import keras  # pylint: disable=g-import-not-at-top
 import tensorflow as tf
 
 from tpu_models import config as config_lib
+from worker_args import parse_worker_args
 from tpu_models.training import benchmark
 
 IMAGE_SIZE = 224
@@ -133,21 +133,8 @@ MODES = {"train_step": train_step, "keras_applications": keras_applications,
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(
-      description="One measurement of our side of the ResNet-50 comparison; prints one JSON line.")
-  parser.add_argument("--mode", choices=sorted(MODES), required=True)
-  parser.add_argument("--batch", type=int, default=32, help="Global batch size.")
-  parser.add_argument("--precision", choices=("float32", "bfloat16"), default="float32",
-                      help="float32, or bfloat16 = the mixed_bfloat16 policy (input_pipeline: "
-                           "the dtype of the output images).")
-  parser.add_argument("--steps", type=int, default=8, help="Timed train steps.")
-  parser.add_argument("--warmup", type=int, default=3,
-                      help="Untimed train steps first (tracing, allocator warm-up).")
-  parser.add_argument("--data", default="", help="input_pipeline: TFRecord glob.")
-  parser.add_argument("--seconds", type=float, default=20.0, help="input_pipeline: measured time.")
-  args = parser.parse_args(argv)
-  if args.mode == "input_pipeline" and not args.data:
-    parser.error("--mode input_pipeline needs --data (a TFRecord glob).")
+  args = parse_worker_args(
+      "One measurement of our side of the ResNet-50 comparison; prints one JSON line.", MODES, argv)
 
   start = time.perf_counter()
   result = MODES[args.mode](args)

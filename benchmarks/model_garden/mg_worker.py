@@ -21,12 +21,15 @@ the settings of our benchmark experiment:
         --mode train_step --precision bfloat16 --steps 8
 """
 
-import argparse
 import json
 import os
+import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The shared worker flags live one folder up (standard library only).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from worker_args import parse_worker_args  # pylint: disable=g-import-not-at-top
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 import tf_keras
@@ -122,21 +125,8 @@ MODES = {"train_step": train_step, "input_pipeline": input_pipeline}
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(
-      description="One measurement of Model Garden's ResNet-50 side; prints one JSON line.")
-  parser.add_argument("--mode", choices=sorted(MODES), required=True)
-  parser.add_argument("--batch", type=int, default=32, help="Global batch size.")
-  parser.add_argument("--precision", choices=("float32", "bfloat16"), default="float32",
-                      help="float32, or bfloat16 = the mixed_bfloat16 policy (input_pipeline: "
-                           "the dtype of the output images).")
-  parser.add_argument("--steps", type=int, default=8, help="Timed train steps.")
-  parser.add_argument("--warmup", type=int, default=3,
-                      help="Untimed train steps first (tracing, allocator warm-up).")
-  parser.add_argument("--data", default="", help="input_pipeline: TFRecord glob.")
-  parser.add_argument("--seconds", type=float, default=20.0, help="input_pipeline: measured time.")
-  args = parser.parse_args(argv)
-  if args.mode == "input_pipeline" and not args.data:
-    parser.error("--mode input_pipeline needs --data (a TFRecord glob).")
+  args = parse_worker_args(
+      "One measurement of Model Garden's ResNet-50 side; prints one JSON line.", MODES, argv)
 
   import importlib.metadata as metadata  # pylint: disable=g-import-not-at-top
   start = time.perf_counter()
