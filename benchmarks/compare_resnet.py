@@ -49,6 +49,13 @@ LABELS = {"ours": "ours (tpu_models, Keras 3)", "model_garden": "Model Garden (t
           "keras_applications": "keras.applications.ResNet50 (Keras 3)"}
 
 
+def _ratio(ours, runs) -> str:
+  """Median of the per-round ours/side ratios: each compares runs seconds apart."""
+  per_round = [o["images_per_second"] / r["images_per_second"]
+               for o, r in zip(ours, runs) if o and r]
+  return f"{median(per_round):.2f}x" if per_round else "-"
+
+
 def log(message: str) -> None:
   print(message, file=sys.stderr, flush=True)
 
@@ -133,13 +140,7 @@ def train_table(results, sides) -> str:
         if r and ref:  # Our FLOP count and our peak of the same round, for every side.
           mfus.append(r["images_per_second"] * ref["train_flops_per_example"] /
                       (ref["peak_tflops"] * 1e12))
-      ratio = "-"
-      if side != "ours" and ours:
-        # Median of the per-round ratios: each ratio compares runs seconds apart.
-        per_round = [o["images_per_second"] / s["images_per_second"]
-                     for o, s in zip(ours, runs) if o and s]
-        if per_round:
-          ratio = f"{median(per_round):.2f}x"
+      ratio = _ratio(ours, runs) if side != "ours" and ours else "-"
       lines.append(f"| {precision} | {LABELS[side]} | {fmt(median(ips))} | "
                    f"{', '.join(fmt(v) for v in ips)} | {fmt(median(mfus), '.1%')} | {ratio} |")
   peaks = []
@@ -189,12 +190,7 @@ def pipeline_table(results) -> str:
   ours = results.get("ours", [])
   for side, runs in results.items():
     ips = [r["images_per_second"] if r else None for r in runs]
-    ratio = "-"
-    if side != "ours":
-      per_round = [o["images_per_second"] / s["images_per_second"]
-                   for o, s in zip(ours, runs) if o and s]
-      if per_round:
-        ratio = f"{median(per_round):.2f}x"
+    ratio = _ratio(ours, runs) if side != "ours" else "-"
     lines.append(f"| {LABELS[side].split(' (')[0]} | {fmt(median(ips), '.1f')} | "
                  f"{', '.join(fmt(v, '.1f') for v in ips)} | {ratio} |")
   return "\n".join(lines)
