@@ -92,3 +92,27 @@ def test_every_optimizer_reduces_a_quadratic(name):
       loss = tf.reduce_sum(w ** 2)
     opt.apply_gradients([(tape.gradient(loss, w), w)])
   assert float(tf.reduce_sum(w ** 2)) < start
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_fused_sgd_matches_keras_sgd(nesterov):
+  """The fused momentum kernel does Keras' SGD arithmetic, step for step, in a tf.function."""
+  rng = np.random.default_rng(0)
+  init = [rng.normal(size=(3, 4)).astype(np.float32), rng.normal(size=(4,)).astype(np.float32)]
+  grads = [[rng.normal(size=v.shape).astype(np.float32) for v in init] for _ in range(5)]
+  schedule = schedules.build_schedule(ScheduleConfig(name="cosine", base_lr=0.3, warmup_steps=2),
+                                      train_steps=5)
+
+  def run(optimizer_class):
+    variables = [keras.Variable(v) for v in init]
+    opt = optimizer_class(schedule, momentum=0.9, nesterov=nesterov)
+    opt.build(variables)
+    step = tf.function(lambda g: opt.apply_gradients(zip(g, variables)))
+    for g in grads:
+      step([tf.constant(x) for x in g])
+    return [v.numpy() for v in variables] + [m.numpy() for m in opt.momentums]
+
+  fused, reference = run(optimizers.SGD), run(keras.optimizers.SGD)
+  for ours, theirs in zip(fused, reference):
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-7)
+  assert not np.allclose(fused[0], init[0])  # The weights moved.
