@@ -127,8 +127,8 @@ def compare_train(args):
 
 
 def train_table(results, sides) -> str:
-  lines = ["| precision | side | median images/s | per round | MFU | ours / side |",
-           "|---|---|---:|---|---:|---:|"]
+  lines = ["| precision | side | median images/s | per round | MFU | page faults / step | ours / side |",
+           "|---|---|---:|---|---:|---:|---:|"]
   for precision, by_side in results.items():
     ours = by_side.get("ours", [])
     for side in sides:
@@ -140,9 +140,11 @@ def train_table(results, sides) -> str:
         if r and ref:  # Our FLOP count and our peak of the same round, for every side.
           mfus.append(r["images_per_second"] * ref["train_flops_per_example"] /
                       (ref["peak_tflops"] * 1e12))
+      faults = [r.get("page_faults_per_step") for r in runs if r]
       ratio = _ratio(ours, runs) if side != "ours" and ours else "-"
       lines.append(f"| {precision} | {LABELS[side]} | {fmt(median(ips))} | "
-                   f"{', '.join(fmt(v) for v in ips)} | {fmt(median(mfus), '.1%')} | {ratio} |")
+                   f"{', '.join(fmt(v) for v in ips)} | {fmt(median(mfus), '.1%')} | "
+                   f"{fmt(median(faults), ',.0f')} | {ratio} |")
   peaks = []
   for precision, by_side in results.items():
     values = [r["peak_tflops"] for r in by_side.get("ours", []) if r]

@@ -65,6 +65,7 @@ def train_step(args) -> dict:
       "peak_tflops": result["peak_tflops"],
       "mfu": result["mfu"],
       "device": result["device"],
+      "page_faults_per_step": result["page_faults_per_step"],
   }
 
 
@@ -106,13 +107,16 @@ def keras_applications(args) -> dict:
     return loss
 
   loop(tf.constant(args.warmup)).numpy()  # Traces; runs the warm-up steps.
+  faults = benchmark.page_faults()
   start = time.perf_counter()
   loop(tf.constant(args.steps)).numpy()
   seconds = time.perf_counter() - start
+  faults = benchmark.page_faults() - faults
   own_flops = 3.0 * benchmark.forward_flops(model)
   return {
       "images_per_second": args.batch * args.steps / seconds,
       "step_seconds": seconds / args.steps,
+      "page_faults_per_step": faults / args.steps,
       # keras.applications.ResNet50 is v1 (stride in the first 1x1 conv): fewer FLOPs
       # than v1.5. MFU in the comparison uses OUR FLOP count; this is for reference.
       "own_train_flops_per_example": own_flops,

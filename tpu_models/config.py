@@ -123,6 +123,9 @@ class RuntimeConfig:
   mixed_precision: str = "float32"  # float32 | bfloat16 | float16
   jit_compile: Optional[bool] = None  # None = per device: on for TPU, off for CPU/GPU.
   seed: Optional[int] = 42
+  # Undo TF 2.21's pinning of glibc's mmap threshold at 128 KiB once the input
+  # iterators exist (tpu_models/training/host_memory.py); no-op off glibc.
+  restore_malloc_thresholds: bool = True
 
 
 @dataclasses.dataclass

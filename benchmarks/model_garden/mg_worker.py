@@ -23,6 +23,7 @@ the settings of our benchmark experiment:
 
 import json
 import os
+import resource
 import sys
 import time
 
@@ -92,12 +93,15 @@ def train_step(args) -> dict:
     trainer = base_trainer.Trainer(params, task, model=model, optimizer=optimizer, train=True,
                                    evaluate=False, train_dataset=dataset)
   trainer.train(tf.constant(args.warmup, tf.int32))  # Traces; runs the warm-up steps.
+  faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
   start = time.perf_counter()
   logs = trainer.train(tf.constant(args.steps, tf.int32))
   seconds = time.perf_counter() - start
+  faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
   return {
       "images_per_second": args.batch * args.steps / seconds,
       "step_seconds": seconds / args.steps,
+      "page_faults_per_step": faults / args.steps,
       "loss": float(logs["training_loss"]),
       "policy": tf_keras.mixed_precision.global_policy().name,
       "optimizer": type(optimizer).__name__,

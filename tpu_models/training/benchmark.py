@@ -68,13 +68,22 @@ def matmul_peak_flops(dtype: str = "float32", size: int = 2048, seconds: float =
   return 2.0 * size ** 3 * n / elapsed
 
 
+def page_faults() -> Optional[int]:
+  """Minor page faults of this process so far (None where `resource` is missing)."""
+  try:
+    import resource  # pylint: disable=g-import-not-at-top  (POSIX only)
+  except ImportError:
+    return None
+  return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def train_throughput(config: config_lib.ExperimentConfig, *, steps: int = 20, warmup: int = 5,
                      synthetic: bool = True, model_dir: Optional[str] = None,
                      peak: bool = True) -> Dict[str, float]:
   """Examples/s of `config`'s train step through `Trainer`, plus MFU.
 
   Returns a dict: examples_per_second, step_seconds, global_batch, train_flops_per_example,
-  achieved_tflops, peak_tflops, mfu, precision, device.
+  achieved_tflops, peak_tflops, mfu, precision, device, page_faults_per_step.
   """
   from tpu_models.training import progress
   from tpu_models.training.trainer import Trainer
@@ -89,7 +98,9 @@ def train_throughput(config: config_lib.ExperimentConfig, *, steps: int = 20, wa
     run_dir = model_dir or os.path.join(tmp, "run")
     trainer = Trainer(config, run_dir, stream=open(os.devnull, "w"))
     trainer.train(steps=warmup)
+    faults_before = page_faults()
     trainer.train(steps=steps)
+    faults_after = page_faults()
     timed = progress.read_metrics(run_dir, "train")[-1]
     batch = config.task.train_data.global_batch_size
     seconds = batch * steps / timed["examples_per_second"]
@@ -103,6 +114,10 @@ def train_throughput(config: config_lib.ExperimentConfig, *, steps: int = 20, wa
       "achieved_tflops": flops * batch * steps / seconds / 1e12,
       "precision": config.runtime.mixed_precision,
       "device": trainer.device,
+      # Minor page faults of this process per timed step (None where not measurable):
+      # freshly mapped memory each step shows up here (see training/host_memory.py).
+      "page_faults_per_step": (None if faults_before is None
+                               else (faults_after - faults_before) / steps),
   }
   if peak:
     result["peak_tflops"] = matmul_peak_flops(config.runtime.mixed_precision) / 1e12
