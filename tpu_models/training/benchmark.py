@@ -132,4 +132,6 @@ def format_result(result: Dict[str, float]) -> str:
   if "mfu" in result:
     line += (f", {result['achieved_tflops']:.3f} TFLOP/s of a measured "
              f"{result['peak_tflops']:.3f} peak: MFU {100 * result['mfu']:.1f}%")
+  if result.get("page_faults_per_step") is not None:
+    line += f", {result['page_faults_per_step']:,.0f} page faults/step"
   return line
