@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 from tpu_models.models import resnet
-from tpu_models.models.layers import FusedBatchNormalization, SpaceToDepth
+from tpu_models.models.layers import FusedBatchNormalization, PointwiseConv2D, SpaceToDepth
 from tpu_models.registry import MODELS
 
 BUILDERS = {f"resnet{d}": getattr(resnet, f"resnet{d}") for d in (18, 34, 50, 101, 152, 200)}
@@ -319,6 +319,75 @@ def test_fused_and_keras_bn_checkpoints_are_interchangeable(tmp_path):
   restored = resnet.resnet18(fused_bn=False, **kwargs)
   tf.train.Checkpoint(model=restored).read(checkpoint).assert_consumed()
   np.testing.assert_allclose(restored(images), fused_model(images), rtol=1e-4, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------
+# PointwiseConv2D: 1x1 convolutions as matmuls.
+
+
+def _graph_op_types(layer, inputs):
+  graph = tf.function(layer).get_concrete_function(
+      tf.TensorSpec([None, None, None, inputs.shape[-1]], inputs.dtype)).graph
+  return {op.type for op in graph.get_operations()}
+
+
+def test_pointwise_matmul_matches_conv2d_forward_and_backward():
+  conv = keras.layers.Conv2D(6, 1, use_bias=True, bias_initializer="random_normal")
+  pointwise = PointwiseConv2D(6, 1, use_bias=True, as_matmul=True)
+  x = tf.random.normal([2, 5, 7, 4])
+  conv(x), pointwise(x)
+  pointwise.set_weights(conv.get_weights())
+  assert [v.shape for v in pointwise.weights] == [(1, 1, 4, 6), (6,)]
+  grads = {}
+  for name, layer in (("conv", conv), ("pointwise", pointwise)):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      y = layer(x)
+      loss = tf.reduce_sum(y * tf.range(6, dtype=tf.float32))
+    grads[name] = [y] + tape.gradient(loss, [x] + layer.trainable_weights)
+  for ours, theirs in zip(grads["pointwise"], grads["conv"]):
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+  # Unknown height and width at trace time: the reshape keeps the batch layout.
+  assert "MatMul" in _graph_op_types(pointwise, x)
+
+
+def test_pointwise_matmul_auto_follows_the_compute_dtype(policy):
+  x = tf.random.normal([2, 4, 4, 8])
+  fp32 = PointwiseConv2D(3, 1)
+  fp32(x)
+  assert "Conv2D" in _graph_op_types(fp32, x) and "MatMul" not in _graph_op_types(fp32, x)
+  policy("mixed_bfloat16")
+  bf16 = PointwiseConv2D(3, 1)
+  x16 = tf.cast(x, tf.bfloat16)
+  assert bf16(x16).dtype == tf.bfloat16
+  assert "MatMul" in _graph_op_types(bf16, x16) and "Conv2D" not in _graph_op_types(bf16, x16)
+  forced = PointwiseConv2D(3, 1, as_matmul=False)
+  forced(x16)
+  assert "MatMul" not in _graph_op_types(forced, x16)
+
+
+def test_pointwise_conv_rejects_non_pointwise_settings_and_round_trips():
+  with pytest.raises(ValueError, match="1x1, stride-1"):
+    PointwiseConv2D(4, 3)
+  with pytest.raises(ValueError, match="strides=.2, 2."):
+    PointwiseConv2D(4, 1, strides=2)
+  layer = PointwiseConv2D(4, 1, as_matmul=True, name="pw")
+  clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(layer))
+  assert type(clone) is PointwiseConv2D and clone.as_matmul is True and clone.filters == 4
+
+
+def test_resnet50_pointwise_layers_share_checkpoints_with_plain_convs(policy):
+  policy("mixed_bfloat16")
+  kwargs = dict(num_classes=5, input_shape=[32, 32, 3], stem="small")
+  matmul_model = resnet.resnet50(pointwise_matmul=None, **kwargs)  # bf16: matmuls.
+  conv_model = resnet.resnet50(pointwise_matmul=False, **kwargs)
+  pointwise = [l for l in matmul_model.layers if isinstance(l, PointwiseConv2D)]
+  assert len(pointwise) == 16 * 2 + 1  # conv1 + conv3 of 16 blocks + the stage-2 projection.
+  assert not any(isinstance(l, PointwiseConv2D) for l in conv_model.layers)
+  assert [v.path for v in matmul_model.weights] == [v.path for v in conv_model.weights]
+  conv_model.set_weights(matmul_model.get_weights())
+  images = tf.random.normal([2, 32, 32, 3])
+  np.testing.assert_allclose(matmul_model(images), conv_model(images), rtol=0.05, atol=0.05)
 
 
 # ----------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from typing import Dict, List, Optional
 import keras
 import numpy as np
 
-from tpu_models.models.layers import FusedBatchNormalization, SpaceToDepth
+from tpu_models.models.layers import FusedBatchNormalization, PointwiseConv2D, SpaceToDepth
 from tpu_models.registry import register_model
 
 # depth -> (block kind, blocks per stage 2..5).
@@ -53,14 +53,16 @@ STEMS = ("imagenet", "small", "space_to_depth")
 # Layer factories: one place for the initialisers and BN settings.
 
 
-def _conv(filters: int, kernel_size: int, strides: int, name: str) -> keras.layers.Conv2D:
+def _conv(filters: int, kernel_size: int, strides: int, name: str,
+          pointwise_matmul: Optional[bool] = False) -> keras.layers.Conv2D:
   # He init over fan_out (untruncated normal), as in the ResNet paper; no bias
   # since a BN follows every convolution.
-  return keras.layers.Conv2D(
-      filters, kernel_size, strides=strides, padding="same", use_bias=False,
-      kernel_initializer=keras.initializers.VarianceScaling(
-          scale=2.0, mode="fan_out", distribution="untruncated_normal"),
-      name=name)
+  kwargs = dict(strides=strides, padding="same", use_bias=False, name=name,
+                kernel_initializer=keras.initializers.VarianceScaling(
+                    scale=2.0, mode="fan_out", distribution="untruncated_normal"))
+  if kernel_size == 1 and strides == 1 and pointwise_matmul is not False:
+    return PointwiseConv2D(filters, 1, as_matmul=pointwise_matmul, **kwargs)
+  return keras.layers.Conv2D(filters, kernel_size, **kwargs)
 
 
 class _BatchNormFactory:
@@ -80,18 +82,19 @@ class _BatchNormFactory:
 # Residual blocks. `x` is NHWC; each returns the block output after the ReLU.
 
 
-def _shortcut(x, filters: int, strides: int, bn: _BatchNormFactory, prefix: str):
+def _shortcut(x, filters: int, strides: int, bn: _BatchNormFactory, prefix: str,
+              pointwise_matmul: Optional[bool]):
   """Identity, or a strided 1x1 projection when the shape changes (v1.5: no pooling)."""
   if strides == 1 and x.shape[-1] == filters:
     return x
-  x = _conv(filters, 1, strides, f"{prefix}_shortcut_conv")(x)
+  x = _conv(filters, 1, strides, f"{prefix}_shortcut_conv", pointwise_matmul)(x)
   return bn(f"{prefix}_shortcut_bn")(x)
 
 
 def _basic_block(x, width: int, strides: int, bn: _BatchNormFactory,
-                 zero_init_last_bn: bool, prefix: str):
+                 zero_init_last_bn: bool, prefix: str, pointwise_matmul: Optional[bool]):
   """3x3 conv (stride here) -> 3x3 conv, plus the shortcut. Outputs `width` channels."""
-  shortcut = _shortcut(x, width, strides, bn, prefix)
+  shortcut = _shortcut(x, width, strides, bn, prefix, pointwise_matmul)
   x = _conv(width, 3, strides, f"{prefix}_conv1")(x)
   x = bn(f"{prefix}_bn1")(x)
   x = keras.layers.ReLU(name=f"{prefix}_relu1")(x)
@@ -103,17 +106,17 @@ def _basic_block(x, width: int, strides: int, bn: _BatchNormFactory,
 
 
 def _bottleneck_block(x, width: int, strides: int, bn: _BatchNormFactory,
-                      zero_init_last_bn: bool, prefix: str):
+                      zero_init_last_bn: bool, prefix: str, pointwise_matmul: Optional[bool]):
   """1x1 -> 3x3 (stride here: v1.5) -> 1x1 conv, plus the shortcut. Outputs 4 * width."""
   filters = width * _BOTTLENECK_EXPANSION
-  shortcut = _shortcut(x, filters, strides, bn, prefix)
-  x = _conv(width, 1, 1, f"{prefix}_conv1")(x)
+  shortcut = _shortcut(x, filters, strides, bn, prefix, pointwise_matmul)
+  x = _conv(width, 1, 1, f"{prefix}_conv1", pointwise_matmul)(x)
   x = bn(f"{prefix}_bn1")(x)
   x = keras.layers.ReLU(name=f"{prefix}_relu1")(x)
   x = _conv(width, 3, strides, f"{prefix}_conv2")(x)
   x = bn(f"{prefix}_bn2")(x)
   x = keras.layers.ReLU(name=f"{prefix}_relu2")(x)
-  x = _conv(filters, 1, 1, f"{prefix}_conv3")(x)
+  x = _conv(filters, 1, 1, f"{prefix}_conv3", pointwise_matmul)(x)
   x = bn(f"{prefix}_bn3", zero_init=zero_init_last_bn)(x)
   x = keras.layers.Add(name=f"{prefix}_add")([x, shortcut])
   return keras.layers.ReLU(name=f"{prefix}_out")(x)
@@ -186,6 +189,7 @@ def resnet(*,
            bn_momentum: float = 0.9,
            bn_epsilon: float = 1e-5,
            fused_bn: bool = True,
+           pointwise_matmul: Optional[bool] = None,
            dropout_rate: float = 0.0,
            width: int = 64,
            name: Optional[str] = None) -> keras.Model:
@@ -205,6 +209,10 @@ def resnet(*,
     bn_epsilon: BN variance epsilon.
     fused_bn: use `FusedBatchNormalization` (same variables, faster) instead of
       `keras.layers.BatchNormalization`.
+    pointwise_matmul: how the 1x1 stride-1 convolutions run (`PointwiseConv2D`):
+      None = as a matmul when computing in bfloat16 (faster forward and
+      backward on CPUs with AMX), True = always, False = plain Conv2D layers.
+      Variables and checkpoints are the same either way.
     dropout_rate: dropout before the classifier; 0 adds no layer.
     width: channels of the stem and of stage 2; stages 3-5 double it each time
       (64 = the paper's ResNets; 16-32 make fast small-image models).
@@ -236,7 +244,7 @@ def resnet(*,
     for block in range(1, num_blocks + 1):
       strides = 2 if block == 1 and stage > 2 else 1
       x = block_fn(x, stage_width, strides, bn, zero_init_last_bn,
-                   prefix=f"stage{stage}_block{block}")
+                   prefix=f"stage{stage}_block{block}", pointwise_matmul=pointwise_matmul)
     features[f"C{stage}"] = x
 
   name = name or f"resnet{depth}"
