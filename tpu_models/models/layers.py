@@ -10,6 +10,9 @@ so checkpoints move freely between the two classes.
 
 `SpaceToDepth` folds each `block_size x block_size` patch into channels; the
 ResNet space-to-depth stem uses it.
+
+`PointwiseConv2D` is a 1x1 stride-1 `Conv2D` that runs as one matmul when it
+computes in bfloat16 (faster on CPUs with AMX; benchmarks/pointwise_conv.py).
 """
 
 import keras
@@ -144,8 +147,9 @@ class PointwiseConv2D(keras.layers.Conv2D):
   config as the parent, plus `as_matmul`. As a matmul the layer computes
   [B*H*W, C_in] @ [C_in, C_out], and its gradients are two more matmuls
   instead of Conv2DBackpropInput/Conv2DBackpropFilter. On a CPU with AMX
-  (oneDNN) that is 1.1-2.5x faster forward+backward for ResNet-50's 1x1 layers
-  in bfloat16, but up to 1.5x slower in float32 (benchmarks/README.md), hence:
+  (oneDNN) that is faster forward+backward for ResNet-50's 1x1 layers in
+  bfloat16 but slower in float32 (benchmarks/pointwise_conv.py prints both;
+  figures in benchmarks/README.md), hence:
 
     as_matmul=None   matmul when the layer computes in bfloat16 (the default)
     as_matmul=True   always a matmul;   False: always the convolution kernel
