@@ -2,9 +2,10 @@
 
 Why `PointwiseConv2D` (tpu_models/models/layers.py) computes 1x1 stride-1
 convolutions as matmuls in bfloat16 and as convolutions in float32. For each
-1x1 layer shape of ResNet-50 at batch 32, both formulations run alternately in
-one process (same input, same kernel) and the median time of a
-forward+backward step (input and kernel gradients) is printed with the ratio.
+1x1 layer shape of ResNet-50 at batch 32, the layer with `as_matmul=False` and
+`as_matmul=True` (same input, same kernel, the run's dtype policy) runs
+alternately in one process, and the median time of a forward+backward step
+(input and kernel gradients) is printed with the ratio.
 
     python benchmarks/pointwise_conv.py                      # bfloat16 and float32
     python benchmarks/pointwise_conv.py --precisions bfloat16 --repeats 9
@@ -17,40 +18,43 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tensorflow as tf  # pylint: disable=g-import-not-at-top
+import keras  # pylint: disable=g-import-not-at-top
+import tensorflow as tf
+
+from tpu_models.models.layers import PointwiseConv2D
 
 # (height = width, C_in, C_out) of ResNet-50's 1x1 stride-1 layers at 224 px.
 SHAPES = [(56, 64, 256), (56, 256, 64), (28, 512, 128), (28, 128, 512), (14, 1024, 256),
           (14, 256, 1024), (7, 2048, 512), (7, 512, 2048)]
 
 
-def _step(formulation: str, dtype: tf.DType):
+def _step(layer: PointwiseConv2D):
   @tf.function
-  def step(x, w):
+  def step(x):
     with tf.GradientTape() as tape:
-      tape.watch([x, w])
-      kernel = tf.cast(w, dtype)
-      if formulation == "conv":
-        y = tf.nn.conv2d(x, kernel, 1, "VALID")
-      else:
-        c_in = x.shape[-1]
-        y = tf.matmul(tf.reshape(x, [-1, c_in]), tf.reshape(kernel, [c_in, -1]))
-      loss = tf.reduce_sum(tf.cast(y, tf.float32))
-    return tape.gradient(loss, [x, w])
+      tape.watch(x)
+      loss = tf.reduce_sum(tf.cast(layer(x), tf.float32))
+    return tape.gradient(loss, [x, layer.kernel])
   return step
 
 
-def measure(size: int, c_in: int, c_out: int, batch: int, dtype: tf.DType, repeats: int):
-  x = tf.cast(tf.random.normal([batch, size, size, c_in]), dtype)
-  w = tf.random.normal([1, 1, c_in, c_out]) * 0.05
-  steps = {name: _step(name, dtype) for name in ("conv", "matmul")}
+def measure(size: int, c_in: int, c_out: int, batch: int, precision: str, repeats: int):
+  """Median seconds of one forward+backward step of the layer as Conv2D and as matmul."""
+  policy = "mixed_bfloat16" if precision == "bfloat16" else "float32"
+  x = tf.cast(tf.random.normal([batch, size, size, c_in]), keras.DTypePolicy(policy).compute_dtype)
+  layers = {name: PointwiseConv2D(c_out, 1, use_bias=False, dtype=policy, as_matmul=as_matmul)
+            for name, as_matmul in (("conv", False), ("matmul", True))}
+  layers["conv"].build(x.shape)
+  layers["matmul"].build(x.shape)
+  layers["matmul"].set_weights(layers["conv"].get_weights())  # The same kernel.
+  steps = {name: _step(layer) for name, layer in layers.items()}
   times = {name: [] for name in steps}
-  for name, step in steps.items():  # Trace and warm up.
-    step(x, w)[1].numpy()
+  for step in steps.values():  # Trace and warm up.
+    step(x)[1].numpy()
   for _ in range(repeats):  # Alternate, so load on the machine hits both.
     for name, step in steps.items():
       start = time.perf_counter()
-      step(x, w)[1].numpy()
+      step(x)[1].numpy()
       times[name].append(time.perf_counter() - start)
   return {name: statistics.median(t) for name, t in times.items()}
 
@@ -65,9 +69,8 @@ def main():
   print("| precision | shape (HxW, C_in -> C_out) | Conv2D ms | matmul ms | Conv2D / matmul |")
   print("|---|---|---:|---:|---:|")
   for precision in args.precisions.split(","):
-    dtype = tf.bfloat16 if precision == "bfloat16" else tf.float32
     for size, c_in, c_out in SHAPES:
-      t = measure(size, c_in, c_out, args.batch, dtype, args.repeats)
+      t = measure(size, c_in, c_out, args.batch, precision, args.repeats)
       print(f"| {precision} | {size}x{size}, {c_in} -> {c_out} | {t['conv'] * 1e3:.1f} | "
             f"{t['matmul'] * 1e3:.1f} | {t['conv'] / t['matmul']:.2f}x |", flush=True)
 

@@ -270,11 +270,16 @@ class Trainer:
     sums["grad_norm"] = (tf.linalg.global_norm(grads), tf.constant(1.0))
     return sums
 
-  def _tune_host_malloc(self) -> None:
-    # Creating a distributed iterator makes TF 2.21 pin glibc's mmap threshold
-    # at 128 KiB (~10% of a ResNet-50 CPU step lost to page faults); see host_memory.
+  def _iterate(self, dataset):
+    """`iter(dataset)` for a distributed dataset, then undoes TF 2.21's malloc pin.
+
+    Creating a distributed iterator makes TF 2.21 pin glibc's mmap threshold at
+    128 KiB (~10% of a ResNet-50 CPU step lost to page faults); see host_memory.
+    """
+    iterator = iter(dataset)
     if self.config.runtime.restore_malloc_thresholds:
       host_memory.restore_malloc_thresholds()
+    return iterator
 
   def _build_train_loop(self):
     if self.jit_compile and self.device != "tpu":
@@ -326,8 +331,7 @@ class Trainer:
         tf.random.set_seed(self.config.runtime.seed + self.current_step)
       dataset = self.strategy.distribute_datasets_from_function(
           lambda ctx: self.task.build_inputs("train", ctx))
-      self._train_iterator = iter(dataset)
-      self._tune_host_malloc()
+      self._train_iterator = self._iterate(dataset)
     self._last_eval = {}
     last_metrics: Dict[str, float] = {}
     evaluated_at = None
@@ -447,8 +451,7 @@ class Trainer:
         return sums, extra
 
       self._eval_step_fn = eval_step
-    iterator = iter(self._eval_datasets[split])
-    self._tune_host_malloc()
+    iterator = self._iterate(self._eval_datasets[split])
     totals, state, steps = None, None, 0
     max_steps = self.config.trainer.eval_steps
     while max_steps is None or steps < max_steps:
