@@ -1,76 +1,402 @@
-"""Convergence benchmark: train an official experiment to the end on real data.
+"""Convergence checks: train experiments from scratch and hold them to their `expect:` block.
 
-Prints the held-out test top-1, the wall time of training, and the time to the
-target validation accuracy (`trainer.target_metric` / `target_value`), then a
-markdown row for official/<model>/README.md.
+Every CPU-sized official experiment declares what it must reach and in what
+time, in its own YAML (see docs/configs.md):
 
-    python benchmarks/convergence.py official/resnet/fashion_mnist_resnet.yaml
-    python benchmarks/convergence.py CONFIG --model-dir runs/fm --set trainer.train_steps=200
+    expect: {metric: top1, at_least: 0.93, split: test, minutes: 20,
+             hardware: "2 vCPU Intel Xeon (AMX-BF16), 24 GiB"}
+
+Each experiment runs in a fresh process through the CLI (`tpu-models train`,
+i.e. train_and_evaluate, then the test split when the task has one). Its final
+metric is read from the run's metrics.jsonl; its wall time is the whole process,
+start-up to the last evaluation. One table, exit status 1 on any miss:
+
+    python benchmarks/convergence.py --list                 # the experiments and their bounds
+    python benchmarks/convergence.py --all                  # run every one (~20 min each)
+    python benchmarks/convergence.py --all --only fashion   # those whose name contains it
+    python benchmarks/convergence.py official/resnet/fashion_mnist_resnet.yaml --model-dir runs/fm
+
+One CONFIG (with or without an `expect:` block) also prints the validation and
+test figures, the time to `trainer.target_value`, and a row for
+official/<model>/README.md. `--set` overrides go to every run (and may change
+`expect.*`); `--import` modules register your own tasks; `--experiments DIR`
+searches DIR/**/*.yaml instead of official/.
+
+The bounds hold on the reference machine named in each block; elsewhere compare
+the reached metric, and read the time bound as a guide.
 """
 
 import argparse
+import dataclasses
 import datetime
+import fnmatch
+import glob
+import importlib
+import json
 import os
 import platform
+import subprocess
 import sys
+import threading
 import time
+from typing import List, Optional
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+OFFICIAL = os.path.join(REPO, "official")
 
-def main() -> int:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("config")
-  parser.add_argument("--model-dir", default=None, help="default: a fresh runs/convergence-<time>")
-  parser.add_argument("--set", dest="overrides", action="append", default=[])
-  args = parser.parse_args()
 
+@dataclasses.dataclass
+class Experiment:
+  """One YAML file and its effective config (overrides applied)."""
+  name: str  # e.g. resnet/fashion_mnist_resnet
+  path: str
+  config: object  # tpu_models.config.ExperimentConfig
+
+
+@dataclasses.dataclass
+class Outcome:
+  """What one run reached, and whether that meets its expect block."""
+  experiment: Experiment
+  model_dir: str
+  exit_code: int
+  wall_seconds: float
+  value: Optional[float]  # The final expect.metric (or target metric) of expect.split.
+  rows: List[dict]
+  problems: List[str]  # Empty = pass.
+
+  @property
+  def passed(self) -> bool:
+    return not self.problems
+
+
+# ----------------------------------------------------------------------------
+# Finding and loading experiments.
+
+
+def declares_expect(path: str) -> bool:
+  """True when the file ITSELF has an `expect:` block (one inherited via `base:` does not count).
+
+  A variant that extends an entry (e.g. the same recipe read from JPEG records)
+  is listed only when it declares its own bounds.
+  """
+  import yaml
+  with open(path) as f:
+    try:
+      data = yaml.safe_load(f) or {}
+    except yaml.YAMLError:
+      return False  # load_config reports it if the file is ever run.
+  return isinstance(data, dict) and data.get("expect") is not None
+
+
+def find_experiments(directory: str, only: str = "") -> List[str]:
+  """YAML files under `directory` that declare `expect:`, sorted; `only` filters by name."""
+  if not os.path.isdir(directory):
+    raise FileNotFoundError(f"--experiments {directory!r} is not a directory.")
+  paths = sorted(glob.glob(os.path.join(directory, "**", "*.yaml"), recursive=True))
+  found = [p for p in paths if declares_expect(p)]
+  return [p for p in found if _matches(experiment_name(p, directory), only)]
+
+
+def experiment_name(path: str, directory: Optional[str] = None) -> str:
+  """'resnet/fashion_mnist_resnet' for official/resnet/fashion_mnist_resnet.yaml."""
+  base = directory or os.path.dirname(os.path.dirname(os.path.abspath(path)))
+  return os.path.splitext(os.path.relpath(os.path.abspath(path), os.path.abspath(base)))[0]
+
+
+def _matches(name: str, pattern: str) -> bool:
+  if not pattern:
+    return True
+  if any(c in pattern for c in "*?["):
+    return fnmatch.fnmatch(name, pattern)
+  return pattern in name
+
+
+def import_modules(modules: List[str]) -> None:
+  """Imports `--import` modules as the CLI does (the current directory on the path)."""
+  if modules and os.getcwd() not in sys.path:
+    sys.path.insert(0, os.getcwd())
+  for module in modules:
+    try:
+      importlib.import_module(module)
+    except ImportError as e:
+      raise ValueError(f"--import {module}: {e}. Run from the directory that holds the module "
+                       f"or add it to PYTHONPATH.") from None
+
+
+def load_experiment(path: str, name: str, overrides: List[str], require_expect: bool) -> Experiment:
   from tpu_models import config as config_lib
-  from tpu_models.training import Trainer, progress
-
-  config = config_lib.load_config(args.config, args.overrides)
-  model_dir = args.model_dir or os.path.join(
-      "runs", "convergence-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
-  trainer = Trainer(config, model_dir)
-  start = time.time()
-  validation = trainer.train_and_evaluate()
-  train_seconds = time.time() - start
-  test = trainer.evaluate_and_report("test") if getattr(config.task, "test_data", None) else {}
-  trainer.close()
-
-  target = [r for r in progress.read_metrics(model_dir, "target")]
-  metric = config.trainer.target_metric or "top1"
-  print(f"\nconfig: {args.config} {' '.join(args.overrides)}")
-  print(f"model_dir: {model_dir}")
-  print(f"train+eval wall time: {train_seconds / 60:.1f} min for {config.trainer.train_steps} steps")
-  print(f"validation {metric}: {validation.get(metric, float('nan')):.4f}")
-  if test:
-    print(f"test {metric}: {test.get(metric, float('nan')):.4f} ({int(test['examples'])} examples)")
-  if target:
-    print(f"time to validation {metric} >= {config.trainer.target_value}: "
-          f"{target[0]['time_to_target_seconds'] / 60:.1f} min (step {target[0]['step']})")
-  else:
-    print(f"validation {metric} never reached {config.trainer.target_value}")
-  cpu = _cpu_name()
-  print("\n| experiment | test top-1 | val top-1 | train time | time to target | hardware |")
-  print("|---|---|---|---|---|---|")
-  ttt = f"{target[0]['time_to_target_seconds'] / 60:.1f} min" if target else "not reached"
-  print(f"| {os.path.basename(args.config)} | {100 * test.get(metric, float('nan')):.2f}% | "
-        f"{100 * validation.get(metric, float('nan')):.2f}% | {train_seconds / 60:.1f} min | {ttt} | "
-        f"{os.cpu_count()} cores, {cpu} |")
-  return 0
+  config = config_lib.load_config(path, overrides)
+  if require_expect and config.expect is None:
+    raise config_lib.ConfigError(f"{path} has no 'expect:' block.")
+  if (config.expect is not None and config.expect.split == "test"
+      and getattr(config.task, "test_data", None) is None):
+    raise config_lib.ConfigError(
+        f"{path}: expect.split is 'test' but the task has no test_data; use split: eval.")
+  return Experiment(name=name, path=path, config=config)
 
 
-def _cpu_name() -> str:
+# ----------------------------------------------------------------------------
+# Running one experiment.
+
+
+def run_experiment(experiment: Experiment, model_dir: str, overrides: List[str],
+                   imports: List[str], timeout_factor: float, echo: bool = True) -> Outcome:
+  """Trains `experiment` from scratch in a fresh `tpu-models train` process."""
+  if os.path.exists(os.path.join(model_dir, "metrics.jsonl")) or os.path.exists(
+      os.path.join(model_dir, "checkpoint")):
+    raise ValueError(f"--model-dir {model_dir!r} already holds a run; a convergence check "
+                     f"starts from scratch, so give a new directory.")
+  os.makedirs(model_dir, exist_ok=True)
+  command = [sys.executable, "-m", "tpu_models.cli", "train", os.path.abspath(experiment.path),
+             "--model-dir", os.path.abspath(model_dir)]
+  for override in overrides:
+    command += ["--set", override]
+  for module in imports:
+    command += ["--import", module]
+  env = dict(os.environ)
+  env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH", "")) if p)
+  expect = experiment.config.expect
+  limit = None
+  if expect is not None and expect.minutes and timeout_factor > 0:
+    limit = timeout_factor * expect.minutes * 60  # It has failed by then anyway.
+
+  start = time.perf_counter()
+  with open(os.path.join(model_dir, "convergence.log"), "w") as log_file:
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, bufsize=1, env=env)
+    # A run past its limit has failed anyway: a timer kills it even if it prints nothing.
+    stopped = threading.Event()
+
+    def stop():
+      stopped.set()
+      process.kill()
+
+    timer = threading.Timer(limit, stop) if limit is not None else None
+    if timer is not None:
+      timer.start()
+    try:
+      for line in process.stdout:
+        log_file.write(line)
+        if echo:
+          sys.stderr.write(f"[{experiment.name}] {line}")
+          sys.stderr.flush()
+      exit_code = process.wait()
+    finally:
+      if timer is not None:
+        timer.cancel()
+      if process.poll() is None:  # Interrupted (Ctrl-C): do not leave the run behind.
+        process.kill()
+        process.wait()
+  wall_seconds = time.perf_counter() - start
+
+  rows = read_rows(model_dir)
+  metric = expect.metric if expect else (experiment.config.trainer.target_metric or "")
+  split = expect.split if expect else "test"
+  value = final_value(rows, split, metric)
+  problems = []
+  if stopped.is_set():
+    problems.append(f"stopped after {limit / 60:.1f} min ({timeout_factor:g}x the bound)")
+  elif exit_code != 0:
+    problems.append(f"tpu-models train exited {exit_code} (see {model_dir}/convergence.log)")
+  if expect is not None:
+    problems += check_expect(expect, value, wall_seconds, rows)
+  return Outcome(experiment, model_dir, exit_code, wall_seconds, value, rows, problems)
+
+
+def read_rows(model_dir: str) -> List[dict]:
+  """The rows of model_dir/metrics.jsonl (tpu_models/training/progress.py writes them)."""
+  path = os.path.join(model_dir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def final_value(rows: List[dict], split: str, metric: str) -> Optional[float]:
+  """`metric` in the last row of `split` that has it, or None."""
+  for row in reversed(rows):
+    if row.get("split") == split and metric in row:
+      return float(row[metric])
+  return None
+
+
+def check_expect(expect, value: Optional[float], wall_seconds: float, rows: List[dict]) -> List[str]:
+  """What misses the block: [] when the metric is within its bound and the run within time."""
+  problems = []
+  if value is None:
+    logged = sorted({k for r in rows if r.get("split") == expect.split for k in r}
+                    - {"time", "split", "step"})
+    problems.append(f"no {expect.split} {expect.metric} in metrics.jsonl"
+                    + (f" (logged: {', '.join(logged)})" if logged else ""))
+  elif expect.at_least is not None and not value >= expect.at_least:
+    problems.append(f"{expect.metric} {value:.4f} < {expect.at_least:g}")
+  elif expect.at_most is not None and not value <= expect.at_most:
+    problems.append(f"{expect.metric} {value:.4f} > {expect.at_most:g}")
+  if expect.minutes is not None and wall_seconds > expect.minutes * 60:
+    problems.append(f"{wall_seconds / 60:.1f} min > {expect.minutes:g} min")
+  return problems
+
+
+# ----------------------------------------------------------------------------
+# Tables.
+
+
+def bound_text(expect) -> str:
+  if expect is None:
+    return "-"
+  return f">= {expect.at_least:g}" if expect.at_least is not None else f"<= {expect.at_most:g}"
+
+
+def list_table(experiments: List[Experiment]) -> str:
+  lines = ["| experiment | metric | bound | time bound | reference hardware |",
+           "|---|---|---|---:|---|"]
+  for e in experiments:
+    x = e.config.expect
+    minutes = f"{x.minutes:g} min" if x.minutes else "-"
+    lines.append(f"| {e.name} | {x.split} {x.metric} | {bound_text(x)} | {minutes} | "
+                 f"{x.hardware or '-'} |")
+  return "\n".join(lines)
+
+
+def results_table(outcomes: List[Outcome]) -> str:
+  lines = ["| experiment | metric | bound | reached | wall time | time bound | result |",
+           "|---|---|---|---:|---:|---:|---|"]
+  for o in outcomes:
+    x = o.experiment.config.expect
+    metric = f"{x.split} {x.metric}" if x else "-"
+    reached = "-" if o.value is None else f"{o.value:.4f}"
+    minutes = f"{x.minutes:g} min" if x and x.minutes else "-"
+    result = "PASS" if o.passed else "FAIL: " + "; ".join(o.problems)
+    lines.append(f"| {o.experiment.name} | {metric} | {bound_text(x)} | {reached} | "
+                 f"{o.wall_seconds / 60:.1f} min | {minutes} | {result} |")
+  return "\n".join(lines)
+
+
+def details(outcome: Outcome) -> str:
+  """Validation, test and time to target of one run, and a row for official/<model>/README.md."""
+  config = outcome.experiment.config
+  metric = (config.expect.metric if config.expect else config.trainer.target_metric) or "top1"
+  validation = final_value(outcome.rows, "eval", metric)
+  test = final_value(outcome.rows, "test", metric)
+  target = [r for r in outcome.rows if r.get("split") == "target"]
+  fmt = lambda v: "-" if v is None else f"{v:.4f}"
+  pct = lambda v: "-" if v is None else f"{100 * v:.2f}%"
+  lines = [f"config: {outcome.experiment.path}", f"model_dir: {outcome.model_dir}",
+           f"wall time (start-up, training, evaluations, test): {outcome.wall_seconds / 60:.1f} min "
+           f"for {config.trainer.train_steps} steps",
+           f"validation {metric}: {fmt(validation)}", f"test {metric}: {fmt(test)}"]
+  ttt = "not reached"
+  if config.trainer.target_value is not None:
+    if target:
+      ttt = f"{target[0]['time_to_target_seconds'] / 60:.1f} min (step {target[0]['step']})"
+    lines.append(f"time to validation {config.trainer.target_metric} >= "
+                 f"{config.trainer.target_value}: {ttt}")
+  lines += ["", f"| experiment | test {metric} | validation {metric} | wall time | time to target "
+                f"| hardware |", "|---|---|---|---|---|---|",
+            f"| {os.path.basename(outcome.experiment.path)} | {pct(test)} | {pct(validation)} | "
+            f"{outcome.wall_seconds / 60:.1f} min | {ttt} | {machine()} |"]
+  return "\n".join(lines)
+
+
+def machine() -> str:
+  cpu = platform.processor() or "unknown CPU"
   try:
     with open("/proc/cpuinfo") as f:
       for line in f:
         if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
+          cpu = line.split(":", 1)[1].strip()
+          break
   except OSError:
     pass
-  return platform.processor() or "unknown CPU"
+  return f"{os.cpu_count()} cores, {cpu}"
+
+
+# ----------------------------------------------------------------------------
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 2)[2],
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("config", nargs="?", help="one experiment YAML (instead of --all / --list)")
+  parser.add_argument("--all", action="store_true",
+                      help="run every experiment with an expect: block under --experiments")
+  parser.add_argument("--list", action="store_true",
+                      help="show those experiments and their bounds without running them")
+  parser.add_argument("--only", default="", metavar="PATTERN",
+                      help="with --all/--list: experiments whose name contains PATTERN "
+                           "(or matches it as a glob)")
+  parser.add_argument("--experiments", default=OFFICIAL, metavar="DIR",
+                      help="where --all/--list look for **/*.yaml (default: official/)")
+  parser.add_argument("--model-dir", default=None,
+                      help="CONFIG: the run's model_dir; --all: the parent of one model_dir per "
+                           "experiment (default: a fresh runs/convergence-<time>)")
+  parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                      help="config override passed to every run (repeatable)")
+  parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                      help="module that registers your own tasks/models (repeatable)")
+  parser.add_argument("--timeout-factor", type=float, default=2.0,
+                      help="stop a run at this multiple of its expect.minutes (0: never)")
+  parser.add_argument("--quiet", action="store_true",
+                      help="do not echo the runs' progress to stderr (it is in each "
+                           "model_dir/convergence.log)")
+  args = parser.parse_args(argv)
+  if sum([bool(args.config), args.all, args.list]) != 1:
+    parser.error("give one of: CONFIG, --all, --list")
+
+  sys.path.insert(0, REPO)
+  from tpu_models.config import ConfigError
+  try:
+    import_modules(args.imports)
+    if args.config:
+      experiments = [load_experiment(args.config, experiment_name(args.config), args.overrides,
+                                     require_expect=False)]
+    else:
+      experiments = [load_experiment(p, experiment_name(p, args.experiments), args.overrides,
+                                     require_expect=True)
+                     for p in find_experiments(args.experiments, args.only)]
+  except (ConfigError, FileNotFoundError, KeyError, ValueError) as e:
+    print(f"convergence: error: {e}", file=sys.stderr)
+    return 2
+  if not experiments:
+    print(f"convergence: no experiment with an expect: block under {args.experiments}"
+          + (f" matching {args.only!r}" if args.only else ""), file=sys.stderr)
+    return 2
+
+  if args.list:
+    print(list_table(experiments))
+    return 0
+
+  stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+  outcomes = []
+  for experiment in experiments:
+    if args.config:
+      model_dir = args.model_dir or os.path.join("runs", f"convergence-{stamp}")
+    else:
+      model_dir = os.path.join(args.model_dir or os.path.join("runs", f"convergence-{stamp}"),
+                               experiment.name.replace(os.sep, "-"))
+    print(f"convergence: {experiment.name} -> {model_dir}", file=sys.stderr, flush=True)
+    try:
+      outcomes.append(run_experiment(experiment, model_dir, args.overrides, args.imports,
+                                     args.timeout_factor, echo=not args.quiet))
+    except ValueError as e:
+      print(f"convergence: error: {e}", file=sys.stderr)
+      return 2
+
+  if args.config:
+    print("\n" + details(outcomes[0]))
+  if any(o.experiment.config.expect is not None for o in outcomes):
+    print(f"\n{datetime.date.today().isoformat()}, {machine()}"
+          + (f", overrides: {' '.join(args.overrides)}" if args.overrides else "") + "\n")
+    print(results_table(outcomes))
+    references = sorted({o.experiment.config.expect.hardware for o in outcomes
+                         if o.experiment.config.expect and o.experiment.config.expect.hardware})
+    if references:
+      print(f"\nBounds measured on: {'; '.join(references)}.")
+  failed = [o for o in outcomes if not o.passed]
+  return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -129,10 +129,39 @@ class RuntimeConfig:
 
 
 @dataclasses.dataclass
+class ExpectConfig:
+  """What a CPU-sized experiment must reach, and in what time.
+
+  Read only by `benchmarks/convergence.py` (the Trainer ignores it), which runs
+  the experiment from scratch and checks the final `metric` of `split` in the
+  run's metrics.jsonl against the one bound that is set, and the wall time of
+  the whole run (start-up, training, evaluations, test) against `minutes`.
+  """
+  metric: str = ""  # An eval metric of the task, e.g. top1, loss, bleu.
+  at_least: Optional[float] = None  # Exactly one of at_least / at_most.
+  at_most: Optional[float] = None
+  minutes: Optional[float] = None  # Wall-time bound of the whole run on `hardware`.
+  split: str = "test"  # eval | test: where the final metric is read.
+  hardware: str = ""  # The reference machine the bounds were measured on, as text.
+
+  def __post_init__(self):
+    if not self.metric:
+      raise ConfigError("Config key 'expect.metric' must name the metric to check, e.g. top1.")
+    if (self.at_least is None) == (self.at_most is None):
+      raise ConfigError(
+          f"Config section 'expect' needs exactly one of 'at_least' and 'at_most'; got "
+          f"at_least={self.at_least!r}, at_most={self.at_most!r}.")
+    if self.minutes is not None and self.minutes <= 0:
+      raise ConfigError(f"Config key 'expect.minutes' must be positive, got {self.minutes!r}.")
+
+
+@dataclasses.dataclass
 class ExperimentConfig:
   task: TaskConfig = dataclasses.field(default_factory=TaskConfig)
   trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
   runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
+  # The convergence contract of a CPU-sized experiment (benchmarks/convergence.py).
+  expect: Optional[ExpectConfig] = None
 
 
 _CHOICES = {
@@ -141,6 +170,7 @@ _CHOICES = {
     ("optimizer", "name"): ("sgd", "lars", "adamw", "adafactor"),
     ("schedule", "name"): ("constant", "cosine", "step", "inverse_sqrt", "polynomial"),
     ("data", "on_corrupt"): ("error", "skip"),
+    ("expect", "split"): ("eval", "test"),
 }
 
 
