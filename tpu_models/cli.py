@@ -57,7 +57,9 @@ def _parser() -> argparse.ArgumentParser:
   _add_config_args(p)
   p.add_argument("--batch-size", type=int, default=2, help="per-replica batch used for the check")
 
-  p = sub.add_parser("benchmark", help="train-step throughput of an experiment on synthetic data")
+  p = sub.add_parser("benchmark", help="train-step throughput of an experiment on synthetic data "
+                                       "(the run goes to --model-dir if given, else a temporary "
+                                       "directory)")
   _add_config_args(p)
   p.add_argument("--steps", type=int, default=20, help="timed steps")
   p.add_argument("--warmup", type=int, default=5, help="untimed steps (compilation)")
@@ -96,9 +98,54 @@ def _load(args):
   return config, model_dir
 
 
+# TensorFlow's C++ start-up notices that say nothing about the run. absl writes them
+# before its logging is initialised, so TF_CPP_MIN_LOG_LEVEL cannot filter them
+# (docs/training.md says what each means). Only whole lines containing these are dropped.
+_STARTUP_NOTICES = (
+    "All log messages before absl::InitializeLog() is called are written to STDERR",
+    "oneDNN custom operations are on.",  # Informational: oneDNN kernels in use.
+)
+# The CUDA platform's probe on a machine with no NVIDIA driver: dropped only there.
+_NO_GPU_NOTICES = (
+    "Could not find cuda drivers on your machine, GPU will not be used.",
+    "failed call to cuInit:",
+)
+
+
+def _has_nvidia_device() -> bool:
+  import glob
+  return bool(glob.glob("/dev/nvidia[0-9]*")) or os.path.exists("/proc/driver/nvidia")
+
+
+def _import_tensorflow_quietly() -> None:
+  """Imports TensorFlow and probes for GPUs with stderr (fd 2) captured, then replays it
+  without the known start-up notices. Set TPU_MODELS_TF_STARTUP_LOGS=1 to see them all."""
+  if "tensorflow" in sys.modules or os.environ.get("TPU_MODELS_TF_STARTUP_LOGS") == "1":
+    return
+  notices = _STARTUP_NOTICES + (() if _has_nvidia_device() else _NO_GPU_NOTICES)
+  import tempfile
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as captured:
+    os.dup2(captured.fileno(), 2)
+    try:
+      import tensorflow as tf
+      tf.config.list_physical_devices("GPU")  # Where the CUDA probe (cuInit) logs.
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      captured.seek(0)
+      kept = [line for line in captured.read().splitlines(keepends=True)
+              if not any(notice.encode() in line for notice in notices)]
+      if kept:
+        os.write(2, b"".join(kept))
+
+
 def main(argv: Optional[List[str]] = None) -> int:
   args = _parser().parse_args(argv)
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # Keep C++ start-up chatter out of the way.
+  _import_tensorflow_quietly()
   from tpu_models.config import ConfigError
   try:
     return _COMMANDS[args.command](args)
@@ -192,8 +239,9 @@ def _check(args) -> int:
 def _benchmark(args) -> int:
   from tpu_models.training import benchmark
   config, model_dir = _load(args)
+  # Without --model-dir the run goes to a temporary directory (not runs/<config name>).
   result = benchmark.train_throughput(config, steps=args.steps, warmup=args.warmup,
-                                      synthetic=not args.real_data)
+                                      synthetic=not args.real_data, model_dir=args.model_dir)
   print(benchmark.format_result(result))
   return 0
 
