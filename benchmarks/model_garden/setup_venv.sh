@@ -7,7 +7,7 @@
 # Usage:
 #   bash benchmarks/model_garden/setup_venv.sh                # newest that installs
 #   MG_VERSION=2.19.1 bash benchmarks/model_garden/setup_venv.sh
-#   PYTHON=/usr/bin/python3.11 bash benchmarks/model_garden/setup_venv.sh
+#   PYTHON=/usr/bin/python3.11 bash benchmarks/model_garden/setup_venv.sh   # default: python3 on PATH
 #
 # Idempotent: exits at once if the venv can already import Model Garden.
 # Needs PyPI access and ~3.5 GB of disk (tensorflow, tf-keras, opencv, ...);
@@ -16,7 +16,6 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 venv="$(cd "${here}/.." && pwd)/.venv-model-garden"
-python="${PYTHON:-/root/.pyenv/versions/3.11.7/bin/python}"
 # Newest release first; the first that resolves and imports wins. Set MG_VERSION to pin.
 versions="${MG_VERSION:-2.20.0 2.19.1 2.18.0}"
 
@@ -27,6 +26,25 @@ if [[ -x "${venv}/bin/python" ]] && "${venv}/bin/python" -c "${check}" 2>/dev/nu
   exit 0
 fi
 
+# The Python the venv is made from: $PYTHON if set, else python3 on PATH (>= 3.10).
+python="${PYTHON:-python3}"
+if ! command -v "${python}" >/dev/null 2>&1; then
+  echo "No Python interpreter '${python}'$([[ -n "${PYTHON:-}" ]] && echo " (from \$PYTHON)" || echo " on PATH")." >&2
+  echo "Install Python >= 3.10, or point PYTHON at one: PYTHON=/path/to/python3.11 bash $0" >&2
+  exit 1
+fi
+if ! "${python}" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)'; then
+  echo "$("${python}" -c 'import sys; print(sys.executable, sys.version.split()[0])') is too old:" \
+       "this benchmark needs Python >= 3.10." >&2
+  echo "Point PYTHON at a newer one: PYTHON=/path/to/python3.11 bash $0" >&2
+  exit 1
+fi
+if ! "${python}" -c 'import venv, ensurepip' 2>/dev/null; then
+  echo "${python} cannot create virtualenvs (no venv/ensurepip module)." >&2
+  echo "On Debian/Ubuntu: apt-get install python3-venv (or python3.X-venv)." >&2
+  exit 1
+fi
+echo "Using $("${python}" -c 'import sys; print(sys.executable, sys.version.split()[0])')"
 start=$(date +%s)
 "${python}" -m venv "${venv}"
 "${venv}/bin/python" -m pip install --quiet --upgrade pip wheel setuptools
