@@ -65,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--warmup", type=int, default=5, help="untimed steps (compilation)")
   p.add_argument("--real-data", action="store_true", help="use the config's data, not synthetic")
 
-  p = sub.add_parser("convert", help="write ImageNet-schema TFRecords")
+  p = sub.add_parser("convert", help="write TFRecords (classification and detection)")
   conv = p.add_subparsers(dest="source", required=True, metavar="SOURCE")
   c = conv.add_parser("image-folder", help="INPUT_DIR/<class>/*.jpg -> sharded TFRecords")
   c.add_argument("input_dir")
@@ -78,7 +78,51 @@ def _parser() -> argparse.ArgumentParser:
   c.add_argument("--path", default="", help="directory of the idx .gz files (default: search)")
   c.add_argument("--validation-size", type=int, default=5000,
                  help="last N training images written as validation-* (0: none)")
+  _add_detection_convert_parsers(conv)
   return parser
+
+
+def _add_detection_convert_parsers(conv) -> None:
+  """`convert coco|voc|csv|pasted-objects`: detection TFRecords (data/detection_convert.py)."""
+
+  def common(c):
+    c.add_argument("output_prefix", help="e.g. /data/coco/train (writes train-00000-of-00008 "
+                                         "... and label_map.json beside them)")
+    c.add_argument("--num-shards", type=int, default=8)
+    c.add_argument("--seed", type=int, default=0, help="image order seed")
+    c.add_argument("--skip-empty", action="store_true", help="leave out images without boxes")
+
+  c = conv.add_parser("coco", help="COCO instances JSON + image folder -> detection TFRecords")
+  c.add_argument("annotation_file", help="e.g. annotations/instances_train2017.json")
+  c.add_argument("image_dir", help="the folder the JSON's file_names are relative to")
+  common(c)
+  c.add_argument("--no-crowd", action="store_true", help="drop iscrowd boxes instead of "
+                                                         "writing them as ignored regions")
+  c = conv.add_parser("voc", help="Pascal VOC XML folder -> detection TFRecords")
+  c.add_argument("annotations_dir", help="the *.xml files, e.g. VOC2012/Annotations")
+  common(c)
+  c.add_argument("--image-dir", help="default: JPEGImages beside annotations_dir, else it")
+  c.add_argument("--image-set", help="ids to convert, e.g. VOC2012/ImageSets/Main/train.txt")
+  c.add_argument("--classes", help="class names: a file of `name,id` lines, or name,name,...")
+  c.add_argument("--difficult-as-boxes", action="store_true",
+                 help="write <difficult> objects as ordinary boxes (default: ignored regions)")
+  c = conv.add_parser("csv", help="path,x1,y1,x2,y2,class lines (keras-retinanet) -> "
+                                  "detection TFRecords")
+  c.add_argument("csv_file", help="one box per line; `path,,,,,` = an image without boxes")
+  common(c)
+  c.add_argument("--image-dir", help="what relative paths are relative to (default: the "
+                                     "CSV's folder)")
+  c.add_argument("--classes", help="class names: a file of `name,id` lines, or name,name,...")
+  c = conv.add_parser("pasted-objects",
+                      help="build the pasted-objects detection set (Fashion-MNIST items on "
+                           "scikit-image photos): JPEGs, COCO JSON and TFRecords")
+  c.add_argument("output_dir")
+  c.add_argument("--num-train", type=int, default=3000)
+  c.add_argument("--num-validation", type=int, default=500)
+  c.add_argument("--num-test", type=int, default=500)
+  c.add_argument("--seed", type=int, default=0)
+  c.add_argument("--num-shards", type=int, default=4)
+  c.add_argument("--path", default="", help="directory of the Fashion-MNIST idx .gz files")
 
 
 def _load(args):
@@ -248,6 +292,8 @@ def _benchmark(args) -> int:
 
 def _convert(args) -> int:
   from tpu_models.data import convert
+  if args.source in ("coco", "voc", "csv", "pasted-objects"):
+    return _convert_detection(args)
   if args.source == "image-folder":
     stats = convert.convert_image_folder(args.input_dir, args.output_prefix,
                                          num_shards=args.num_shards, shuffle_seed=args.seed)
@@ -255,6 +301,37 @@ def _convert(args) -> int:
     stats = convert.convert_fashion_mnist(args.output_dir, num_shards=args.num_shards,
                                           path=args.path, validation_size=args.validation_size)
   print(stats)
+  return 0
+
+
+def _convert_detection(args) -> int:
+  from tpu_models.data import detection_convert, pasted_objects
+  if args.source == "pasted-objects":
+    result = pasted_objects.build_pasted_objects(
+        args.output_dir, num_train=args.num_train, num_validation=args.num_validation,
+        num_test=args.num_test, seed=args.seed, num_shards=args.num_shards,
+        fashion_mnist_path=args.path)
+    for split, info in result["splits"].items():
+      print(f"{split}: {info['images']} images, {info['objects']} objects, "
+            f"{info['annotation_file']}, {args.output_dir}/{split}-*")
+    print(f"Built in {result['seconds']:.1f} s; label map {result['label_map_file']}")
+    return 0
+  common = dict(num_shards=args.num_shards, shuffle_seed=args.seed,
+                skip_images_without_boxes=args.skip_empty)
+  classes = getattr(args, "classes", None)
+  if classes and not os.path.isfile(classes):
+    classes = [name.strip() for name in classes.split(",") if name.strip()]
+  if args.source == "coco":
+    detection_convert.convert_coco(args.annotation_file, args.image_dir, args.output_prefix,
+                                   include_crowd=not args.no_crowd, **common)
+  elif args.source == "voc":
+    detection_convert.convert_voc(args.annotations_dir, args.output_prefix,
+                                  image_dir=args.image_dir, image_set_file=args.image_set,
+                                  class_names=classes,
+                                  difficult_as_crowd=not args.difficult_as_boxes, **common)
+  else:
+    detection_convert.convert_csv(args.csv_file, args.output_prefix, image_dir=args.image_dir,
+                                  class_names=classes, **common)
   return 0
 
 

@@ -238,3 +238,20 @@ def test_declared_size_mismatch_skips_the_image(image_dir, tmp_path):
                                          num_shards=1, progress=False)
   assert stats["written"] == 0
   assert "40x60 (WxH) but the image is 60x40" in stats["skipped_files"][0][1]
+
+
+def test_cli_convert_csv_and_voc(image_dir, tmp_path, capsys):
+  from tpu_models import cli
+  csv_file = tmp_path / "boxes.csv"
+  csv_file.write_text("images/a.jpg,5,6,25,30,cat\nimages/b.jpg,3,4,27,44,dog\n"
+                      "images/empty.jpg,,,,,\n")
+  prefix = str(tmp_path / "cli" / "train")
+  assert cli.main(["convert", "csv", str(csv_file), prefix, "--num-shards", "2",
+                   "--classes", "dog,cat"]) == 0
+  assert "Wrote 3 images with 2 boxes" in capsys.readouterr().out
+  label_map = detection_convert.read_label_map(str(tmp_path / "cli"))
+  assert [e["name"] for e in label_map] == ["dog", "cat"]
+  records = _records([f"{prefix}-00000-of-00002", f"{prefix}-00001-of-00002"])
+  assert sorted(int(r["classes"].sum()) for r in records.values()) == [0, 0, 1]
+  assert cli.main(["convert", "voc", str(tmp_path / "nowhere"), prefix]) == 2
+  assert "does not exist" in capsys.readouterr().err
