@@ -174,3 +174,65 @@ def test_decode_image_and_boxes():
   record = detection.decode_image_and_boxes(tf.constant(_record(_normalised([OBJECT]), [0])))
   assert record["image"].shape == (HEIGHT, WIDTH, 3)
   np.testing.assert_allclose(record["pixel_boxes"], [OBJECT], atol=1e-4)
+
+
+# ----------------------------------------------------------------------------
+# Anchor coverage.
+
+
+@pytest.mark.parametrize("size,params", [
+    (128, {}),
+    (96, dict(min_level=2, max_level=5, num_scales=2, aspect_ratios=(0.25, 1.0, 3.0),
+              anchor_size=3.0)),
+])
+def test_best_anchor_iou_equals_the_brute_force_maximum(size, params):
+  rng = np.random.default_rng(size)
+  centers = rng.uniform(-10, size + 10, [300, 2])
+  sides = np.exp(rng.uniform(np.log(2), np.log(size * 1.3), [300, 2]))
+  boxes = np.concatenate([centers - sides / 2, centers + sides / 2], axis=1)
+  brute = box_ops.iou(tf.constant(boxes, tf.float32),
+                      anchors_lib.multilevel_anchors(size, **params)).numpy().max(axis=1)
+  np.testing.assert_allclose(detection.best_anchor_iou(boxes, size, **params), brute, atol=1e-5)
+
+
+def _write_box_records(path, boxes_per_image, side=256):
+  pixels = tf.io.encode_jpeg(np.zeros([side, side, 3], np.uint8)).numpy()
+  with tf.io.TFRecordWriter(str(path)) as writer:
+    for i, boxes in enumerate(boxes_per_image):
+      boxes = np.asarray(boxes, np.float32) / side
+      writer.write(detection.detection_example(
+          pixels, height=side, width=side, boxes=boxes, classes=[i % 2] * len(boxes),
+          source_id=str(i)).SerializeToString())
+
+
+def test_anchor_coverage_warns_about_tiny_boxes_and_names_the_bucket(tmp_path):
+  rng = np.random.default_rng(0)
+  tiny = [[(y, x, y + 7, x + 6) for y, x in rng.uniform(0, 240, [3, 2])] for _ in range(20)]
+  normal = [[(y, x, y + h, x + w) for (y, x), (h, w) in
+             zip(rng.uniform(0, 120, [3, 2]), rng.choice([48, 64, 96, 128], [3, 2]))]
+            for _ in range(20)]
+  _write_box_records(tmp_path / "tiny.tfrecord", [t + n for t, n in zip(tiny, normal)])
+  report = detection.anchor_coverage(str(tmp_path / "tiny.tfrecord"), 256,
+                                     class_names=["a", "b"])
+  assert report.num_images == 20 and report.num_boxes == 120
+  assert report.by_bucket["small"][0] == 60 and report.by_bucket["small"][1] < 0.2
+  assert report.by_bucket["medium"][1] >= 0.9 and report.by_bucket["large"][1] >= 0.9
+  assert not report.ok and len(report.warnings) == 1
+  text = report.format()
+  assert "60 small boxes" in text and "Suggested" in text
+  assert "min_level=2" in text or "anchor_size=" in text or "image_size=" in text
+  assert "by class: a " in text
+
+  _write_box_records(tmp_path / "normal.tfrecord", normal)
+  report = detection.anchor_coverage(str(tmp_path / "normal.tfrecord"), 256)
+  assert report.ok and report.share >= 0.9, report.format()
+
+
+def test_anchor_coverage_suggests_aspect_ratios_for_elongated_boxes():
+  rng = np.random.default_rng(1)
+  corners = rng.uniform(0, 100, [50, 2])
+  boxes = np.concatenate([corners, corners + [20, 140]], axis=1)  # 7:1 wide, "medium".
+  report = detection.box_coverage(boxes, np.zeros(50), 256)
+  assert not report.ok
+  assert "medium" in report.warnings[0] and "aspect_ratios=[0.5, 1.0, 2.0, 8.0]" in \
+      report.warnings[0]
