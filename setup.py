@@ -17,12 +17,15 @@ EXTRAS = {
     "dev": ["pytest>=8", "pytest-timeout>=2.3", "scikit-image>=0.22"],
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
+# Peers for benchmarks/compare_resnet.py only; not in "all" (CI does not install it).
+# keras-hub runs on the same TensorFlow and Keras 3, beside us.
+EXTRAS["bench"] = ["keras-hub>=0.32"]
 
 setup(
     name="tpu-models",
     version=VERSION,
-    description="ResNet, Transformer and RetinaNet on one TPU-first training loop "
-                "(TensorFlow 2 + Keras 3).",
+    description="ResNet (Transformer and RetinaNet in progress) on one TPU-first training "
+                "loop (TensorFlow 2 + Keras 3).",
     long_description=LONG_DESCRIPTION,
     long_description_content_type="text/markdown",
     packages=find_packages(include=["tpu_models", "tpu_models.*"]),

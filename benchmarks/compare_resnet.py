@@ -1,4 +1,4 @@
-"""ResNet-50 train step (and input pipeline): ours vs TF Model Garden vs keras.applications.
+"""ResNet-50 train step (and input pipeline): ours vs TF Model Garden vs keras-hub vs keras.applications.
 
 Each measurement is a fresh subprocess (warm-up steps, then timed steps):
 
@@ -8,6 +8,10 @@ Each measurement is a fresh subprocess (warm-up steps, then timed steps):
   model_garden        benchmarks/model_garden/mg_worker.py in benchmarks/.venv-model-garden
                       (tf-models-official, tf_keras): their ClassificationModel +
                       ResNet-50 backbone through their base_trainer.
+  keras_hub           benchmarks/keras_hub_worker.py, main Python with keras-hub
+                      (`pip install -e ".[bench]"`): keras_hub.models.ResNetBackbone
+                      at the ResNet-50 v1.5 shape + ResNetImageClassifier's pooling
+                      and dense head (25,557,032 parameters, as ours), plain SGD step.
   keras_applications  keras.applications.ResNet50 (Keras 3) with a plain SGD step.
 
 Same experiment on every side: batch 32, 224x224, 1000 classes, SGD momentum 0.9,
@@ -23,7 +27,8 @@ that our worker measured in the same round, for every side.
     python benchmarks/compare_resnet.py --pipeline-only --pipeline-seconds 30
     python benchmarks/compare_resnet.py --precisions bfloat16 --rounds 5 --steps 12
 
-Needs the Model Garden venv: bash benchmarks/model_garden/setup_venv.sh
+Needs the Model Garden venv (bash benchmarks/model_garden/setup_venv.sh) and
+keras-hub (pip install -e ".[bench]"), unless --sides leaves them out.
 """
 
 import argparse
@@ -44,9 +49,12 @@ MG_VENV = os.path.join(HERE, ".venv-model-garden")
 MG_PYTHON = os.path.join(MG_VENV, "bin", "python")
 SETUP_COMMAND = f"bash {os.path.relpath(os.path.join(HERE, 'model_garden', 'setup_venv.sh'))}"
 
-SIDES = ("ours", "model_garden", "keras_applications")
+SIDES = ("ours", "model_garden", "keras_hub", "keras_applications")
 LABELS = {"ours": "ours (tpu_models, Keras 3)", "model_garden": "Model Garden (tf_keras)",
+          "keras_hub": "keras-hub ResNetBackbone (Keras 3)",
           "keras_applications": "keras.applications.ResNet50 (Keras 3)"}
+# Sides without an input pipeline of their own (model + train step only).
+NO_PIPELINE = ("keras_hub", "keras_applications")
 
 
 def _ratio(ours, runs) -> str:
@@ -63,6 +71,8 @@ def log(message: str) -> None:
 def worker_command(side: str, mode: str, args, precision: str, data: str = ""):
   if side == "model_garden":
     command = [args.mg_python, os.path.join(HERE, "model_garden", "mg_worker.py"), "--mode", mode]
+  elif side == "keras_hub":
+    command = [sys.executable, os.path.join(HERE, "keras_hub_worker.py"), "--mode", mode]
   else:
     command = [sys.executable, os.path.join(HERE, "ours_worker.py"),
                "--mode", "keras_applications" if side == "keras_applications" else mode]
@@ -172,7 +182,7 @@ def compare_pipeline(args):
   directory = tempfile.mkdtemp(prefix="compare_resnet_records_")
   try:
     data = pipeline_bench.write_temporary_records(directory, args.num_images)
-    sides = [s for s in args.sides if s != "keras_applications"]  # It has no input pipeline.
+    sides = [s for s in args.sides if s not in NO_PIPELINE]
     results = {side: [] for side in sides}
     for r in range(args.rounds):
       for side in rotated(sides, r):
@@ -201,7 +211,7 @@ def pipeline_table(results) -> str:
 # ----------------------------------------------------------------------------
 
 
-def machine_description(mg_version: str) -> str:
+def machine_description(mg_version: str, keras_hub: str) -> str:
   cpu = platform.processor() or "unknown CPU"
   flags = ""
   try:
@@ -224,7 +234,8 @@ def machine_description(mg_version: str) -> str:
     except metadata.PackageNotFoundError:
       pass
   return (f"{datetime.date.today().isoformat()}, {cpu}, {os.cpu_count()} cores ({amx}"
-          f"{avx512bf16}), ours: {', '.join(versions)}; Model Garden: {mg_version}")
+          f"{avx512bf16}), ours: {', '.join(versions)}; Model Garden: {mg_version}; "
+          f"keras-hub: {keras_hub}")
 
 
 def model_garden_version(mg_python: str):
@@ -235,6 +246,15 @@ def model_garden_version(mg_python: str):
           "print(f\"tf-models-official {m.version('tf-models-official')} (tensorflow "
           "{m.version('tensorflow')}, tf-keras {m.version('tf-keras')})\")")
   done = subprocess.run([mg_python, "-c", code], capture_output=True, text=True)
+  lines = done.stdout.strip().splitlines()
+  return lines[-1] if done.returncode == 0 and lines else None
+
+
+def keras_hub_version():
+  """'keras-hub X' when it imports in this Python, else None."""
+  code = "import importlib.metadata as m, keras_hub; print('keras-hub', m.version('keras-hub'))"
+  done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
   lines = done.stdout.strip().splitlines()
   return lines[-1] if done.returncode == 0 and lines else None
 
@@ -284,8 +304,18 @@ def main(argv=None):
             file=sys.stderr)
       return 2
 
+  kh_version = "not used"
+  if "keras_hub" in args.sides and not args.pipeline_only:
+    kh_version = keras_hub_version()
+    if kh_version is None:
+      print("keras-hub does not import in this Python. Install the benchmark extra (it keeps "
+            "TensorFlow and Keras as they are):\n\n  pip install -e \".[bench]\"\n\nor leave it "
+            "out: --sides ours,model_garden,keras_applications", file=sys.stderr)
+      return 2
+
   start = time.perf_counter()
-  sections = [f"# ResNet-50 comparison\n\n{machine_description(mg_version)}. Batch {args.batch}, "
+  sections = [f"# ResNet-50 comparison\n\n{machine_description(mg_version, kh_version)}. "
+              f"Batch {args.batch}, "
               f"{args.warmup} warm-up + {args.steps} timed steps per measurement, "
               f"{args.rounds} rounds, sides alternating."]
   failed = False
