@@ -67,6 +67,9 @@ def test_eval_geometry_and_to_original_pixels_on_tensors():
   back = detection.to_original_pixels(boxes[None], info[None])
   assert isinstance(back, tf.Tensor)
   np.testing.assert_allclose(back[0], [OBJECT], atol=1e-4)
+  with np.errstate(all="raise"):  # Evaluation padding examples have all-zero image_info.
+    padding = detection.to_original_pixels(np.ones([2, 3, 4], np.float32), np.zeros([2, 4, 2]))
+  np.testing.assert_array_equal(padding, 0.0)
 
 
 def test_box_cropped_away_is_not_visible():

@@ -361,13 +361,15 @@ def to_original_pixels(boxes, image_info):
     for numpy inputs, else a tf.Tensor.
   """
   if isinstance(boxes, np.ndarray) and isinstance(image_info, np.ndarray):
-    concat, minimum, maximum = np.concatenate, np.minimum, np.maximum
+    concat, minimum, maximum, where = np.concatenate, np.minimum, np.maximum, np.where
   else:
     boxes, image_info = tf.convert_to_tensor(boxes), tf.convert_to_tensor(image_info)
-    concat, minimum, maximum = tf.concat, tf.minimum, tf.maximum
+    concat, minimum, maximum, where = tf.concat, tf.minimum, tf.maximum, tf.where
   tile = lambda row: concat([image_info[..., row, :], image_info[..., row, :]], -1)[..., None, :]
   original = tile(INFO_ORIGINAL_SIZE)
-  result = boxes / tile(INFO_SCALE) + tile(INFO_OFFSET)
+  scale = tile(INFO_SCALE)
+  scale = where(scale > 0, scale, 1.0)  # All-zero image_info of evaluation padding examples.
+  result = boxes / scale + tile(INFO_OFFSET)
   return minimum(maximum(result, 0.0), original)
 
 
