@@ -20,9 +20,7 @@ from typing import Any, Dict, Iterable, List, Optional, Union
 
 import yaml
 
-
-class ConfigError(ValueError):
-  """A config key or value is wrong; the message names it and what is expected."""
+from tpu_models.errors import ConfigError  # noqa: F401  (re-exported: config.ConfigError)
 
 
 # ----------------------------------------------------------------------------
@@ -107,6 +105,9 @@ class TrainerConfig:
   schedule: ScheduleConfig = dataclasses.field(default_factory=ScheduleConfig)
   nan_policy: str = "raise"  # raise | restore (roll back to the last checkpoint)
   max_nan_restores: int = 3
+  # float16: a loss-scale overflow skips the step and halves the scale; only this
+  # many in a row (the gradient is Inf at any scale) stop the run.
+  max_consecutive_overflows: int = 25
   target_metric: Optional[str] = None  # e.g. "top1"; its time-to-accuracy is logged
   target_value: Optional[float] = None
   stop_at_target: bool = False
@@ -122,6 +123,7 @@ class RuntimeConfig:
   strategy: str = "auto"  # auto | cpu | gpu | mirrored | multi_worker | tpu[:name]
   mixed_precision: str = "float32"  # float32 | bfloat16 | float16
   jit_compile: Optional[bool] = None  # None = per device: on for TPU, off for CPU/GPU.
+  loss_scale: Optional[float] = None  # float16: initial dynamic loss scale (None = 2**15).
   seed: Optional[int] = 42
   # Undo TF 2.21's pinning of glibc's mmap threshold at 128 KiB once the input
   # iterators exist (tpu_models/training/host_memory.py); no-op off glibc.

@@ -5,20 +5,59 @@
 
     model = create_model("resnet50", num_classes=10)
 
-An unknown name raises `KeyError` listing close matches, so typos are cheap.
+An unknown name raises `UnknownNameError` (a KeyError) listing close matches.
+
+The built-in families register themselves when first needed, one family at a
+time: looking up "resnet50" imports only the ResNet module, so a family whose
+optional extra is missing (sentencepiece, pycocotools) cannot break the others,
+and asking for one of its names says which extra to install.
 """
 
+import dataclasses
 import difflib
 import fnmatch
+import importlib
+import importlib.util
 import inspect
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from tpu_models.errors import MissingExtraError, UnknownNameError
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+  """A built-in module and the names (globs) it registers, per registry kind."""
+  module: str
+  extra: Optional[str] = None  # The `pip install "tpu_models[extra]"` it needs, if any.
+  models: Tuple[str, ...] = ()
+  tasks: Tuple[str, ...] = ()
+  datasets: Tuple[str, ...] = ()
+
+
+# Python packages each extra provides (setup.py's extras_require).
+EXTRA_PACKAGES = {"text": ("sentencepiece", "sacrebleu"), "coco": ("pycocotools",)}
+
+# Modules not written yet are skipped, so families can be listed before they land.
+BUILTIN_FAMILIES: List[Family] = [
+    Family("tpu_models.models.resnet", models=("resnet*",)),
+    Family("tpu_models.models.transformer", models=("transformer*",)),
+    Family("tpu_models.models.retinanet", models=("retinanet*",)),
+    Family("tpu_models.tasks.classification", tasks=("classification",)),
+    Family("tpu_models.tasks.translation", "text", tasks=("translation",)),
+    Family("tpu_models.tasks.language_modeling", "text", tasks=("language_modeling",)),
+    Family("tpu_models.tasks.detection", "coco", tasks=("detection",)),
+    Family("tpu_models.data.pipeline", datasets=("tfrecord",)),
+    Family("tpu_models.data.sources", datasets=("fashion_mnist", "tfds")),
+    Family("tpu_models.data.text_sources", "text",
+           datasets=("de_en_dictionary", "tsv", "text_tfrecord", "wmt14_de_en")),
+]
 
 
 class Registry:
   """A named mapping from string keys to builders, filled by a decorator."""
 
   def __init__(self, kind: str):
-    self.kind = kind
+    self.kind = kind  # "model", "task" or "dataset"
     self._entries: Dict[str, Callable[..., Any]] = {}
 
   def register(self, name: str, *, overwrite: bool = False) -> Callable:
@@ -35,23 +74,33 @@ class Registry:
     return decorator
 
   def get(self, name: str) -> Callable[..., Any]:
-    _import_builtins()
+    if name not in self._entries:
+      # First the families that claim this name (and say so if their extra is
+      # missing), then all of them, so the error can list every registered name.
+      for family in _families_for(self.kind, name):
+        _import_family(family, strict=True, wanted=f"{self.kind} {name!r}")
+        if name in self._entries:
+          return self._entries[name]
+      _import_all_families()
     if name not in self._entries:
       close = difflib.get_close_matches(name, self._entries, n=5, cutoff=0.5)
       hint = f" Did you mean: {', '.join(close)}?" if close else ""
-      raise KeyError(
+      raise UnknownNameError(
           f"Unknown {self.kind} {name!r}.{hint} Registered {self.kind}s: "
-          f"{', '.join(sorted(self._entries)) or '(none)'}.")
+          f"{', '.join(sorted(self._entries)) or '(none)'}.{_unavailable_note()}")
     return self._entries[name]
 
   def names(self, pattern: Optional[str] = None) -> List[str]:
-    _import_builtins()
+    _import_all_families()
     names = sorted(self._entries)
     return [n for n in names if pattern is None or fnmatch.fnmatch(n, pattern)]
 
   def __contains__(self, name: str) -> bool:
-    _import_builtins()
-    return name in self._entries
+    try:
+      self.get(name)
+    except (UnknownNameError, MissingExtraError):
+      return False
+    return True
 
 
 def _describe(obj) -> str:
@@ -90,29 +139,57 @@ def model_signature(name: str) -> inspect.Signature:
   return inspect.signature(MODELS.get(name))
 
 
-_BUILTIN_MODULES = (
-    "tpu_models.models.resnet",
-    "tpu_models.tasks.classification",
-    "tpu_models.data.pipeline",
-    "tpu_models.data.sources",
-)
-_builtins_imported = False
+def unavailable_families() -> Dict[str, str]:
+  """Built-in modules that could not be imported -> why (e.g. the extra to install)."""
+  _import_all_families()
+  return dict(_unavailable)
 
 
-def _import_builtins() -> None:
-  """Imports the modules that register the built-in entries, on first lookup.
+# ----------------------------------------------------------------------------
+# Lazy, per-family import of the built-in entries.
 
-  Deferred so that `import tpu_models` stays cheap and a broken optional
-  extra in one family cannot break unrelated ones.
-  """
-  global _builtins_imported
-  if _builtins_imported:
+_imported: set = set()
+_unavailable: Dict[str, str] = {}
+
+
+def _families_for(kind: str, name: str) -> List[Family]:
+  field = {"model": "models", "task": "tasks", "dataset": "datasets"}[kind]
+  return [f for f in BUILTIN_FAMILIES
+          if any(fnmatch.fnmatch(name, pattern) for pattern in getattr(f, field))]
+
+
+def _import_all_families() -> None:
+  for family in BUILTIN_FAMILIES:
+    _import_family(family, strict=False)
+
+
+def _import_family(family: Family, *, strict: bool, wanted: str = "") -> None:
+  """Imports `family.module` once. A missing extra is remembered (and raised if strict)."""
+  if family.module in _imported:
+    if strict and family.module in _unavailable:
+      raise MissingExtraError(f"{wanted}: {_unavailable[family.module]}")
     return
-  _builtins_imported = True  # Set first: the modules below call back into the registry.
-  import importlib
+  if importlib.util.find_spec(family.module) is None:
+    _imported.add(family.module)  # Not written yet (or removed): nothing to register.
+    return
   try:
-    for module in _BUILTIN_MODULES:
-      importlib.import_module(module)
-  except Exception:
-    _builtins_imported = False  # Report the real error again on the next lookup.
-    raise
+    importlib.import_module(family.module)
+  except ImportError as e:
+    missing = (e.name or "").split(".")[0]
+    extra = next((x for x, pkgs in EXTRA_PACKAGES.items() if missing in pkgs), family.extra)
+    if missing.startswith("tpu_models") or extra is None:
+      raise  # A bug in the package, not a missing optional dependency.
+    _imported.add(family.module)
+    _unavailable[family.module] = (
+        f"{family.module} needs the optional package {missing!r}: "
+        f'pip install "tpu_models[{extra}]"')
+    if strict:
+      raise MissingExtraError(f"{wanted}: {_unavailable[family.module]}") from e
+    return
+  _imported.add(family.module)
+
+
+def _unavailable_note() -> str:
+  if not _unavailable:
+    return ""
+  return " Not available here: " + "; ".join(_unavailable.values()) + "."

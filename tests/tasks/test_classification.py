@@ -112,7 +112,7 @@ def test_corrupt_jpeg_error_names_the_config_and_skip_counts(tmp_path):
 
 
 def test_official_imagenet_lars_recipe_is_tpu_ready():
-  """The pod recipe's train step (ResNet-50, LARS, bf16) compiles with XLA on the CPU.
+  """The pod recipe's train and eval steps (ResNet-50, LARS, bf16) compile with XLA on the CPU.
 
   There is no ImageNet here, so the check falls back to synthetic batches and says so.
   """
@@ -120,9 +120,11 @@ def test_official_imagenet_lars_recipe_is_tpu_ready():
   config = config_lib.load_config(
       os.path.join(REPO, "official/resnet/imagenet_resnet50_lars.yaml"),
       ["task.image_size=64", "task.model.input_shape=[64, 64, 3]",
-       "task.train_data.path=/nonexistent/imagenet/train-*"])
+       "task.train_data.path=/nonexistent/imagenet/train-*",
+       "task.eval_data.path=/nonexistent/imagenet/validation-*"])
   report = tpu_check.check_config(config, per_replica_batch=2)
   assert report.ready, report.format()
+  assert report.compiled == ["train", "eval"]
   assert any(f.kind == "input" and "/nonexistent/imagenet" in f.message
              for f in report.findings)
 

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 import toy_task
 from conftest import REPO
+from tpu_models.errors import ConfigError
 from tpu_models.training import progress
 from tpu_models.training.trainer import NonFiniteLoss, Trainer
 
@@ -238,7 +239,7 @@ def test_target_metric_records_time_to_accuracy_and_stops(tmp_path):
 def test_unknown_target_metric_names_the_available_ones(tmp_path):
   trainer = _trainer(tmp_path, ["trainer.train_steps=10", "trainer.eval_every=10",
                                 "trainer.target_metric=top1", "trainer.target_value=0.5"])
-  with pytest.raises(KeyError, match="accuracy"):
+  with pytest.raises(ConfigError, match="accuracy"):
     trainer.train_and_evaluate()
 
 

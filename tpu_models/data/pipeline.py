@@ -1,7 +1,12 @@
 """The shared tf.data reader every task feeds through.
 
     source (sharded per input pipeline) -> [cache] -> [shuffle, repeat] -> decode
-      -> batch(drop_remainder=True) -> prefetch
+      -> [transform] -> batch(drop_remainder=True) -> prefetch
+
+`transform` is the task's hook between decode and batch: it maps the dataset of
+decoded examples to a dataset of fixed-shape examples (sequence packing,
+length filtering, ...). `batch_fn` replaces the plain batching when a task
+batches in its own way.
 
 Training batches are `(features, labels)`. Evaluation batches are
 `(features, labels, mask)`: the examples are followed by an endless stream of
@@ -22,6 +27,7 @@ from typing import Callable, List, Optional
 import tensorflow as tf
 
 from tpu_models.config import DataConfig
+from tpu_models.errors import ConfigError, DataError
 from tpu_models.registry import DATASETS, register_dataset
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -34,7 +40,7 @@ def per_replica_batch_size(config: DataConfig,
     return config.global_batch_size
   replicas = input_context.num_replicas_in_sync
   if config.global_batch_size % replicas:
-    raise ValueError(
+    raise ConfigError(
         f"global_batch_size {config.global_batch_size} does not divide evenly over "
         f"{replicas} replicas; use a multiple of {replicas}.")
   return input_context.get_per_replica_batch_size(config.global_batch_size)
@@ -45,15 +51,24 @@ def build_dataset(config: DataConfig,
                   *,
                   training: bool,
                   input_context: Optional[tf.distribute.InputContext] = None,
-                  dataset: Optional[tf.data.Dataset] = None) -> tf.data.Dataset:
+                  dataset: Optional[tf.data.Dataset] = None,
+                  transform: Optional[Callable[[tf.data.Dataset], tf.data.Dataset]] = None,
+                  batch_fn: Optional[Callable[[tf.data.Dataset, int], tf.data.Dataset]] = None
+                  ) -> tf.data.Dataset:
   """Reads, decodes and batches one input pipeline's share of `config`.
 
   Args:
     config: where the data is and how to batch it.
-    decode_fn: raw element -> `(features, labels)` with fully static shapes.
+    decode_fn: raw element -> `(features, labels)`; shapes static unless `transform`
+      makes them so.
     training: shuffle and repeat forever (train) or read once, padded (eval).
     input_context: from `distribute_datasets_from_function`; None = one pipeline.
     dataset: undecoded elements to use instead of `config.source`.
+    transform: decoded dataset -> dataset of `(features, labels)` with static
+      shapes, applied before batching (and before the eval padding), e.g. packing.
+    batch_fn: `(dataset, per_replica_batch) -> batched dataset` instead of
+      `dataset.batch(per_replica_batch, drop_remainder=True)`; it must keep the
+      batch dimension static.
 
   Returns:
     A dataset of per-replica batches, see the module docstring.
@@ -75,9 +90,14 @@ def build_dataset(config: DataConfig,
   if config.on_corrupt == "skip":
     # Each skipped element is logged by tf.data with the reason.
     dataset = dataset.ignore_errors(log_warning=True)
+  if transform is not None:
+    dataset = transform(dataset)
   if not training:
     dataset = pad_with_mask(dataset)
-  dataset = dataset.batch(batch_size, drop_remainder=True)
+  if batch_fn is not None:
+    dataset = batch_fn(dataset, batch_size)
+  else:
+    dataset = dataset.batch(batch_size, drop_remainder=True)
   dataset = dataset.prefetch(AUTOTUNE if config.prefetch < 0 else config.prefetch)
   options = tf.data.Options()
   options.deterministic = bool(config.deterministic or not training)
@@ -110,9 +130,12 @@ def match_files(path: str) -> List[str]:
   """Sorted files matching a glob, a list of comma-separated globs or a directory."""
   files = []
   for pattern in [p.strip() for p in path.split(",") if p.strip()]:
-    if tf.io.gfile.isdir(pattern):
-      pattern = os.path.join(pattern, "*")
-    files.extend(tf.io.gfile.glob(pattern) if "://" in pattern else _glob.glob(pattern))
+    try:
+      if tf.io.gfile.isdir(pattern):
+        pattern = os.path.join(pattern, "*")
+      files.extend(tf.io.gfile.glob(pattern) if "://" in pattern else _glob.glob(pattern))
+    except tf.errors.OpError as e:  # e.g. a gs:// bucket with no network or no credentials.
+      raise FileNotFoundError(f"Cannot list {pattern!r}: {e.message.strip()}") from None
   return sorted(set(files))
 
 
@@ -123,7 +146,7 @@ def shard_files(files: List[str],
     return files
   n, i = input_context.num_input_pipelines, input_context.input_pipeline_id
   if len(files) < n:
-    raise ValueError(
+    raise DataError(
         f"{len(files)} file(s) cannot be split across {n} input pipelines without "
         f"reading some twice; write at least {n} shards (e.g. tpu-models convert "
         f"--num-shards {n}).")
@@ -135,7 +158,7 @@ def tfrecord_source(config: DataConfig, training: bool,
                     input_context: Optional[tf.distribute.InputContext]) -> tf.data.Dataset:
   """Serialized records from TFRecord files, files sharded per input pipeline."""
   if not config.path:
-    raise ValueError(f"Data source 'tfrecord' needs a path (split {config.split!r}): set "
+    raise ConfigError(f"Data source 'tfrecord' needs a path (split {config.split!r}): set "
                      f"task.<split>_data.path to a file pattern such as /data/train-*.")
   files = match_files(config.path)
   if not files:

@@ -1,8 +1,8 @@
 """The contract between a task and the common Trainer.
 
-A task turns a `TaskConfig` into a model, its inputs, a per-example loss and
-metrics. The Trainer owns everything else (distribution, precision, the host
-loop, checkpoints, logging), so a new task is only these few methods:
+A task turns a `TaskConfig` into a model, its inputs, a loss and metrics. The
+Trainer owns everything else (distribution, precision, the host loop,
+checkpoints, logging), so a new task is only these few methods:
 
     @register_task("my_task")
     class MyTask(Task):
@@ -12,13 +12,21 @@ loop, checkpoints, logging), so a new task is only these few methods:
       def loss(self, labels, outputs): ...
       def metrics(self, labels, outputs, weights): ...
 
-Metrics are (sum, count) pairs summed over replicas and steps and reported as
-sum / count, which stays exact for any replica count and for padded batches.
-Metrics that need the host (COCO AP, BLEU) use `eval_outputs` + `aggregate` +
+The loss is either per-example values [batch] (averaged over the GLOBAL batch)
+or a `(sum, normaliser)` pair: the Trainer sums both over every replica before
+dividing, so a per-token or per-positive-anchor mean is exact for any replica
+count. Metrics are (sum, count) pairs summed over replicas and steps and
+reported as sum / count, exact for padded batches too.
+
+Evaluation runs `eval_step` on every replica inside one compiled function; a
+task that decodes (beam search) or post-processes (NMS) overrides it. Metrics
+computed on the host (BLEU, COCO AP) come from `eval_step`'s host outputs:
+they are gathered from every replica of every host, padded examples are
+dropped, and the rest is folded in by `aggregate` and turned into numbers by
 `finalize`.
 """
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple, Union
 
 import keras
 import tensorflow as tf
@@ -27,6 +35,7 @@ from tpu_models.config import ModelConfig, TaskConfig
 from tpu_models.registry import TASKS, create_model
 
 MetricSums = Dict[str, Tuple[tf.Tensor, tf.Tensor]]
+Loss = Union[tf.Tensor, Tuple[tf.Tensor, tf.Tensor]]
 
 
 class Task:
@@ -47,38 +56,86 @@ class Task:
   def build_inputs(self, split: str,
                    input_context: Optional[tf.distribute.InputContext] = None
                    ) -> tf.data.Dataset:
-    """Per-replica batches: (features, labels) for 'train', plus a mask for 'eval'."""
+    """Per-replica batches: (features, labels) for 'train', plus a mask [batch] otherwise."""
     raise NotImplementedError
 
-  def loss(self, labels, outputs) -> tf.Tensor:
-    """Per-example loss, float32 [batch]. The Trainer averages it over the global batch."""
+  def synthetic_inputs(self, split: str,
+                       input_context: Optional[tf.distribute.InputContext] = None
+                       ) -> tf.data.Dataset:
+    """Batches of the real shapes that cost no input work, for `benchmark` and `check`.
+
+    The default repeats the first real batch forever (for evaluation: once, then
+    as padding with mask 0); a task whose data may be absent (ImageNet on a
+    laptop) overrides this with generated tensors.
+    """
+    first = self.build_inputs(split, input_context).take(1).cache()
+    if split == "train":
+      return first.repeat()
+    padding = first.map(lambda *batch: (*batch[:-1], tf.zeros_like(batch[-1])))
+    return first.concatenate(padding.repeat())
+
+  def loss(self, labels, outputs) -> Loss:
+    """Per-example loss float32 [batch], or a (sum, normaliser) pair of float32 scalars.
+
+    Per-example values are averaged over the global batch. A pair is summed over
+    all replicas before the division (the normaliser clamped at >= 1), e.g.
+    (sum of token losses, number of real tokens). In evaluation padded examples
+    have all-zero labels: a pair must let them contribute nothing (zero tokens,
+    zero positives), or the task overrides `eval_step`.
+    """
     raise NotImplementedError
 
   def metrics(self, labels, outputs, weights: tf.Tensor) -> MetricSums:
     """(sum, count) pairs for this batch; `weights` [batch] is 0 for padding."""
     return {}
 
+  def eval_step(self, model: keras.Model, features, labels,
+                weights: tf.Tensor) -> Tuple[MetricSums, Any]:
+    """One replica's evaluation of a batch, run inside the compiled eval function.
+
+    Args:
+      model: the model.
+      features, labels: one per-replica batch.
+      weights: float32 [batch], 1 for real examples and 0 for padding.
+
+    Returns:
+      (metric sums with at least "loss", host outputs or None). Host outputs are
+      a nest of tensors whose first dimension is the batch; see `eval_outputs`.
+    """
+    outputs = model(features, training=False)
+    sums = {"loss": loss_sums(self.loss(labels, outputs), weights)}
+    sums.update(self.metrics(labels, outputs, weights))
+    return sums, self.eval_outputs(features, labels, outputs, weights)
+
   # Host-side metrics (computed off-device, e.g. COCO AP or BLEU).
 
   def eval_outputs(self, features, labels, outputs, weights) -> Any:
-    """Tensors to fetch to the host each eval step for `aggregate`; None = nothing."""
+    """Tensors [batch, ...] fetched to the host each eval step for `aggregate`; None = nothing.
+
+    Numeric dtypes only (they are all-gathered across replicas and hosts).
+    """
     return None
 
   def aggregate(self, state: Any, step_outputs: Any) -> Any:
-    """Folds one eval step's fetched outputs (numpy, one per replica) into `state`."""
+    """Folds one eval step's host outputs into `state` (None at the start).
+
+    `step_outputs` has the structure `eval_outputs` returned, as numpy arrays
+    holding the real examples of this step from EVERY replica on every host
+    (padding removed): [n_real, ...].
+    """
     return state
 
   def finalize(self, state: Any) -> Dict[str, float]:
     """Metrics from the aggregated `state` at the end of evaluation."""
     return {}
 
-  def serving_signatures(self, model: keras.Model) -> Dict[str, Any]:
-    """Name -> concrete `tf.function` for SavedModel export (preprocessing included)."""
-    raise NotImplementedError(f"{type(self).__name__} does not define serving signatures.")
-
   def derived_metrics(self, metrics: Dict[str, float]) -> Dict[str, float]:
     """Metrics computed from the averaged ones (e.g. perplexity = exp(loss))."""
     return {}
+
+  def serving_signatures(self, model: keras.Model) -> Dict[str, Any]:
+    """Name -> concrete `tf.function` for SavedModel export (preprocessing included)."""
+    raise NotImplementedError(f"{type(self).__name__} does not define serving signatures.")
 
 
 def create_task(config: TaskConfig) -> Task:
@@ -90,3 +147,28 @@ def weighted_mean(values: tf.Tensor, weights: tf.Tensor) -> Tuple[tf.Tensor, tf.
   """(sum(values * weights), sum(weights)) in float32, for `Task.metrics`."""
   weights = tf.cast(weights, tf.float32)
   return tf.reduce_sum(tf.cast(values, tf.float32) * weights), tf.reduce_sum(weights)
+
+
+def loss_sums(loss: Loss, weights: Optional[tf.Tensor] = None) -> Tuple[tf.Tensor, tf.Tensor]:
+  """A task's loss as a float32 (sum, normaliser) pair.
+
+  Per-example values [batch] become (sum(loss * weights), sum(weights)) (weights
+  default to 1); a (sum, normaliser) pair is returned as float32.
+  """
+  if isinstance(loss, (tuple, list)):
+    if len(loss) != 2:
+      raise TypeError(f"Task.loss returned {len(loss)} values; expected per-example values "
+                      f"or a (sum, normaliser) pair.")
+    return tf.cast(loss[0], tf.float32), tf.cast(loss[1], tf.float32)
+  per_example = tf.cast(loss, tf.float32)
+  if per_example.shape.rank != 1:
+    raise TypeError(f"Task.loss returned shape {per_example.shape}; expected per-example "
+                    f"values [batch] or a (sum, normaliser) pair of scalars.")
+  if weights is None:
+    weights = tf.ones_like(per_example)
+  return weighted_mean(per_example, weights)
+
+
+def is_pair(loss: Loss) -> bool:
+  """Whether a task's loss is a (sum, normaliser) pair rather than per-example values."""
+  return isinstance(loss, (tuple, list))

@@ -21,6 +21,7 @@ from tpu_models.config import DataConfig, ModelConfig, TaskConfig
 from tpu_models.data import example as example_lib
 from tpu_models.data import image as image_lib
 from tpu_models.data import pipeline
+from tpu_models.errors import ConfigError
 from tpu_models.registry import model_signature, register_task
 from tpu_models.tasks.base import Task, weighted_mean
 
@@ -61,10 +62,10 @@ class ClassificationTask(Task):
   def __init__(self, config: ClassificationConfig):
     super().__init__(config)
     if config.augment not in _AUGMENTATIONS:
-      raise ValueError(f"task.augment must be one of {', '.join(_AUGMENTATIONS)}, "
+      raise ConfigError(f"task.augment must be one of {', '.join(_AUGMENTATIONS)}, "
                        f"got {config.augment!r}.")
     if len(config.mean) != config.channels or len(config.std) != config.channels:
-      raise ValueError(f"task.mean and task.std need {config.channels} values (task.channels), "
+      raise ConfigError(f"task.mean and task.std need {config.channels} values (task.channels), "
                        f"got {len(config.mean)} and {len(config.std)}.")
     self.num_classes = _num_classes(config.model)
 
@@ -76,7 +77,7 @@ class ClassificationTask(Task):
     data = {"train": self.config.train_data, "eval": self.config.eval_data,
             "test": self.config.test_data}[split]
     if data is None:
-      raise ValueError(f"task.{split}_data is not set.")
+      raise ConfigError(f"task.{split}_data is not set.")
     if data.source == "synthetic":
       return self._synthetic(data, training, input_context)
     dataset = pipeline.build_dataset(data, lambda e: self.decode(e, training),
@@ -84,6 +85,16 @@ class ClassificationTask(Task):
     if training and self.config.mixup_alpha > 0:
       dataset = dataset.map(self._mixup, num_parallel_calls=tf.data.AUTOTUNE)
     return dataset
+
+  def synthetic_inputs(self, split: str,
+                       input_context: Optional[tf.distribute.InputContext] = None
+                       ) -> tf.data.Dataset:
+    """Generated images of the configured size: no data needed (ImageNet-sized checks)."""
+    data = {"train": self.config.train_data, "eval": self.config.eval_data,
+            "test": self.config.test_data}[split]
+    if data is None:
+      raise ConfigError(f"task.{split}_data is not set.")
+    return self._synthetic(data, split == "train", input_context)
 
   def _mixup(self, images, labels):
     """Batch-level mixup on the host; labels become float32 [batch, num_classes]."""
@@ -225,6 +236,6 @@ def _num_classes(model: ModelConfig) -> int:
     return int(model.params["num_classes"])
   parameter = model_signature(model.name).parameters.get("num_classes")
   if parameter is None or parameter.default is inspect.Parameter.empty:
-    raise ValueError(f"task.model {model.name!r} has no num_classes argument; classification "
+    raise ConfigError(f"task.model {model.name!r} has no num_classes argument; classification "
                      f"needs one.")
   return int(parameter.default)

@@ -82,6 +82,9 @@ def train_throughput(config: config_lib.ExperimentConfig, *, steps: int = 20, wa
                      peak: bool = True) -> Dict[str, float]:
   """Examples/s of `config`'s train step through `Trainer`, plus MFU.
 
+  `synthetic` feeds the task's `synthetic_inputs` (a fixed batch: the model, not
+  the input pipeline, is measured); otherwise the real training data.
+
   Returns a dict: examples_per_second, step_seconds, global_batch, train_flops_per_example,
   achieved_tflops, peak_tflops, mfu, precision, device, page_faults_per_step.
   """
@@ -91,19 +94,17 @@ def train_throughput(config: config_lib.ExperimentConfig, *, steps: int = 20, wa
   # the Trainer's own loop timing, without the checkpoint written at the end.
   overrides = [f"trainer.train_steps={warmup + steps}", f"trainer.steps_per_loop={10 ** 9}",
                f"trainer.checkpoint_every={10 ** 9}", "trainer.tensorboard=false"]
-  if synthetic:
-    overrides.append("task.train_data.source=synthetic")
   config = config_lib.override(config, overrides)
   with tempfile.TemporaryDirectory() as tmp:
     run_dir = model_dir or os.path.join(tmp, "run")
-    trainer = Trainer(config, run_dir, stream=open(os.devnull, "w"))
+    trainer = Trainer(config, run_dir, stream=open(os.devnull, "w"), synthetic_inputs=synthetic)
     trainer.train(steps=warmup)
     faults_before = page_faults()
     trainer.train(steps=steps)
     faults_after = page_faults()
     timed = progress.read_metrics(run_dir, "train")[-1]
-    batch = config.task.train_data.global_batch_size
-    seconds = batch * steps / timed["examples_per_second"]
+    seconds = timed["seconds_per_step"] * steps
+    batch = round(timed["examples_per_second"] * timed["seconds_per_step"])  # The global batch.
     flops = 3.0 * forward_flops(trainer.model)
     trainer.close()
   result = {

@@ -133,3 +133,14 @@ def build_optimizer(config: OptimizerConfig, learning_rate,
         var_list=[v for v in variables if not decays(v, config.exclude_from_weight_decay)])
   optimizer.build(variables)
   return optimizer
+
+
+def expect_reduced_gradients(optimizer: keras.optimizers.Optimizer) -> None:
+  """Makes `optimizer` apply gradients as given, without its own cross-replica sum.
+
+  The common train step sums gradients over replicas once, itself, so that the
+  global gradient norm (logged, clipped, checked for overflow) is available
+  before the update; Keras would otherwise sum them a second time.
+  """
+  inner = getattr(optimizer, "inner_optimizer", optimizer)
+  inner._all_reduce_sum_gradients = lambda grads_and_vars: list(grads_and_vars)  # pylint: disable=protected-access

@@ -56,7 +56,8 @@ class Reporter:
     parts += [f"lr {_fmt_value(lr)}", f"{examples_per_sec:,.1f} ex/s", f"ETA {_fmt_duration(eta)}"]
     self._print(" | ".join(parts), transient=self.tty)
     self.record("train", step, dict(metrics, learning_rate=lr,
-                                    examples_per_second=examples_per_sec))
+                                    examples_per_second=examples_per_sec,
+                                    seconds_per_step=seconds_per_step))
 
   def eval_result(self, step: int, metrics: Dict[str, float], seconds: float,
                   split: str = "eval") -> None:

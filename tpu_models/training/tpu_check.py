@@ -1,8 +1,9 @@
 """TPU-readiness, checked on the CPU before anyone pays for a TPU.
 
-Compiles a task's whole train step (forward, backward, optimizer update) with
-XLA (`jit_compile=True`) on a tiny batch and reports what a TPU would reject or
-run slowly:
+Compiles a task's real train step (the Trainer's: forward, loss normalisation,
+backward, clipping, loss scaling, optimizer update) and its eval step (where
+beam search and NMS live) with XLA (`jit_compile=True`) on a tiny batch, and
+reports what a TPU would reject or run slowly:
 
   - dynamic dimensions in the input pipeline's element_spec (XLA recompiles,
     or fails, for every new shape);
@@ -11,20 +12,24 @@ run slowly:
   - `tf.py_function` / `tf.numpy_function` in the model (cannot run on a TPU)
     or in the input pipeline (runs in Python on the host, holding the GIL).
 
+Inputs come from the task (`build_inputs`, or `synthetic_inputs` when the data
+is not on this machine), so any task, a user's included, can be checked.
+
     report = check_config(load_config("official/resnet/imagenet_resnet50.yaml"))
     print(report.format()); assert report.ready
 """
 
 import dataclasses
+import os
 import re
+import tempfile
 from typing import List
 
 import tensorflow as tf
 
 from tpu_models import config as config_lib
-from tpu_models.tasks.base import create_task
-from tpu_models.training import optimizers as optimizers_lib
-from tpu_models.training import schedules
+from tpu_models.errors import ConfigError, DataError
+from tpu_models.training.trainer import Trainer
 
 _PY_FUNC_OPS = {"PyFunc", "PyFuncStateless", "EagerPyFunc"}
 # Ops whose output shape depends on the data. XLA's CPU/GPU backends can pad
@@ -51,84 +56,97 @@ class Finding:
 @dataclasses.dataclass
 class CheckReport:
   findings: List[Finding] = dataclasses.field(default_factory=list)
-  compiled: bool = False
+  compiled: List[str] = dataclasses.field(default_factory=list)  # "train", "eval"
+  required: List[str] = dataclasses.field(default_factory=lambda: ["train"])
 
   @property
   def ready(self) -> bool:
-    return self.compiled and not any(f.severity == "error" for f in self.findings)
+    return (all(step in self.compiled for step in self.required)
+            and not any(f.severity == "error" for f in self.findings))
 
   def add(self, severity: str, kind: str, message: str) -> None:
     self.findings.append(Finding(severity, kind, message))
 
   def format(self) -> str:
     lines = [f"{f.severity.upper()} [{f.kind}] {f.message}" for f in self.findings]
-    if self.compiled:
-      lines.append("OK: the train step compiled with XLA (jit_compile=True).")
+    for step in self.compiled:
+      lines.append(f"OK: the {step} step compiled with XLA (jit_compile=True).")
     lines.append("TPU-ready." if self.ready else "NOT TPU-ready: fix the errors above.")
     return "\n".join(lines)
 
 
 def check_config(config: config_lib.ExperimentConfig, per_replica_batch: int = 2) -> CheckReport:
-  """Builds `config`'s task on the CPU and checks its input and train step; see module doc."""
-  overrides = [f"task.train_data.global_batch_size={per_replica_batch}"]
+  """Builds `config`'s Trainer on the CPU and compiles its train and eval steps; see module doc."""
+  overrides = [f"task.{name}.global_batch_size={per_replica_batch}"
+               for name in _data_fields(config.task)]
+  # The whole step is compiled here; the Trainer must not compile the model on its own.
+  overrides += ["runtime.jit_compile=false", "trainer.tensorboard=false"]
   config = config_lib.override(config, overrides)
-  task = create_task(config.task)
   report = CheckReport()
-
-  try:
-    dataset = task.build_inputs("train", None)
-  except (FileNotFoundError, ValueError) as e:
-    # No data on this machine (e.g. ImageNet on GCS): check the model and the
-    # train step on synthetic batches of the same shape instead.
-    report.add("warning", "input",
-               f"the training data could not be read here ({e}); checked the model on "
-               f"synthetic inputs instead, the input pipeline itself was not checked.")
-    config = config_lib.override(config, ["task.train_data.source=synthetic"])
-    task = create_task(config.task)
-    dataset = task.build_inputs("train", None)
-  _check_element_spec(dataset.element_spec, report)
-  _check_dataset_graph(dataset, report)
-
-  from tpu_models.training.trainer import precision_policy
-  with tf.device("/cpu:0"), precision_policy(config.runtime.mixed_precision):
-    model = task.build_model()
-  schedule = schedules.build_schedule(config.trainer.schedule, config.trainer.train_steps)
-  optimizer = optimizers_lib.build_optimizer(config.trainer.optimizer, schedule,
-                                             model.trainable_variables)
-  # Zeros of the batch's shape: the check needs shapes, not data (None -> 1).
-  features, labels = tf.nest.map_structure(
-      lambda s: tf.zeros([d if d is not None else 1 for d in s.shape], s.dtype),
-      dataset.element_spec)
-
-  def train_step(features, labels):
-    with tf.GradientTape() as tape:
-      outputs = model(features, training=True)
-      loss = tf.reduce_mean(tf.cast(task.loss(labels, outputs), tf.float32))
-    grads = tape.gradient(loss, model.trainable_variables)
-    optimizer.apply_gradients(zip(grads, model.trainable_variables))
-    return loss
-
-  compiled = tf.function(train_step, jit_compile=True)
-  try:
-    graph = compiled.get_concrete_function(features, labels).graph
-    _check_graph(graph, report)
-    compiled(features, labels)
-    report.compiled = True
-  except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError,
-          tf.errors.InternalError, ValueError, TypeError) as e:
-    report.add("error", "xla_compile", _summarize_xla_error(str(e)))
+  with tempfile.TemporaryDirectory() as model_dir:
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    trainer = Trainer(config, model_dir, strategy=strategy, stream=open(os.devnull, "w"))
+    for split, step_fn in (("train", trainer.steps.train_step),
+                           ("eval", trainer.steps.eval_step)):
+      dataset = _inputs(trainer.task, split, report)
+      if dataset is None:
+        continue
+      if split == "eval":
+        report.required.append("eval")
+      _check_element_spec(dataset.element_spec, report, split)
+      _check_dataset_graph(dataset, report)
+      # Zeros of the batch's shape: the check needs shapes, not data (None -> 1).
+      batch = tf.nest.map_structure(
+          lambda s: tf.zeros([d if d is not None else 1 for d in s.shape], s.dtype),
+          dataset.element_spec)
+      compiled = tf.function(lambda b, fn=step_fn: strategy.run(fn, (b,)), jit_compile=True)
+      try:
+        graph = compiled.get_concrete_function(batch).graph
+        _check_graph(graph, report)
+        compiled(batch)
+        report.compiled.append(split)
+      except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError,
+              tf.errors.InternalError, ValueError, TypeError) as e:
+        report.add("error", "xla_compile", _summarize_xla_error(str(e), split))
+    trainer.close()
   return report
 
 
-def _check_element_spec(spec, report: CheckReport) -> None:
+def _data_fields(task_config) -> List[str]:
+  """Names of the task config's DataConfig fields (train_data, eval_data, ...)."""
+  return [f.name for f in dataclasses.fields(task_config)
+          if isinstance(getattr(task_config, f.name), config_lib.DataConfig)]
+
+
+def _inputs(task, split: str, report: CheckReport):
+  """The task's `split` inputs, or its synthetic ones when the data is not here; None if neither."""
+  try:
+    return task.build_inputs(split, None)
+  except (FileNotFoundError, DataError, ConfigError) as e:
+    reason = e
+  try:
+    dataset = task.synthetic_inputs(split, None)
+  except (FileNotFoundError, DataError, ConfigError, NotImplementedError):
+    severity = "error" if split == "train" else "warning"
+    report.add(severity, "input", f"the {split} data could not be read here ({reason}) and the "
+               f"task has no synthetic inputs: the {split} step was not checked.")
+    return None
+  report.add("warning", "input",
+             f"the {split} data could not be read here ({reason}); checked the model on "
+             f"synthetic inputs instead, the input pipeline itself was not checked.")
+  return dataset
+
+
+def _check_element_spec(spec, report: CheckReport, split: str = "train") -> None:
   for path, tensor_spec in _flatten_with_paths(spec):
     if not tensor_spec.shape.is_fully_defined():
       report.add("error", "dynamic_shape",
-                 f"input {path or 'element'} has shape {tensor_spec.shape} ({tensor_spec.dtype.name}):"
+                 f"{split} input {path or 'element'} has shape {tensor_spec.shape} ({tensor_spec.dtype.name}):"
                  f" every dimension must be static on a TPU. Pad or resize to a fixed size and "
                  f"batch with drop_remainder=True.")
     if tensor_spec.dtype == tf.float64:
-      report.add("error", "float64", f"input {path or 'element'} is float64; use float32.")
+      report.add("error", "float64",
+                 f"{split} input {path or 'element'} is float64; use float32.")
 
 
 def _flatten_with_paths(structure, prefix=""):
@@ -188,7 +206,7 @@ def _check_graph(graph: tf.Graph, report: CheckReport) -> None:
                f"TPU: {', '.join(sorted(py_funcs)[:8])}")
 
 
-def _summarize_xla_error(message: str) -> str:
+def _summarize_xla_error(message: str, step: str = "train") -> str:
   unsupported = re.findall(r"\{\{node ([^}]+)\}\}", message)
   first = message.strip().splitlines()[0] if message.strip() else "unknown error"
   if "must be a compile-time constant" in message or "compile-time constant" in message:
@@ -198,4 +216,4 @@ def _summarize_xla_error(message: str) -> str:
   else:
     kind = "an XLA compilation failure"
   where = f" at {', '.join(sorted(set(unsupported))[:5])}" if unsupported else ""
-  return f"the train step does not compile with XLA: {kind}{where}. XLA said: {first[:500]}"
+  return f"the {step} step does not compile with XLA: {kind}{where}. XLA said: {first[:500]}"

@@ -3,9 +3,9 @@
 `steps_per_loop` train steps run inside ONE `tf.function` (a `tf.range` loop over
 `strategy.run`): on a TPU that is the host loop that keeps the chips busy, on
 CPU/GPU it removes per-step Python overhead. Inputs come from
-`distribute_datasets_from_function`, one pipeline per host. The per-example
-loss is summed and divided by the GLOBAL batch on each replica, so gradients
-summed across replicas are the global mean for any replica count.
+`distribute_datasets_from_function`, one pipeline per host. The step itself
+(loss normalisation over all replicas, the one gradient all-reduce, clipping,
+loss scaling) is `training/steps.py`, shared with `check` and `benchmark`.
 
     trainer = Trainer(config, model_dir="/tmp/run")
     trainer.train_and_evaluate()   # or train(), evaluate(), continuous_evaluate()
@@ -13,13 +13,14 @@ summed across replicas are the global mean for any replica count.
 A run restarted in the same model_dir resumes from its latest checkpoint
 (model, optimizer, step, training time); SIGTERM saves a checkpoint and raises
 `Preempted`; a non-finite loss raises `NonFiniteLoss` naming the step, or rolls
-back to the last checkpoint when `trainer.nan_policy: restore`.
+back to the last checkpoint when `trainer.nan_policy: restore`. Under float16 a
+loss-scale overflow skips its step (counted in the log); only a run of them
+stops training.
 """
 
 import contextlib
 import math
 import os
-import re
 import shutil
 import signal
 import threading
@@ -29,18 +30,20 @@ from typing import Any, Dict, Optional
 import keras
 import numpy as np
 import tensorflow as tf
+import yaml
 
 from tpu_models import distribute
-from tpu_models.config import ExperimentConfig, dump_config
+from tpu_models.config import DataConfig, ExperimentConfig, dump_config, to_dict
+from tpu_models.errors import ConfigError, DataError
 from tpu_models.tasks.base import Task, create_task
+from tpu_models.training import checkpoints
 from tpu_models.training import host_memory
 from tpu_models.training import optimizers as optimizers_lib
+from tpu_models.training import precision
 from tpu_models.training import schedules
+from tpu_models.training.precision import precision_policy  # noqa: F401  (public here too)
 from tpu_models.training.progress import Reporter
-
-_POLICIES = {"float32": "float32", "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
-_WEIGHTS_PREFIX = "weights/"
-_VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
+from tpu_models.training.steps import NONFINITE_GRADS, Steps
 
 
 class NonFiniteLoss(FloatingPointError):
@@ -57,29 +60,26 @@ class Preempted(RuntimeError):
     self.path = path
 
 
-@contextlib.contextmanager
-def precision_policy(mixed_precision: str):
-  """Sets the Keras dtype policy while a model is built, then restores it."""
-  if mixed_precision not in _POLICIES:
-    raise ValueError(f"runtime.mixed_precision must be one of {', '.join(_POLICIES)}, "
-                     f"got {mixed_precision!r}.")
-  previous = keras.mixed_precision.global_policy()
-  keras.mixed_precision.set_global_policy(_POLICIES[mixed_precision])
-  try:
-    yield
-  finally:
-    keras.mixed_precision.set_global_policy(previous)
-
-
 def _lower_is_better(metric: str) -> bool:
   return any(word in metric for word in ("loss", "perplexity", "error"))
 
 
 class Trainer:
-  """Trains and evaluates `config.task` under `config.runtime`; see the module docstring."""
+  """Trains and evaluates `config.task` under `config.runtime`; see the module docstring.
+
+  Args:
+    config: the experiment.
+    model_dir: checkpoints, config.yaml, metrics.jsonl and TensorBoard summaries.
+    task: a task object to use instead of the registered `config.task.name`.
+    strategy: a strategy to use instead of `runtime.strategy`.
+    stream: where progress lines go (default stdout).
+    synthetic_inputs: feed `task.synthetic_inputs` (for throughput measurements).
+    allow_model_change: resume a model_dir whose saved config names another model.
+  """
 
   def __init__(self, config: ExperimentConfig, model_dir: str, *, task: Optional[Task] = None,
-               strategy: Optional[tf.distribute.Strategy] = None, stream=None):
+               strategy: Optional[tf.distribute.Strategy] = None, stream=None,
+               synthetic_inputs: bool = False, allow_model_change: bool = False):
     self.config = config
     self.model_dir = model_dir
     trainer_cfg, runtime = config.trainer, config.runtime
@@ -88,32 +88,44 @@ class Trainer:
     self.device = distribute.device_kind(self.strategy)
     self.jit_compile = (runtime.jit_compile if runtime.jit_compile is not None
                         else self.device == "tpu")
-    self.task = task or create_task(config.task)
     self._stream = stream
+    self._synthetic_inputs = synthetic_inputs
+    latest = tf.train.latest_checkpoint(model_dir)
+    if latest and not allow_model_change:
+      self._check_same_model(latest)
     if runtime.seed is not None:
-      keras.utils.set_random_seed(runtime.seed)
+      # Seeded once. A resumed run offsets the seed by its step so that its
+      # input pipeline does not replay the batches it already trained on.
+      keras.utils.set_random_seed(runtime.seed + (checkpoints.saved_step(latest) if latest else 0))
+    self.task = task or create_task(config.task)
 
     with self.strategy.scope():
-      with precision_policy(runtime.mixed_precision):
+      with precision.precision_policy(runtime.mixed_precision):
         self.model = self.task.build_model()
       self.schedule = schedules.build_schedule(trainer_cfg.schedule, trainer_cfg.train_steps)
       optimizer = optimizers_lib.build_optimizer(
           trainer_cfg.optimizer, self.schedule, self.model.trainable_variables)
-      if runtime.mixed_precision == "float16":
-        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-        optimizer.build(self.model.trainable_variables)
+      if precision.uses_loss_scaling(runtime.mixed_precision):
+        optimizer = precision.with_loss_scaling(optimizer, self.model.trainable_variables,
+                                                runtime.loss_scale)
       self.optimizer = optimizer
       self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
       self.elapsed_seconds = tf.Variable(0.0, dtype=tf.float32, trainable=False,
                                          name="elapsed_seconds")
+      # Loss-scale overflows: in total (checkpointed) and in a row (for the stop rule).
+      self.skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
+      self._overflows_in_a_row = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                             name="overflows_in_a_row")
+    self.steps = Steps(self.task, self.model, self.optimizer, self.strategy,
+                       trainer_cfg.optimizer, jit_model=self.jit_compile and self.device != "tpu")
 
     # Variables are saved once but reachable two ways: through the model's object
     # graph (resume) and by variable path under "weights/" (warm starts).
     state = dict(model=self.model, optimizer=self.optimizer, step=self.step,
-                 elapsed_seconds=self.elapsed_seconds)
+                 elapsed_seconds=self.elapsed_seconds, skipped_steps=self.skipped_steps)
     self._restore_target = tf.train.Checkpoint(**state)
     self.checkpoint = tf.train.Checkpoint(
-        **state, weights=tf.train.Checkpoint(**{v.path: v for v in self.model.variables}))
+        **state, weights=checkpoints.weights_checkpoint(self.model.variables))
     self._checkpoint_dir = model_dir if self.chief else os.path.join(
         model_dir, f".worker{distribute.worker_id(self.strategy)}_tmp")
     self.manager = tf.train.CheckpointManager(
@@ -129,9 +141,7 @@ class Trainer:
     self._elapsed_at_start = 0.0
     self._target_reached = False
     self._sigterm = threading.Event()
-    self._restore_or_warm_start()
-    if self.chief:
-      dump_config(config, os.path.join(model_dir, "config.yaml"))
+    self._restore_or_warm_start(latest)
 
   def describe(self) -> str:
     """One line: model size, strategy, replicas, precision and XLA."""
@@ -149,8 +159,22 @@ class Trainer:
   def current_step(self) -> int:
     return int(self.step.numpy())
 
-  def _restore_or_warm_start(self) -> None:
-    latest = tf.train.latest_checkpoint(self.model_dir)
+  def _check_same_model(self, latest: str) -> None:
+    """Refuses to resume a run of another model (its config.yaml says which)."""
+    saved_path = os.path.join(self.model_dir, "config.yaml")
+    if not tf.io.gfile.exists(saved_path):
+      return
+    with tf.io.gfile.GFile(saved_path) as f:
+      saved = (yaml.safe_load(f) or {}).get("task", {})
+    ours = to_dict(self.config.task)
+    for key in ("name", "model"):
+      if key in saved and key in ours and saved[key] != ours[key]:
+        raise ConfigError(
+            f"{self.model_dir} holds a run of task.{key} = {saved[key]} (checkpoint {latest}); "
+            f"this config has task.{key} = {ours[key]}. Use another --model-dir, or pass "
+            f"--allow-model-change (Trainer(allow_model_change=True)) to resume it anyway.")
+
+  def _restore_or_warm_start(self, latest: Optional[str]) -> None:
     if latest:
       self._restore_target.restore(latest).assert_existing_objects_matched()
       self._elapsed_at_start = float(self.elapsed_seconds.numpy())
@@ -160,54 +184,8 @@ class Trainer:
                       self.config.trainer.init_checkpoint_map)
 
   def warm_start(self, path: str, mapping: Optional[Dict[str, str]] = None) -> Dict[str, list]:
-    """Loads model weights by variable path from another run's checkpoint.
-
-    `mapping` maps regexes over our variable paths to their names in the source
-    (e.g. {"^retinanet/backbone/": ""}). Variables missing from the source or of
-    another shape (a new classifier head) keep their initial values; both are
-    reported. Optimizer state and the step are not loaded.
-
-    Returns: {"restored": [...], "missing": [...], "shape_mismatch": [...]} paths.
-    """
-    if tf.io.gfile.isdir(path):
-      found = tf.train.latest_checkpoint(path)
-      if not found:
-        raise FileNotFoundError(f"trainer.init_checkpoint: no checkpoint in directory {path!r}.")
-      path = found
-    try:
-      available = {
-          _unescape(key[len(_WEIGHTS_PREFIX):-len(_VALUE_SUFFIX)]): shape
-          for key, shape in tf.train.list_variables(path)
-          if key.startswith(_WEIGHTS_PREFIX) and key.endswith(_VALUE_SUFFIX)}
-    except (tf.errors.NotFoundError, tf.errors.DataLossError) as e:
-      raise FileNotFoundError(f"trainer.init_checkpoint {path!r} is not a readable "
-                              f"checkpoint: {e.message}") from None
-    report = {"restored": [], "missing": [], "shape_mismatch": []}
-    targets = {}
-    for variable in self.model.variables:
-      source = variable.path
-      for pattern, replacement in (mapping or {}).items():
-        source = re.sub(pattern, replacement, source)
-      if source not in available:
-        report["missing"].append(variable.path)
-      elif list(available[source]) != list(variable.shape):
-        report["shape_mismatch"].append(
-            f"{variable.path} {list(variable.shape)} vs {source} {available[source]}")
-      else:
-        targets[source] = variable
-        report["restored"].append(variable.path)
-    if not targets:
-      raise ValueError(
-          f"trainer.init_checkpoint {path!r} has none of this model's variables "
-          f"(e.g. {self.model.variables[0].path!r}); it holds e.g. "
-          f"{sorted(available)[:3]}. Set trainer.init_checkpoint_map to translate names.")
-    tf.train.Checkpoint(weights=tf.train.Checkpoint(**targets)).restore(path).expect_partial()
-    self._say(f"Warm start from {path}: restored {len(report['restored'])} variables; "
-              f"{len(report['shape_mismatch'])} of another shape and "
-              f"{len(report['missing'])} absent keep their initial values.")
-    for line in report["shape_mismatch"]:
-      self._say(f"  kept initial value, shape differs: {line}")
-    return report
+    """Loads model weights by variable path from another run; see `checkpoints.warm_start`."""
+    return checkpoints.warm_start(self.model, path, mapping, say=self._say)
 
   def save_checkpoint(self) -> str:
     self.elapsed_seconds.assign(self._elapsed())
@@ -223,52 +201,12 @@ class Trainer:
     return self._elapsed_at_start + time.time() - self._run_start
 
   # --------------------------------------------------------------------------
-  # The train step and the host loop.
+  # Inputs.
 
-  def _forward_backward(self, features, labels):
-    """Gradients and metric sums for one per-replica batch (XLA-compilable)."""
-    replicas = self.strategy.num_replicas_in_sync
-    batch = tf.nest.flatten(labels)[0].shape[0] or tf.shape(tf.nest.flatten(labels)[0])[0]
-    opt_cfg = self.config.trainer.optimizer
-    variables = self.model.trainable_variables
-    with tf.GradientTape() as tape:
-      outputs = self.model(features, training=True)
-      per_example = tf.cast(self.task.loss(labels, outputs), tf.float32)
-      loss = tf.reduce_sum(per_example) / tf.cast(batch * replicas, tf.float32)
-      regularization = optimizers_lib.l2_penalty(
-          variables, opt_cfg.l2_regularization, opt_cfg.exclude_from_weight_decay)
-      if self.model.losses:
-        regularization += tf.add_n([tf.cast(l, tf.float32) for l in self.model.losses])
-      total = loss + regularization / replicas
-      if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
-        total = self.optimizer.scale_loss(total)
-    grads = tape.gradient(total, variables)
-    ones = tf.ones_like(per_example)
-    sums = {"loss": (tf.reduce_sum(per_example), tf.reduce_sum(ones))}
-    sums.update(self.task.metrics(labels, outputs, ones))
-    return grads, sums
-
-  def _replica_train_step(self, batch):
-    features, labels = batch[0], batch[1]
-    grads, sums = self._compiled_forward_backward(features, labels)
-    clip = self.config.trainer.optimizer.clip_norm
-    if clip:
-      # Clip by the norm of the GLOBAL gradient: reduce here, then hand Keras
-      # (which sums over replicas again) each replica's equal share.
-      context = tf.distribute.get_replica_context()
-      replicas = self.strategy.num_replicas_in_sync
-      if replicas > 1:
-        grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
-      if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
-        clip = clip * self.optimizer.dynamic_scale
-      grads, _ = tf.clip_by_global_norm(grads, clip)
-      if replicas > 1:
-        grads = [g / replicas for g in grads]
-    self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
-    # A NaN input can poison the weights while the loss stays finite (relu(NaN)
-    # is 0 on some kernels), so the finiteness check also covers the gradients.
-    sums["grad_norm"] = (tf.linalg.global_norm(grads), tf.constant(1.0))
-    return sums
+  def _inputs(self, split: str):
+    """The distributed dataset of `split`, one input pipeline per host."""
+    build = self.task.synthetic_inputs if self._synthetic_inputs else self.task.build_inputs
+    return self.strategy.distribute_datasets_from_function(lambda ctx: build(split, ctx))
 
   def _iterate(self, dataset):
     """`iter(dataset)` for a distributed dataset, then undoes TF 2.21's malloc pin.
@@ -281,28 +219,53 @@ class Trainer:
       host_memory.restore_malloc_thresholds()
     return iterator
 
+  def _explain_input_error(self, error: tf.errors.InvalidArgumentError, split: str) -> Exception:
+    """A failure inside the input pipeline becomes a DataError naming the data config."""
+    if "IteratorGetNext" not in error.message:
+      return error  # Raised by the model or the loss: a bug, keep the traceback.
+    data = getattr(self.config.task, f"{split}_data", None)
+    where = (f" (task.{split}_data: source {data.source!r}, path {data.path!r})"
+             if isinstance(data, DataConfig) else "")
+    first = _error_summary(error.message)
+    hint = (f" Fix or remove the record, or set task.{split}_data.on_corrupt=skip to skip "
+            f"unreadable records (each skip is logged)." if isinstance(data, DataConfig) else "")
+    return DataError(f"Reading the {split} input failed{where}: {first}{hint}")
+
+  # --------------------------------------------------------------------------
+  # The host loop.
+
   def _build_train_loop(self):
-    if self.jit_compile and self.device != "tpu":
-      # On CPU/GPU only the math is compiled; the optimizer's cross-replica
-      # update stays outside XLA. On TPU the whole replica step is compiled.
-      self._compiled_forward_backward = tf.function(self._forward_backward, jit_compile=True)
-    else:
-      self._compiled_forward_backward = self._forward_backward
+    loss_scaling = precision.loss_scale(self.optimizer) is not None
+    max_overflows = self.config.trainer.max_consecutive_overflows
 
     def reduce(per_replica):
       return tf.nest.map_structure(
           lambda t: self.strategy.reduce(tf.distribute.ReduceOp.SUM, t, axis=None), per_replica)
 
+    def one_step(iterator):
+      """Runs a step; returns its summed metrics and whether it must stop the run."""
+      sums = reduce(self.strategy.run(self.steps.train_step, (next(iterator),)))
+      self.step.assign_add(1)
+      overflow = sums[NONFINITE_GRADS][0] > 0
+      bad = tf.logical_not(tf.math.is_finite(sums["loss"][0]))
+      if loss_scaling:  # Skipped by the optimizer; an error only when it persists.
+        in_a_row = tf.where(overflow, self._overflows_in_a_row + 1, 0)
+        self._overflows_in_a_row.assign(in_a_row)
+        self.skipped_steps.assign_add(tf.cast(overflow, tf.int64))
+        bad = bad | (in_a_row > max_overflows)
+      else:
+        # A NaN input can poison the weights while the loss stays finite (relu(NaN)
+        # is 0 on some kernels), so the gradient is checked too.
+        bad = bad | overflow
+      return sums, bad
+
     @tf.function
     def train_loop(iterator, num_steps):
-      first = reduce(self.strategy.run(self._replica_train_step, (next(iterator),)))
-      self.step.assign_add(1)
-      bad_step = tf.where(_finite(first), tf.constant(-1, tf.int64), self.step)
-      totals = first
+      totals, bad = one_step(iterator)
+      bad_step = tf.where(bad, self.step, tf.constant(-1, tf.int64))
       for _ in tf.range(num_steps - 1):
-        sums = reduce(self.strategy.run(self._replica_train_step, (next(iterator),)))
-        self.step.assign_add(1)
-        bad_step = tf.where((bad_step < 0) & tf.logical_not(_finite(sums)), self.step, bad_step)
+        sums, bad = one_step(iterator)
+        bad_step = tf.where((bad_step < 0) & bad, self.step, bad_step)
         totals = tf.nest.map_structure(tf.add, totals, sums)
       return totals, bad_step
 
@@ -322,16 +285,13 @@ class Trainer:
 
   def _run(self, target_step: int, evaluate_every: int, final_eval: bool) -> Dict[str, float]:
     cfg = self.config.trainer
+    if self.chief:  # What this model_dir was trained with (evaluate/export leave it alone).
+      dump_config(self.config, os.path.join(self.model_dir, "config.yaml"))
     reporter = self._open_reporter(target_step)
     if self._train_loop_fn is None:
       self._train_loop_fn = self._build_train_loop()
     if self._train_iterator is None:
-      if self.config.runtime.seed is not None:
-        # A resumed run must not replay the first batches it already trained on.
-        tf.random.set_seed(self.config.runtime.seed + self.current_step)
-      dataset = self.strategy.distribute_datasets_from_function(
-          lambda ctx: self.task.build_inputs("train", ctx))
-      self._train_iterator = self._iterate(dataset)
+      self._train_iterator = self._iterate(self._inputs("train"))
     self._last_eval = {}
     last_metrics: Dict[str, float] = {}
     evaluated_at = None
@@ -348,7 +308,7 @@ class Trainer:
         try:
           totals, bad_step = self._train_loop_fn(self._train_iterator, tf.constant(num_steps))
         except tf.errors.InvalidArgumentError as e:
-          raise _explain_input_error(e, self.config) from None
+          raise self._explain_input_error(e, "train") from None
         bad_step = int(bad_step.numpy())
         seconds = time.time() - start
         if bad_step >= 0:
@@ -356,8 +316,8 @@ class Trainer:
           self._handle_non_finite(bad_step, step, num_steps, nan_restores)
           continue
         step = self.current_step
-        last_metrics = _means(totals)
-        examples = float(totals["loss"][1].numpy())
+        examples = float(totals["examples"][0])
+        last_metrics = self._train_metrics(totals, num_steps)
         lr = float(self.schedule(self.optimizer.iterations))
         reporter.train_progress(step, last_metrics, lr, examples / seconds, seconds / num_steps)
         if step % cfg.checkpoint_every == 0 or step >= target_step:
@@ -376,6 +336,18 @@ class Trainer:
     self.elapsed_seconds.assign(self._elapsed())
     return last_metrics
 
+  def _train_metrics(self, totals, num_steps: int) -> Dict[str, float]:
+    """Means over the loop; under float16 the overflow-skipped steps instead of a flag."""
+    totals = dict(totals)
+    nonfinite = totals.pop(NONFINITE_GRADS)
+    totals.pop("examples")
+    metrics = _means(totals)
+    if precision.loss_scale(self.optimizer) is not None:
+      metrics["skipped_steps"] = round(float(nonfinite[0]) / float(nonfinite[1]) * num_steps)
+      metrics["skipped_steps_total"] = float(self.skipped_steps.numpy())
+      metrics["loss_scale"] = float(precision.loss_scale(self.optimizer).numpy())
+    return metrics
+
   def _steps_to_boundary(self, step: int, target: int, evaluate_every: int) -> int:
     cfg = self.config.trainer
     boundaries = [target, _next_multiple(step, cfg.steps_per_loop),
@@ -388,10 +360,15 @@ class Trainer:
                          restores: int) -> None:
     cfg = self.config.trainer
     latest = tf.train.latest_checkpoint(self.model_dir)
-    where = (f"The loss or its gradients became NaN or Inf at step {bad_step} (in the loop of steps "
-             f"{loop_start + 1}-{loop_start + num_steps}).")
+    if precision.loss_scale(self.optimizer) is not None:
+      what = (f"The loss became NaN or Inf, or the gradient overflowed "
+              f"{cfg.max_consecutive_overflows + 1} steps in a row at every loss scale")
+    else:
+      what = "The loss or its gradients became NaN or Inf"
+    where = f"{what} at step {bad_step} (in the loop of steps {loop_start + 1}-{loop_start + num_steps})."
     if cfg.nan_policy == "restore" and latest and restores <= cfg.max_nan_restores:
       self._restore_target.restore(latest).assert_existing_objects_matched()
+      self._overflows_in_a_row.assign(0)
       self._say(f"{where} Restored {latest} (step {self.current_step}) and continuing "
                 f"with the next batches ({restores}/{cfg.max_nan_restores} restores).")
       self._reporter.record("train", bad_step, {}, event="non_finite_restored")
@@ -419,15 +396,21 @@ class Trainer:
   # --------------------------------------------------------------------------
   # Evaluation.
 
-  def _replica_eval_step(self, batch):
-    features, labels, weights = batch
-    outputs = self.model(features, training=False)
-    per_example = tf.cast(self.task.loss(labels, outputs), tf.float32)
-    weights = tf.cast(weights, tf.float32)
-    sums = {"loss": (tf.reduce_sum(per_example * weights), tf.reduce_sum(weights)),
-            "examples": (tf.reduce_sum(weights), tf.constant(1.0))}
-    sums.update(self.task.metrics(labels, outputs, weights))
-    return sums, self.task.eval_outputs(features, labels, outputs, weights)
+  def _build_eval_step(self):
+    step_fn = (tf.function(self.steps.eval_step, jit_compile=True)
+               if self.jit_compile and self.device != "tpu" else self.steps.eval_step)
+
+    @tf.function
+    def eval_step(iterator):
+      sums, host = self.strategy.run(step_fn, (next(iterator),))
+      sums = tf.nest.map_structure(
+          lambda t: self.strategy.reduce(tf.distribute.ReduceOp.SUM, t, axis=None), sums)
+      if host is not None:
+        # Every replica of every host: the chief's host metric covers the whole split.
+        host = tf.nest.map_structure(lambda t: self.strategy.gather(t, axis=0), host)
+      return sums, host
+
+    return eval_step
 
   def evaluate(self, split: str = "eval") -> Dict[str, float]:
     """Evaluates the current weights on the whole `split` (or `eval_steps` batches).
@@ -437,39 +420,26 @@ class Trainer:
     validation data watched during training) or "test" (held out; for reporting).
     """
     if split not in self._eval_datasets:
-      self._eval_datasets[split] = self.strategy.distribute_datasets_from_function(
-          lambda ctx: self.task.build_inputs(split, ctx))
+      self._eval_datasets[split] = self._inputs(split)
     if self._eval_step_fn is None:
-      step_fn = (tf.function(self._replica_eval_step, jit_compile=True)
-                 if self.jit_compile and self.device != "tpu" else self._replica_eval_step)
-
-      @tf.function
-      def eval_step(iterator):
-        sums, extra = self.strategy.run(step_fn, (next(iterator),))
-        sums = tf.nest.map_structure(
-            lambda t: self.strategy.reduce(tf.distribute.ReduceOp.SUM, t, axis=None), sums)
-        return sums, extra
-
-      self._eval_step_fn = eval_step
+      self._eval_step_fn = self._build_eval_step()
     iterator = self._iterate(self._eval_datasets[split])
     totals, state, steps = None, None, 0
     max_steps = self.config.trainer.eval_steps
     while max_steps is None or steps < max_steps:
       try:
-        sums, extra = self._eval_step_fn(iterator)
+        sums, host = self._eval_step_fn(iterator)
       except tf.errors.InvalidArgumentError as e:
-        raise _explain_input_error(e, self.config, split=split) from None
+        raise self._explain_input_error(e, split) from None
       if float(sums["examples"][0]) == 0:
         break
       steps += 1
       sums = tf.nest.map_structure(lambda t: t.numpy(), sums)
       totals = sums if totals is None else tf.nest.map_structure(np.add, totals, sums)
-      if extra is not None:
-        local = tf.nest.map_structure(
-            lambda t: [x.numpy() for x in self.strategy.experimental_local_results(t)], extra)
-        state = self.task.aggregate(state, local)
+      if host is not None:
+        state = self.task.aggregate(state, _real_examples(host))
     if totals is None:
-      raise ValueError(f"The {split} split produced no examples; check task.{split}_data.")
+      raise DataError(f"The {split} split produced no examples; check task.{split}_data.")
     metrics = _means(totals)
     metrics["examples"] = float(totals["examples"][0])
     metrics.update(self.task.finalize(state))
@@ -494,8 +464,8 @@ class Trainer:
     if not cfg.target_metric or cfg.target_value is None:
       return False
     if cfg.target_metric not in metrics:
-      raise KeyError(f"trainer.target_metric {cfg.target_metric!r} is not an eval metric; "
-                     f"eval metrics are {', '.join(metrics)}.")
+      raise ConfigError(f"trainer.target_metric {cfg.target_metric!r} is not an eval metric; "
+                        f"eval metrics are {', '.join(metrics)}.")
     value = metrics[cfg.target_metric]
     reached = (value <= cfg.target_value if _lower_is_better(cfg.target_metric)
                else value >= cfg.target_value)
@@ -542,8 +512,26 @@ class Trainer:
       self._reporter = None
 
 
-def _finite(sums) -> tf.Tensor:
-  return tf.math.is_finite(sums["loss"][0]) & tf.math.is_finite(sums["grad_norm"][0])
+def _real_examples(host: Dict[str, Any]) -> Any:
+  """The gathered host outputs of one eval step, padding rows removed, as numpy."""
+  mask = host["mask"].numpy() > 0
+
+  def pick(tensor):
+    array = tensor.numpy()
+    if array.ndim == 0 or array.shape[0] != mask.shape[0]:
+      raise ValueError(f"Task.eval_outputs must return tensors [batch, ...]; got shape "
+                       f"{array.shape} for a batch of {mask.shape[0]}.")
+    return array[mask]
+
+  return tf.nest.map_structure(pick, host["outputs"])
+
+
+def _error_summary(message: str) -> str:
+  """TF's runtime error without its boilerplate ("Graph execution error", node lists)."""
+  skip = ("Graph execution error", "Detected at node", "<stack traces", "[[")
+  lines = [line.strip() for line in message.splitlines()]
+  kept = [line for line in lines if line and not line.startswith(skip)]
+  return " ".join(kept).split(" [Op:")[0] or message.strip()
 
 
 def _next_multiple(step: int, every: int) -> int:
@@ -557,22 +545,3 @@ def _means(totals) -> Dict[str, float]:
     total, count = float(np.asarray(total)), float(np.asarray(count))
     out[name] = total / count if count else math.nan
   return out
-
-
-def _unescape(name: str) -> str:
-  # tf.train.Checkpoint escapes "/" as ".S" and "." as "..".
-  return re.sub(r"\.(.)", lambda m: "/" if m.group(1) == "S" else m.group(1), name)
-
-
-def _explain_input_error(error: tf.errors.InvalidArgumentError, config: ExperimentConfig,
-                         split: str = "train") -> Exception:
-  """Names the data config when tf.data fails on a bad record."""
-  message = error.message
-  if any(word in message.lower() for word in ("jpeg", "image", "example", "label", "png")):
-    data = getattr(config.task, f"{split}_data", None)
-    where = f" ({data.source} {data.path!r})" if data is not None else ""
-    return ValueError(
-        f"A corrupt or unreadable {split} example{where}: {message.strip()}. Fix or remove "
-        f"the record, or set task.{split}_data.on_corrupt=skip to skip such records "
-        f"(each skip is logged).")
-  return error

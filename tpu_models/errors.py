@@ -1,0 +1,32 @@
+"""Errors that mean "the user's input is wrong", as opposed to a bug in the code.
+
+The CLI prints these as one clear line (exit 2); anything else is a bug and keeps
+its traceback.
+
+    ConfigError         a config key or value is wrong (names the key and what is valid)
+    DataError           input data is missing, corrupt or out of range (names the file/record)
+    MissingExtraError   an optional dependency is not installed (names the pip command)
+    UnknownNameError    no registered model/task/dataset has this name (lists close matches)
+"""
+
+
+class ConfigError(ValueError):
+  """A config key or value is wrong; the message names it and what is expected."""
+
+
+class DataError(ValueError):
+  """Input data is missing, corrupt or out of range; the message names where and how to fix it."""
+
+
+class MissingExtraError(ImportError):
+  """An optional dependency is missing; the message names the extra to install."""
+
+
+class UnknownNameError(KeyError):
+  """No registered entry has this name; the message lists close matches."""
+
+  def __str__(self) -> str:  # KeyError would print the message in quotes.
+    return str(self.args[0]) if self.args else ""
+
+
+USER_ERRORS = (ConfigError, DataError, MissingExtraError, UnknownNameError, FileNotFoundError)
