@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
   p = sub.add_parser("train", help="train (and evaluate) an experiment")
   _add_config_args(p)
   p.add_argument("--mode", choices=("train", "train_and_evaluate"), default="train_and_evaluate")
+  p.add_argument("--allow-model-change", action="store_true",
+                 help="resume a model_dir whose config.yaml names another model (e.g. a changed "
+                      "dropout rate); by default that is refused")
 
   p = sub.add_parser("evaluate", help="evaluate the latest checkpoint of a model_dir")
   _add_config_args(p, model_dir_required=True)
@@ -79,6 +82,27 @@ def _parser() -> argparse.ArgumentParser:
   c.add_argument("--validation-size", type=int, default=5000,
                  help="last N training images written as validation-* (0: none)")
   _add_detection_convert_parsers(conv)
+
+  p = sub.add_parser("vocab", help="train a SentencePiece vocabulary (pad 0, EOS 1, UNK 2) on "
+                                   "the training split of a text source")
+  p.add_argument("source", help="a text dataset: de_en_dictionary, tsv, text_tfrecord, "
+                                "wmt14_de_en; or an experiment YAML (its task.train_data)")
+  p.add_argument("--output", required=True, metavar="PREFIX",
+                 help="writes PREFIX.model and PREFIX.vocab, e.g. vocab/de_en_8k")
+  p.add_argument("--vocab-size", type=int, default=8000)
+  p.add_argument("--path", default="", help="without a YAML: the source's files or data "
+                                            "directory (de_en_dictionary searches by default)")
+  p.add_argument("--split", default="train", help="without a YAML: the split to learn from; "
+                                                  "held-out splits (test, validation) are refused")
+  p.add_argument("--fields", default="inputs,targets",
+                 help="features to learn from, comma-separated (both sides: one shared vocabulary)")
+  p.add_argument("--model-type", choices=("unigram", "bpe"), default="unigram")
+  p.add_argument("--max-sentences", type=int, default=2_000_000,
+                 help="learn from a reproducible random sample of at most this many sentences")
+  p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                 help="with a YAML: override a config value (repeatable)")
+  p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                 help="with a YAML: import a module that registers your own datasets")
   return parser
 
 
@@ -128,14 +152,15 @@ def _add_detection_convert_parsers(conv) -> None:
 def _load(args):
   import importlib
   from tpu_models import config as config_lib
+  from tpu_models.errors import ConfigError
   if args.imports and os.getcwd() not in sys.path:
     sys.path.insert(0, os.getcwd())
   for module in args.imports:
     try:
       importlib.import_module(module)
     except ImportError as e:
-      raise ValueError(f"--import {module}: {e}. Run from the directory that holds the module "
-                       f"or add it to PYTHONPATH.") from None
+      raise ConfigError(f"--import {module}: {e}. Run from the directory that holds the module "
+                        f"or add it to PYTHONPATH.") from None
   config = config_lib.load_config(args.config, args.overrides)
   model_dir = args.model_dir or os.path.join(
       "runs", os.path.splitext(os.path.basename(args.config))[0])
@@ -190,12 +215,11 @@ def main(argv: Optional[List[str]] = None) -> int:
   args = _parser().parse_args(argv)
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # Keep C++ start-up chatter out of the way.
   _import_tensorflow_quietly()
-  from tpu_models.config import ConfigError
+  from tpu_models.errors import USER_ERRORS
   try:
     return _COMMANDS[args.command](args)
-  except (ConfigError, FileNotFoundError, KeyError, ValueError) as e:
-    message = e.args[0] if isinstance(e, KeyError) and e.args else e
-    print(f"tpu-models {args.command}: error: {message}", file=sys.stderr)
+  except USER_ERRORS as e:  # Wrong input: one clear line. Anything else is a bug: a traceback.
+    print(f"tpu-models {args.command}: error: {e}", file=sys.stderr)
     return 2
 
 
@@ -220,7 +244,7 @@ def _train(args) -> int:
   from tpu_models.training.trainer import NonFiniteLoss, Preempted, Trainer
   config, model_dir = _load(args)
   print(f"model_dir: {model_dir}", flush=True)
-  trainer = Trainer(config, model_dir)
+  trainer = Trainer(config, model_dir, allow_model_change=args.allow_model_change)
   print(trainer.describe(), flush=True)
   try:
     if args.mode == "train":
@@ -335,8 +359,31 @@ def _convert_detection(args) -> int:
   return 0
 
 
+def _vocab(args) -> int:
+  from tpu_models.config import DataConfig
+  from tpu_models.data import text
+  if args.source.endswith((".yaml", ".yml")):
+    args.config, args.model_dir = args.source, None
+    config, _ = _load(args)
+    data_config = getattr(config.task, "train_data", None)
+    if data_config is None:
+      raise ValueError(f"{args.source}: task {config.task.name!r} has no train_data to learn "
+                       f"a vocabulary from.")
+  else:
+    data_config = DataConfig(source=args.source, path=args.path, split=args.split)
+  fields = tuple(f.strip() for f in args.fields.split(",") if f.strip())
+  path = text.train_vocab_from_source(data_config, args.output, args.vocab_size, keys=fields,
+                                      model_type=args.model_type,
+                                      max_sentences=args.max_sentences)
+  print(f"Wrote {path} and {args.output}.vocab: {args.vocab_size} pieces (pad 0, EOS 1, UNK 2) "
+        f"learned from {data_config.source} split {data_config.split!r}, fields "
+        f"{', '.join(fields)}.")
+  return 0
+
+
 _COMMANDS = {"list": _list, "config": _config, "train": _train, "evaluate": _evaluate,
-             "export": _export, "check": _check, "benchmark": _benchmark, "convert": _convert}
+             "export": _export, "check": _check, "benchmark": _benchmark, "convert": _convert,
+             "vocab": _vocab}
 
 
 if __name__ == "__main__":

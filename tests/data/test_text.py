@@ -151,6 +151,26 @@ def test_train_vocab_from_dataset(tmp_path):
     text.train_vocab_from_dataset(dataset, str(tmp_path / "x"), 60, keys=("source",))
 
 
+def test_vocab_command_on_a_tsv_file(tmp_path, capsys):
+  from tpu_models import cli
+  lines = ["\t".join(pair) for pair in _sentence_pairs()]
+  (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+  prefix = str(tmp_path / "vocab" / "mine")
+  code = cli.main(["vocab", "tsv", "--path", str(tmp_path / "train.tsv"), "--vocab-size", "80",
+                   "--output", prefix])
+  assert code == 0
+  assert f"Wrote {prefix}.model" in capsys.readouterr().out
+  vocab = text.SentencePieceVocab(prefix + ".model")
+  assert vocab.vocab_size == 80
+  assert vocab.decode(vocab.encode("Die Katze malt den Garten.")).numpy() == (
+      b"Die Katze malt den Garten.")
+  # Held-out splits are refused, with a clear message and exit code 2.
+  code = cli.main(["vocab", "de_en_dictionary", "--split", "test", "--vocab-size", "80",
+                   "--output", str(tmp_path / "never")])
+  assert code == 2 and "held-out split 'test'" in capsys.readouterr().err
+  assert not os.path.exists(str(tmp_path / "never.model"))
+
+
 # ----------------------------------------------------------------------------
 # Length filter and padding.
 
@@ -214,7 +234,8 @@ def test_pad_to_length(capfd):
   spec = text.pad_to_length(dataset, {"inputs": 8, "targets": 10}).element_spec
   assert spec["inputs"].shape == [8] and spec["targets"].shape == [10]
   # Too long without truncate: an error naming the feature.
-  with pytest.raises(tf.errors.InvalidArgumentError, match="feature targets has a sequence longer than 6"):
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match="feature targets has a sequence longer than 6"):
     list(text.pad_to_length(dataset, {"inputs": 8, "targets": 6}).as_numpy_iterator())
   # With truncate: cut, EOS kept last, and counted.
   capfd.readouterr()
@@ -303,7 +324,8 @@ def test_pack_single_feature_and_errors():
   assert sorted(_key(e) for e in unpacked) == sorted(_key({"targets": s}) for s in sequences)
   # First fit within a window of 4: [8] [1+4] [6] | [8] [3+2]
   assert [int(r["targets_segment_ids"].max()) for r in rows] == [1, 2, 1, 1, 2]
-  with pytest.raises(tf.errors.InvalidArgumentError, match="feature targets has a sequence longer than its row length 6"):
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match="feature targets has a sequence longer than its row length 6"):
     list(text.pack_dataset(dataset, {"targets": 6}).as_numpy_iterator())
   extra = dataset.map(lambda e: {**e, "id": tf.constant(0)})
   with pytest.raises(ValueError, match=r"also have \['id'\]"):

@@ -1,4 +1,4 @@
-"""Translation sources: the Ding de-en dictionary (fixture and real file), TSV, text TFRecord, WMT14."""
+"""Translation sources: Ding de-en dictionary (fixture and real file), TSV, TFRecord, WMT14."""
 
 import os
 import random
@@ -33,7 +33,7 @@ FIXTURE = """\
 Aal {m} (auf der Speisekarte) [cook.] | Aale {pl} :: eel (on a menu) | eels
 Hund {m}; Köter {m} [ugs.] <Hundi> | Hunde {pl} :: dog; cur [coll.] | dogs
 Es geht nicht. :: It won't work.
-Ich bin es höchstselbst [humor.] | Er kam (höchst)persönlich. :: It's me in the flesh. | He came in person.
+Ich bin es selbst [humor.] | Er kam (höchst)persönlich. :: It's me in the flesh. | He came.
  | leeres Feld {n} :: {adj} | empty field
 eins | zwei | drei :: one | two
 ohne Trenner
@@ -53,8 +53,7 @@ def test_parse_de_en_fixture():
       ("Aal", "eel"), ("Aale", "eels"),
       ("Hund; Köter", "dog; cur"), ("Hunde", "dogs"),
       ("Es geht nicht.", "It won't work."),
-      ("Ich bin es höchstselbst", "It's me in the flesh."), ("Er kam persönlich.",
-                                                              "He came in person."),
+      ("Ich bin es selbst", "It's me in the flesh."), ("Er kam persönlich.", "He came."),
       ("leeres Feld", "empty field"),
       ("eins", "one"))  # Mismatched line: only the first field pair is trusted.
   assert ts.clean_de_en_text("Bugger off (coll.)!  [Br.]") == "Bugger off!"

@@ -134,6 +134,39 @@ def train_vocab_from_dataset(dataset: tf.data.Dataset,
   return train_sentencepiece(sentences(), model_prefix, vocab_size, **kwargs)
 
 
+# Splits a vocabulary must never see (held-out data would leak into the model).
+_HELD_OUT_SPLITS = ("test", "validation", "valid", "dev", "eval")
+
+
+def train_vocab_from_source(data_config, model_prefix: str, vocab_size: int, *,
+                            keys: Sequence[str] = ("inputs", "targets"), **kwargs) -> str:
+  """Trains a vocabulary on a registered text source's split (what `tpu-models vocab` runs).
+
+  Args:
+    data_config: a DataConfig naming the source, its path and split, e.g.
+      DataConfig(source="de_en_dictionary", split="train") or
+      DataConfig(source="tsv", path="/data/mine/*.tsv").
+    model_prefix, vocab_size, kwargs: see `train_sentencepiece`.
+    keys: features to learn from (both sides of a translation pair by default).
+
+  Raises:
+    ValueError: for a held-out split ("test", "validation", ...): a vocabulary
+      trained on it would leak the evaluation data into the model.
+  """
+  import tpu_models.data.text_sources  # noqa: F401  Registers the text sources.
+  from tpu_models.registry import DATASETS
+
+  split = data_config.split.split("[")[0].strip().lower()
+  if split in _HELD_OUT_SPLITS:
+    raise ValueError(f"Refusing to train a vocabulary on the held-out split "
+                     f"{data_config.split!r} of {data_config.source!r}: train it on training "
+                     f"data only (e.g. split 'train').")
+  dataset = DATASETS.get(data_config.source)(data_config, False, None)
+  if data_config.num_examples:
+    dataset = dataset.take(data_config.num_examples)
+  return train_vocab_from_dataset(dataset, model_prefix, vocab_size, keys=keys, **kwargs)
+
+
 # ----------------------------------------------------------------------------
 # Vocabulary: in-graph tokenizer.
 
