@@ -573,6 +573,31 @@ class _TransformerBase(keras.Model):
   def get_config(self):
     return dict(self._config)
 
+  # Layers are attributes named like the layers (never lists): TensorFlow's
+  # checkpoint object graph does not follow Keras-tracked lists, so a list of
+  # layers would silently be left out of `tf.train.Checkpoint(model=...)`.
+
+  def _set_layers(self, prefix: str, layers) -> None:
+    for i, layer in enumerate(layers):
+      setattr(self, f"{prefix}_{i}", layer)
+
+  def _get_layers(self, prefix: str, count: int) -> list:
+    return [getattr(self, f"{prefix}_{i}") for i in range(count)]
+
+  @property
+  def decoder_layers(self) -> List["DecoderLayer"]:
+    return self._get_layers("decoder_layer", self._num_decoder_layers)
+
+  @property
+  def _embeddings(self) -> List[TokenEmbedding]:
+    """The distinct embedding matrices."""
+    unique = []
+    for name in ("source_embedding", "target_embedding", "softmax_embedding"):
+      embedding = getattr(self, name, None)
+      if embedding is not None and all(embedding is not e for e in unique):
+        unique.append(embedding)
+    return unique
+
   def _embed(self, embedding: TokenEmbedding, ids, positions, training, zero_padding=False):
     x = embedding(ids)
     if zero_padding:
@@ -633,20 +658,24 @@ class TransformerModel(_TransformerBase):
       self.shared_embedding = TokenEmbedding(vocab_size, hidden_size, name="shared_embedding")
       self.source_embedding = self.target_embedding = self.softmax_embedding = \
           self.shared_embedding
-      self._embeddings = [self.shared_embedding]
     else:
       self.source_embedding = TokenEmbedding(vocab_size, hidden_size, name="source_embedding")
       self.target_embedding = TokenEmbedding(vocab_size, hidden_size, name="target_embedding")
       self.softmax_embedding = TokenEmbedding(vocab_size, hidden_size, name="softmax_embedding")
-      self._embeddings = [self.source_embedding, self.target_embedding, self.softmax_embedding]
     layer_kwargs = _layer_kwargs(config)
-    self.encoder_layers = [EncoderLayer(**layer_kwargs, name=f"encoder_layer_{i}")
-                           for i in range(num_encoder_layers)]
-    self.decoder_layers = [DecoderLayer(**layer_kwargs, name=f"decoder_layer_{i}")
-                           for i in range(num_decoder_layers)]
+    self._num_encoder_layers = num_encoder_layers
+    self._num_decoder_layers = num_decoder_layers
+    self._set_layers("encoder_layer", [EncoderLayer(**layer_kwargs, name=f"encoder_layer_{i}")
+                                       for i in range(num_encoder_layers)])
+    self._set_layers("decoder_layer", [DecoderLayer(**layer_kwargs, name=f"decoder_layer_{i}")
+                                       for i in range(num_decoder_layers)])
     self.encoder_norm = _stack_norm("encoder_norm")
     self.decoder_norm = _stack_norm("decoder_norm")
     self.build()
+
+  @property
+  def encoder_layers(self) -> List[EncoderLayer]:
+    return self._get_layers("encoder_layer", self._num_encoder_layers)
 
   def build(self, input_shape=None):
     for embedding in self._embeddings:
@@ -823,13 +852,13 @@ class TransformerLM(_TransformerBase):
     if share_embeddings:
       self.shared_embedding = TokenEmbedding(vocab_size, hidden_size, name="shared_embedding")
       self.target_embedding = self.softmax_embedding = self.shared_embedding
-      self._embeddings = [self.shared_embedding]
     else:
       self.target_embedding = TokenEmbedding(vocab_size, hidden_size, name="target_embedding")
       self.softmax_embedding = TokenEmbedding(vocab_size, hidden_size, name="softmax_embedding")
-      self._embeddings = [self.target_embedding, self.softmax_embedding]
-    self.decoder_layers = [DecoderLayer(**_layer_kwargs(config), cross_attention=False,
-                                        name=f"decoder_layer_{i}") for i in range(num_layers)]
+    self._num_decoder_layers = num_layers
+    self._set_layers("decoder_layer", [DecoderLayer(**_layer_kwargs(config), cross_attention=False,
+                                                    name=f"decoder_layer_{i}")
+                                       for i in range(num_layers)])
     self.decoder_norm = _stack_norm("decoder_norm")
     self.build()
 
