@@ -330,3 +330,35 @@ def test_pack_single_feature_and_errors():
   extra = dataset.map(lambda e: {**e, "id": tf.constant(0)})
   with pytest.raises(ValueError, match=r"also have \['id'\]"):
     text.pack_dataset(extra, {"targets": 8})
+
+
+def test_packing_as_the_shared_readers_transform(vocab, tmp_path):
+  from tpu_models.config import DataConfig
+  from tpu_models.data.pipeline import build_dataset
+  pairs = _sentence_pairs()[:40]
+  (tmp_path / "train.tsv").write_text("".join(f"{de}\t{en}\n" for de, en in pairs),
+                                      encoding="utf-8")
+  config = DataConfig(source="tsv", path=str(tmp_path / "train.tsv"), global_batch_size=4,
+                      shuffle_buffer=0, deterministic=True)
+  lengths = {"inputs": 32, "targets": 32}
+
+  def decode(example):
+    features = {k: vocab.encode(example[k]) for k in ("inputs", "targets")}
+    return features, features["targets"]
+
+  def transform(dataset):
+    features = dataset.map(lambda features, labels: features)
+    rows = text.pack_dataset(text.filter_by_length(features, lengths), lengths, window_size=16)
+    return rows.map(lambda row: (row, row["targets"]))
+
+  dataset = build_dataset(config, decode, training=True, transform=transform)
+  for spec in tf.nest.flatten(dataset.element_spec):
+    assert spec.shape.is_fully_defined() and spec.shape[0] == 4  # Static for XLA/TPU.
+  features, labels = next(iter(dataset))
+  assert features["inputs_segment_ids"].shape == (4, 32)
+  np.testing.assert_array_equal(features["targets"].numpy(), labels.numpy())
+  row = {k: v[0].numpy() for k, v in features.items()}
+  first = _unpack([row])[0]
+  assert vocab.decode(first["inputs"]).numpy().decode() == pairs[0][0]
+  assert vocab.decode(first["targets"]).numpy().decode() == pairs[0][1]
+  assert int(row["targets_segment_ids"].max()) > 1  # Several sentences share the row.

@@ -9,6 +9,14 @@ no BOS. A token sequence is its ids followed by EOS, then 0-padding.
     dataset = filter_by_length(dataset, {"inputs": 64, "targets": 64})
     dataset = pack_dataset(dataset, {"inputs": 64, "targets": 64})  # or pad_to_length
 
+As the task's data hook (`build_dataset(..., transform=...)`, which sees the
+decoded `(features, labels)` pairs), packing training data looks like
+
+    def transform(dataset):
+      features = dataset.map(lambda features, labels: features)
+      rows = pack_dataset(filter_by_length(features, lengths), lengths)
+      return rows.map(lambda row: (row, row["targets"]))
+
 Everything after tokenization is pure TensorFlow (no py_function), so it runs
 in tf.data on every host of a TPU pod and inside a SavedModel. `pack_dataset`
 and `pad_to_length` produce static shapes, which is what a TPU needs.
@@ -31,6 +39,8 @@ from typing import Dict, Iterable, Optional, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
+
+from tpu_models.errors import ConfigError, DataError, MissingExtraError
 
 PAD_ID = 0
 EOS_ID = 1
@@ -69,9 +79,13 @@ def train_sentencepiece(sentences: Iterable[str],
     num_threads: trainer threads.
 
   Raises:
-    ValueError: no sentences, or a vocabulary too large for the text.
+    DataError: no sentences. ConfigError: a vocabulary too large for the text.
   """
-  import sentencepiece as spm  # Optional extra: only to train vocabularies.
+  try:
+    import sentencepiece as spm  # Optional extra: only to train vocabularies.
+  except ImportError:
+    raise MissingExtraError('Training a vocabulary needs the optional package sentencepiece: '
+                            'pip install "tpu_models[text]"') from None
 
   used = [0]  # Sentences given to the trainer.
 
@@ -95,8 +109,8 @@ def train_sentencepiece(sentences: Iterable[str],
         num_threads=num_threads, minloglevel=2)
   except RuntimeError as e:
     if not used[0]:
-      raise ValueError(f"No sentences to train the vocabulary {model_prefix!r} on.") from None
-    raise ValueError(f"SentencePiece could not train {model_prefix!r} (vocab_size "
+      raise DataError(f"No sentences to train the vocabulary {model_prefix!r} on.") from None
+    raise ConfigError(f"SentencePiece could not train {model_prefix!r} (vocab_size "
                      f"{vocab_size}, model_type {model_type!r}): {str(e).rstrip('.')}. A "
                      f"vocabulary larger than the text supports needs a smaller "
                      f"--vocab-size.") from None
@@ -122,7 +136,7 @@ def train_vocab_from_dataset(dataset: tf.data.Dataset,
   """
   missing = [k for k in keys if k not in dataset.element_spec]
   if missing:
-    raise ValueError(f"The dataset has no feature(s) {missing}; it has "
+    raise ConfigError(f"The dataset has no feature(s) {missing}; it has "
                      f"{sorted(dataset.element_spec)}.")
 
   def sentences():
@@ -150,7 +164,7 @@ def train_vocab_from_source(data_config, model_prefix: str, vocab_size: int, *,
     keys: features to learn from (both sides of a translation pair by default).
 
   Raises:
-    ValueError: for a held-out split ("test", "validation", ...): a vocabulary
+    ConfigError: for a held-out split ("test", "validation", ...): a vocabulary
       trained on it would leak the evaluation data into the model.
   """
   import tpu_models.data.text_sources  # noqa: F401  Registers the text sources.
@@ -158,7 +172,7 @@ def train_vocab_from_source(data_config, model_prefix: str, vocab_size: int, *,
 
   split = data_config.split.split("[")[0].strip().lower()
   if split in _HELD_OUT_SPLITS:
-    raise ValueError(f"Refusing to train a vocabulary on the held-out split "
+    raise ConfigError(f"Refusing to train a vocabulary on the held-out split "
                      f"{data_config.split!r} of {data_config.source!r}: train it on training "
                      f"data only (e.g. split 'train').")
   dataset = DATASETS.get(data_config.source)(data_config, False, None)
@@ -202,10 +216,10 @@ class SentencePieceVocab(tf.Module):
       self.vocab_size = int(self._tokenizer.vocab_size())
       pieces = self._tokenizer.id_to_string(tf.constant(sorted(_SPECIAL_PIECES))).numpy()
     except (tf.errors.OpError, ValueError) as e:
-      raise ValueError(f"{source} is not a SentencePiece model: {e}") from None
+      raise DataError(f"{source} is not a SentencePiece model: {e}") from None
     found = {i: p.decode() for i, p in zip(sorted(_SPECIAL_PIECES), pieces)}
     if found != _SPECIAL_PIECES:
-      raise ValueError(
+      raise DataError(
           f"SentencePiece model {source} has special pieces {found}; tpu_models expects "
           f"{_SPECIAL_PIECES} (pad 0, EOS 1, UNK 2, no BOS). Train it with `tpu-models vocab` "
           f"or train_sentencepiece().")
@@ -350,7 +364,7 @@ def _check_keys(dataset: tf.data.Dataset, lengths: Dict[str, int], what: str) ->
       raise ValueError(f"{what}: feature {key!r} must be a 1-D integer token sequence, got "
                        f"{spec[key]}.")
     if lengths[key] < 1:
-      raise ValueError(f"{what}: length of {key!r} must be >= 1, got {lengths[key]}.")
+      raise ConfigError(f"{what}: length of {key!r} must be >= 1, got {lengths[key]}.")
 
 
 # ----------------------------------------------------------------------------

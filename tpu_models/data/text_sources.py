@@ -36,6 +36,7 @@ import tensorflow as tf
 from tpu_models.config import DataConfig
 from tpu_models.data.pipeline import AUTOTUNE, match_files, shard_files
 from tpu_models.data.sources import DATA_ENV
+from tpu_models.errors import ConfigError, DataError, MissingExtraError
 from tpu_models.registry import register_dataset
 
 log = logging.getLogger(__name__)
@@ -236,7 +237,7 @@ def split_de_en(parse: DeEnParse, test_size: int = DE_EN_TEST_SIZE,
     held_en.update(en_keys)
     chosen.append(pair)
   if len(chosen) < test_size + validation_size:
-    raise ValueError(f"The dictionary has only {len(chosen)} distinct whole sentences; "
+    raise DataError(f"The dictionary has only {len(chosen)} distinct whole sentences; "
                      f"{test_size} test + {validation_size} validation are needed. Is it the "
                      f"full Ding de-en file?")
   held = set(chosen)
@@ -295,10 +296,10 @@ def _load_de_en_splits(filename: str, size: int, mtime_ns: int) -> DeEnSplits:
     with open(filename, encoding="utf-8") as f:
       parse = parse_de_en(f)
   except UnicodeDecodeError as e:
-    raise ValueError(f"{filename} is not UTF-8 text ({e}); is it the Ding de-en dictionary?") \
+    raise DataError(f"{filename} is not UTF-8 text ({e}); is it the Ding de-en dictionary?") \
         from None
   if not parse.pairs:
-    raise ValueError(f"{filename} holds no 'German :: English' lines; is it the Ding de-en "
+    raise DataError(f"{filename} holds no 'German :: English' lines; is it the Ding de-en "
                      f"dictionary?")
   splits = split_de_en(parse)
   log.info("de_en_dictionary %s: %s", filename, splits.summary())
@@ -315,7 +316,7 @@ def de_en_splits(path: str = "") -> DeEnSplits:
 def load_de_en(split: str, path: str = "") -> Tuple[Pair, ...]:
   """(German, English) pairs of one split: "train", "train_sentences", "validation", "test"."""
   if split not in DE_EN_SPLITS:
-    raise ValueError(f"Unknown de_en_dictionary split {split!r}; use one of "
+    raise ConfigError(f"Unknown de_en_dictionary split {split!r}; use one of "
                      f"{', '.join(DE_EN_SPLITS)}.")
   return getattr(de_en_splits(path), split)
 
@@ -360,7 +361,7 @@ def de_en_dictionary_source(config: DataConfig, training: bool,
 def _sharded_files(config: DataConfig, source: str, what: str,
                    input_context: Optional[tf.distribute.InputContext]) -> List[str]:
   if not config.path:
-    raise ValueError(f"Data source {source!r} needs a path (split {config.split!r}): set "
+    raise ConfigError(f"Data source {source!r} needs a path (split {config.split!r}): set "
                      f"task.<split>_data.path to {what} (a glob, comma-separated globs or a "
                      f"directory).")
   files = match_files(config.path)
@@ -484,8 +485,8 @@ def wmt14_de_en_source(config: DataConfig, training: bool,
   try:
     import tensorflow_datasets as tfds  # Heavy: only when this source is used.
   except ImportError:
-    raise ImportError(f"Data source 'wmt14_de_en' reads TFDS {WMT14_BUILDER}: "
-                      f"`pip install tensorflow-datasets`. {how}") from None
+    raise MissingExtraError(f"Data source 'wmt14_de_en' reads TFDS {WMT14_BUILDER}: "
+                            f"`pip install tensorflow-datasets`. {how}") from None
   try:
     builder = tfds.builder(WMT14_BUILDER, data_dir=data_dir, try_gcs=False)
     prepared = builder.is_prepared()

@@ -13,6 +13,8 @@ are not comparable.
 import dataclasses
 from typing import List, Sequence, Tuple, Union
 
+from tpu_models.errors import MissingExtraError
+
 Text = Union[str, bytes]
 
 
@@ -36,6 +38,15 @@ class ChrfResult:
 
   def __str__(self) -> str:
     return f"chrF {self.score:.2f} ({self.signature})"
+
+
+def _sacrebleu_metrics():
+  try:
+    from sacrebleu import metrics  # Optional extra: only for evaluation.
+  except ImportError:
+    raise MissingExtraError('BLEU needs the optional package sacrebleu: '
+                            'pip install "tpu_models[text]"') from None
+  return metrics
 
 
 def _as_text(values: Sequence[Text], what: str) -> List[str]:
@@ -82,8 +93,7 @@ def corpus_bleu(hypotheses: Sequence[Text],
   Returns:
     The score (0..100), sacrebleu's signature string and the statistics.
   """
-  from sacrebleu.metrics import BLEU  # Optional extra: only for evaluation.
-
+  BLEU = _sacrebleu_metrics().BLEU
   hypotheses, streams = _prepare(hypotheses, references)
   metric = BLEU(tokenize=tokenize, lowercase=lowercase)
   result = metric.corpus_score(hypotheses, streams)
@@ -96,8 +106,7 @@ def corpus_bleu(hypotheses: Sequence[Text],
 def corpus_chrf(hypotheses: Sequence[Text],
                 references: Union[Sequence[Text], Sequence[Sequence[Text]]]) -> ChrfResult:
   """sacrebleu chrF (character n-gram F-score, 0..100) over a corpus; see `corpus_bleu`."""
-  from sacrebleu.metrics import CHRF
-
+  CHRF = _sacrebleu_metrics().CHRF
   hypotheses, streams = _prepare(hypotheses, references)
   metric = CHRF()
   result = metric.corpus_score(hypotheses, streams)
