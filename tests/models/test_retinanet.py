@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tpu_models.errors import ConfigError
 from tpu_models.models import resnet, retinanet
 from tpu_models.ops import anchors as anchor_ops
 from tpu_models.ops import detection_losses, nms
@@ -152,13 +153,13 @@ def test_options_change_the_architecture():
 
 
 def test_bad_arguments_are_rejected():
-  with pytest.raises(ValueError, match="multiple of 32"):
+  with pytest.raises(ConfigError, match="multiple of 32"):
     _tiny(image_size=80)
-  with pytest.raises(ValueError, match="backbone_stem"):
+  with pytest.raises(ConfigError, match="backbone_stem"):
     _tiny(backbone_stem="small")
-  with pytest.raises(ValueError, match="p67_input"):
+  with pytest.raises(ConfigError, match="p67_input"):
     _tiny(p67_input="p4")
-  with pytest.raises(ValueError, match="min_level"):
+  with pytest.raises(ConfigError, match="min_level"):
     _tiny(min_level=2)
   with pytest.raises(ValueError, match="depth"):
     _tiny(backbone_depth=42)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tpu_models.errors import ConfigError
 from tpu_models.ops import anchors as anchor_ops
 from tpu_models.ops import boxes as box_ops
 
@@ -84,7 +85,7 @@ def test_split_levels_reshapes_to_grids():
 
 
 def test_bad_layout_arguments_are_rejected():
-  with pytest.raises(ValueError, match="min_level"):
+  with pytest.raises(ConfigError, match="min_level"):
     anchor_ops.multilevel_anchors(64, min_level=5, max_level=4)
   with pytest.raises(ValueError, match="aspect_ratios"):
     anchor_ops.multilevel_anchors(64, aspect_ratios=[1.0, -2.0])

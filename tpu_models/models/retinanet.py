@@ -45,6 +45,7 @@ from typing import Dict, List, Optional, Union
 
 import keras
 
+from tpu_models.errors import ConfigError
 from tpu_models.models import resnet as resnet_lib
 from tpu_models.models.layers import FusedBatchNormalization
 from tpu_models.ops import anchors as anchor_ops
@@ -134,23 +135,23 @@ def retinanet(*,
   height, width = box_ops.image_hw(image_size)
   min_level, max_level = int(min_level), int(max_level)
   if not 3 <= min_level <= _BACKBONE_MAX_LEVEL or max_level < min_level:
-    raise ValueError(f"RetinaNet needs 3 <= min_level <= {_BACKBONE_MAX_LEVEL} and "
-                     f"max_level >= min_level; got min_level={min_level}, "
-                     f"max_level={max_level}.")
+    raise ConfigError(f"RetinaNet needs 3 <= min_level <= {_BACKBONE_MAX_LEVEL} and "
+                      f"max_level >= min_level; got min_level={min_level}, "
+                      f"max_level={max_level}.")
   multiple = 2**min(max_level, _BACKBONE_MAX_LEVEL)
   if height % multiple or width % multiple or height <= 0 or width <= 0:
-    raise ValueError(f"RetinaNet image_size must be a multiple of {multiple} (2^"
-                     f"{min(max_level, _BACKBONE_MAX_LEVEL)}) for levels {min_level}-"
-                     f"{max_level}; got {image_size!r}.")
+    raise ConfigError(f"RetinaNet image_size must be a multiple of {multiple} (2^"
+                      f"{min(max_level, _BACKBONE_MAX_LEVEL)}) for levels {min_level}-"
+                      f"{max_level}; got {image_size!r}.")
   if p67_input not in ("p5", "c5"):
-    raise ValueError(f"p67_input must be 'p5' or 'c5', got {p67_input!r}.")
+    raise ConfigError(f"p67_input must be 'p5' or 'c5', got {p67_input!r}.")
   if backbone_stem not in _BACKBONE_STEMS:
-    raise ValueError(f"RetinaNet backbone_stem must be one of {', '.join(_BACKBONE_STEMS)} "
-                     f"(C_l at stride 2^l), got {backbone_stem!r}.")
+    raise ConfigError(f"RetinaNet backbone_stem must be one of {', '.join(_BACKBONE_STEMS)} "
+                      f"(C_l at stride 2^l), got {backbone_stem!r}.")
   if num_classes < 1 or head_convs < 0 or not 0.0 < prior_probability < 1.0:
-    raise ValueError(f"Expected num_classes >= 1, head_convs >= 0 and 0 < "
-                     f"prior_probability < 1; got {num_classes}, {head_convs}, "
-                     f"{prior_probability}.")
+    raise ConfigError(f"Expected num_classes >= 1, head_convs >= 0 and 0 < "
+                      f"prior_probability < 1; got {num_classes}, {head_convs}, "
+                      f"{prior_probability}.")
   per_location = anchor_ops.anchors_per_location(num_scales, aspect_ratios)
   anchor_ops.multilevel_anchors((height, width), min_level, max_level, num_scales,
                                 aspect_ratios, anchor_size)  # Validates the layout.

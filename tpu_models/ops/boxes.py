@@ -21,6 +21,8 @@ from typing import Sequence, Tuple, Union
 
 import tensorflow as tf
 
+from tpu_models.errors import ConfigError
+
 # Weights of the RetinaNet box coder (see the module docstring). The anchor
 # labeler and the post-processing default to these, so they always agree.
 RETINANET_BOX_WEIGHTS = (1.0, 1.0, 1.0, 1.0)
@@ -48,7 +50,7 @@ def image_hw(image_size: ImageSize) -> Tuple[int, int]:
     return int(image_size), int(image_size)
   size = tuple(int(s) for s in image_size)
   if len(size) != 2:
-    raise ValueError(f"image_size must be an int or [height, width], got {image_size!r}.")
+    raise ConfigError(f"image_size must be an int or [height, width], got {image_size!r}.")
   return size
 
 
@@ -202,5 +204,5 @@ def decode_boxes(deltas, anchors, weights: Sequence[float] = RETINANET_BOX_WEIGH
 def _check_weights(weights: Sequence[float]) -> Tuple[float, float, float, float]:
   weights = tuple(float(w) for w in weights)
   if len(weights) != 4 or min(weights) <= 0:
-    raise ValueError(f"Box coder weights must be 4 positive numbers, got {weights!r}.")
+    raise ConfigError(f"Box coder weights must be 4 positive numbers, got {weights!r}.")
   return weights

@@ -131,9 +131,9 @@ def postprocess(class_logits, box_deltas, anchors, *, pre_nms_top_k: int = 1000,
 
   1. Scores are sigmoid(class_logits); the pre_nms_top_k highest
      (anchor, class) pairs over ALL anchors, levels and classes are kept (as
-     tensorflow/tpu does; computed exactly in two cheap stages). Model Garden's generator takes the top k of each
-     class instead; the two agree whenever at most pre_nms_top_k pairs score
-     above score_threshold.
+     tensorflow/tpu does; computed exactly in two cheap stages). Model
+     Garden's generator takes the top k of each class instead; the two agree
+     whenever at most pre_nms_top_k pairs score above score_threshold.
   2. Their anchors' deltas are decoded (`boxes.decode_boxes`) and, given
      image_size, clipped to the image.
   3. Pairs scoring <= score_threshold are dropped; per-class greedy NMS
