@@ -70,14 +70,17 @@ def test_outputs_flatten_in_the_anchor_order():
                              class_p3[1, 1, 0, 2 * 3 + 1], rtol=1e-6)
 
 
-def test_float32_outputs_under_mixed_bfloat16():
-  keras.mixed_precision.set_global_policy("mixed_bfloat16")
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_float32_outputs_under_mixed_precision(policy):
+  keras.mixed_precision.set_global_policy(policy)
   model = _tiny()
   outputs = model(_images(), training=True)
   assert outputs["class_logits"].dtype == tf.float32
   assert outputs["box_deltas"].dtype == tf.float32
-  assert model.get_layer("backbone").get_layer("conv1").compute_dtype == "bfloat16"
-  assert model.get_layer("class_logits_p3").compute_dtype == "bfloat16"
+  compute = keras.mixed_precision.Policy(policy).compute_dtype
+  assert model.get_layer("backbone").get_layer("conv1").compute_dtype == compute
+  assert model.get_layer("class_logits_p3").compute_dtype == compute
+  assert np.all(np.isfinite(outputs["class_logits"].numpy()))
   assert all(v.dtype == "float32" for v in model.weights)
 
 
