@@ -65,6 +65,7 @@ class ToyTaskConfig(TaskConfig):
                                                     global_batch_size=8, num_examples=37))
   nan_example: int = -1  # Index of a training example whose features are NaN.
   data_seed: int = 0
+  host_metrics: bool = False  # Also compute metrics on the host from gathered eval outputs.
 
 
 def toy_arrays(n: int, seed: int):
@@ -99,6 +100,68 @@ class ToyTask(Task):
     correct = tf.cast(tf.equal(tf.argmax(outputs, -1, output_type=tf.int32), labels), tf.float32)
     return {"accuracy": weighted_mean(correct, weights)}
 
+  # Host-side metrics: exact, order-independent figures over the gathered examples.
+
+  def eval_outputs(self, features, labels, outputs, weights):
+    if not self.config.host_metrics:
+      return None
+    return {"label": labels, "prediction": tf.argmax(outputs, -1, output_type=tf.int32),
+            "feature_sum": tf.reduce_sum(features, axis=-1)}
+
+  def aggregate(self, state, step_outputs):
+    state = state or {"label": [], "prediction": [], "feature_sum": []}
+    for key, values in step_outputs.items():
+      state[key].append(values)
+    return state
+
+  def finalize(self, state):
+    if state is None:
+      return {}
+    label, prediction, feature_sum = (np.concatenate(state[k])
+                                      for k in ("label", "prediction", "feature_sum"))
+    return {"host_examples": float(len(label)),
+            "host_accuracy": float(np.mean(label == prediction)),
+            # Identifies the exact set of examples seen: each counted once, no padding.
+            "host_median_feature_sum": float(np.median(np.round(feature_sum, 3)))}
+
+
+@register_task("toy_tokens", overwrite=True)
+class ToyTokenTask(ToyTask):
+  """Each example carries 1-4 "tokens" (class targets); the loss is a per-token mean.
+
+  The first half of every global batch has 4 tokens per example, the second half 1,
+  so with 2 replicas one replica holds 4x the tokens of the other: only a
+  normaliser summed over replicas gives the 1-replica update.
+  """
+
+  def build_inputs(self, split, input_context=None):
+    cfg = self.config.train_data if split == "train" else self.config.eval_data
+    x, y = toy_arrays(cfg.num_examples, self.config.data_seed)
+    batch = cfg.global_batch_size
+    counts = np.where(np.arange(len(y)) % batch < batch // 2, 4, 1)
+    # Token ids are class + 1; 0 means "no token" (so all-zero eval padding has none).
+    tokens = np.stack([(y + t) % NUM_CLASSES + 1 for t in range(4)], axis=1).astype(np.int32)
+    tokens[np.arange(4)[None, :] >= counts[:, None]] = 0
+    dataset = tf.data.Dataset.from_tensor_slices({"x": x, "tokens": tokens})
+    return pipeline.build_dataset(
+        cfg, lambda e: (e["x"], e["tokens"]), training=split == "train",
+        input_context=input_context, dataset=dataset)
+
+  def loss(self, labels, outputs):
+    real = tf.cast(labels > 0, tf.float32)
+    per_token = keras.losses.sparse_categorical_crossentropy(
+        tf.maximum(labels - 1, 0), tf.repeat(outputs[:, None, :], 4, axis=1), from_logits=True)
+    return tf.reduce_sum(per_token * real), tf.reduce_sum(real)
+
+  def metrics(self, labels, outputs, weights):
+    return {}
+
+
+@register_model("toy_buggy", overwrite=True)
+def toy_buggy(hidden: int = 32) -> keras.Model:
+  """A model whose builder has a bug: the CLI must show a traceback, not a config error."""
+  raise ValueError("an internal bug in toy_buggy")
+
 
 def toy_config(overrides=()):
   base = {"task": {"name": "toy"},
@@ -112,8 +175,13 @@ def toy_config(overrides=()):
 if __name__ == "__main__":
   from tpu_models.training.trainer import Trainer
   model_dir, overrides = sys.argv[1], sys.argv[2:]
-  trainer = Trainer(toy_config(overrides), model_dir)
+  config = toy_config(overrides)
+  trainer = Trainer(config, model_dir)
   trainer.train()
   np.save(os.path.join(model_dir, f"weights_{os.getpid()}.npy"),
           np.concatenate([v.numpy().ravel() for v in trainer.model.trainable_variables]))
+  if config.task.host_metrics:
+    import json
+    with open(os.path.join(model_dir, f"eval_{os.getpid()}.json"), "w") as f:
+      json.dump(trainer.evaluate(), f)
   print("FINAL_STEP", trainer.current_step, flush=True)

@@ -14,6 +14,7 @@ import os
 from typing import Optional
 
 import tensorflow as tf
+from tpu_models.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ def get_strategy(name: str = "auto") -> tf.distribute.Strategy:
     return _multi_worker()
   if name == "tpu" or name.startswith("tpu:"):
     return _tpu(name.partition(":")[2] or os.environ.get("TPU_NAME", "local"))
-  raise ValueError(f"Unknown strategy {name!r}; expected one of {', '.join(STRATEGY_NAMES)}.")
+  raise ConfigError(f"Unknown strategy {name!r}; expected one of {', '.join(STRATEGY_NAMES)}.")
 
 
 def _auto() -> tf.distribute.Strategy:
@@ -65,7 +66,7 @@ def _on_tpu_vm() -> bool:
 def _multi_worker() -> tf.distribute.Strategy:
   raw = os.environ.get("TF_CONFIG")
   if not raw:
-    raise ValueError(
+    raise ConfigError(
         "strategy multi_worker needs TF_CONFIG, e.g. "
         '{"cluster": {"worker": ["host1:2222", "host2:2222"]}, '
         '"task": {"type": "worker", "index": 0}}')
@@ -74,7 +75,7 @@ def _multi_worker() -> tf.distribute.Strategy:
     tf_config["cluster"]["worker"]
     tf_config["task"]["index"]
   except (ValueError, KeyError, TypeError) as e:
-    raise ValueError(f"TF_CONFIG is not a valid cluster spec ({e!r}): {raw}") from None
+    raise ConfigError(f"TF_CONFIG is not a valid cluster spec ({e!r}): {raw}") from None
   options = tf.distribute.experimental.CommunicationOptions(
       implementation=tf.distribute.experimental.CommunicationImplementation.AUTO)
   return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)

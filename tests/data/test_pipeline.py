@@ -176,3 +176,34 @@ def test_fashion_mnist_through_the_reader():
       total += count
       assert step < 30
   assert total == 10000
+
+
+def test_transform_and_batch_fn_hooks_run_between_decode_and_batch():
+  """A task's hook sees decoded examples (variable length here) and makes them static."""
+  lengths = [1, 5, 2, 7, 3, 4, 6]
+  elements = tf.data.Dataset.from_generator(
+      lambda: ((np.arange(1, n + 1, dtype=np.int32), n) for n in lengths),
+      output_signature=(tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.int32)))
+  seen = []
+
+  def transform(dataset):
+    seen.append(dataset.element_spec)
+    dataset = dataset.filter(lambda ids, n: n <= 6)  # Length filtering, as a text task would.
+    return dataset.map(lambda ids, n: (tf.ensure_shape(tf.pad(ids, [[0, 6 - tf.shape(ids)[0]]]),
+                                                       [6]), n))
+
+  def batch_fn(dataset, batch_size):
+    for spec in tf.nest.flatten(dataset.element_spec):
+      assert spec.shape.is_fully_defined()  # The eval padding came after the transform.
+    return dataset.batch(batch_size, drop_remainder=True)
+
+  config = DataConfig(global_batch_size=4, shuffle_buffer=0)
+  dataset = pipeline.build_dataset(config, lambda ids, n: (ids, n), training=False,
+                                   dataset=elements, transform=transform, batch_fn=batch_fn)
+  assert seen[0][0].shape.as_list() == [None]  # Decoded, before batching.
+  (ids, n, mask), = dataset.take(1).as_numpy_iterator()
+  assert ids.shape == (4, 6) and mask.tolist() == [1, 1, 1, 1]
+  real = []
+  for ids, n, mask in dataset.take(3).as_numpy_iterator():
+    real += [int(x) for x, m in zip(n, mask) if m]
+  assert real == [1, 5, 2, 3, 4, 6]  # The length-7 example was filtered out, the rest kept.

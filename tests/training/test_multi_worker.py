@@ -1,4 +1,5 @@
-"""Two MultiWorkerMirroredStrategy workers on 127.0.0.1 train the toy task in lockstep."""
+"""Two MultiWorkerMirroredStrategy workers on 127.0.0.1 train the toy task in lockstep,
+and a host-side eval metric gathered from both workers equals the single-worker one."""
 
 import glob
 import json
@@ -15,7 +16,7 @@ from tpu_models.training import progress
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OVERRIDES = ["trainer.train_steps=30", "trainer.steps_per_loop=10", "trainer.checkpoint_every=10",
              "task.train_data.num_examples=16", "task.train_data.global_batch_size=16",
-             "trainer.schedule.base_lr=0.2"]
+             "trainer.schedule.base_lr=0.2", "task.host_metrics=true"]
 
 
 def _free_ports(n):
@@ -60,6 +61,14 @@ def test_two_workers_match_each_other_and_a_single_worker(tmp_path):
   np.testing.assert_array_equal(weights[0], weights[1])  # Mirrored: identical on both workers.
   (single_weights,) = [np.load(f) for f in glob.glob(str(single / "weights_*.npy"))]
   np.testing.assert_allclose(weights[0], single_weights, rtol=1e-4, atol=1e-5)
+
+  # Host metrics over the 37 eval examples (global batch 8), gathered from both workers.
+  evals = [json.load(open(f)) for f in sorted(glob.glob(str(multi / "eval_*.json")))]
+  (single_eval,) = [json.load(open(f)) for f in glob.glob(str(single / "eval_*.json"))]
+  assert len(evals) == 2 and evals[0] == evals[1]
+  assert single_eval["host_examples"] == 37
+  for key in ("host_examples", "host_accuracy", "host_median_feature_sum", "accuracy"):
+    assert evals[0][key] == single_eval[key], key
 
   single_loss = [r["loss"] for r in progress.read_metrics(str(single), "train")]
   multi_loss = [r["loss"] for r in progress.read_metrics(str(multi), "train")]

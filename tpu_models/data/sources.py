@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from tpu_models.config import DataConfig
 from tpu_models.registry import register_dataset
+from tpu_models.errors import DataError
 
 DATA_ENV = "TPU_MODELS_DATA"
 DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
@@ -82,22 +83,22 @@ def _read_idx(filename: str, magic: int, item_shape: Tuple[int, ...]) -> np.ndar
     with gzip.open(filename, "rb") as f:
       data = f.read()
   except (OSError, EOFError, zlib.error) as e:
-    raise ValueError(f"{filename} is not a readable gzip file (truncated or corrupt? "
+    raise DataError(f"{filename} is not a readable gzip file (truncated or corrupt? "
                      f"re-download or reinstall it): {e}") from None
   ndim = 1 + len(item_shape)
   header_size = 4 * (1 + ndim)
   if len(data) < header_size:
-    raise ValueError(f"{filename} is too short ({len(data)} bytes) to be an idx file.")
+    raise DataError(f"{filename} is too short ({len(data)} bytes) to be an idx file.")
   header = np.frombuffer(data, ">u4", count=1 + ndim)
   if int(header[0]) != magic:
-    raise ValueError(f"{filename} has idx magic number {int(header[0])}, expected {magic}; "
+    raise DataError(f"{filename} has idx magic number {int(header[0])}, expected {magic}; "
                      f"is it the right file?")
   count, dims = int(header[1]), tuple(int(d) for d in header[2:])
   if dims != item_shape:
-    raise ValueError(f"{filename} holds items of shape {dims}, expected {item_shape}.")
+    raise DataError(f"{filename} holds items of shape {dims}, expected {item_shape}.")
   expected = header_size + count * int(np.prod(item_shape, dtype=np.int64))
   if len(data) != expected:
-    raise ValueError(f"{filename} holds {len(data)} bytes but its header announces {count} "
+    raise DataError(f"{filename} holds {len(data)} bytes but its header announces {count} "
                      f"items ({expected} bytes): the file is truncated or corrupt.")
   return np.frombuffer(data, np.uint8, offset=header_size).reshape((count,) + item_shape)
 
@@ -108,13 +109,13 @@ def _load_split(directory: str, split: str) -> Tuple[np.ndarray, np.ndarray]:
   images = _read_idx(images_file, _IMAGES_MAGIC, (28, 28))
   labels = _read_idx(labels_file, _LABELS_MAGIC, ())
   if len(images) != len(labels):
-    raise ValueError(f"{images_file} holds {len(images)} images but {labels_file} holds "
+    raise DataError(f"{images_file} holds {len(images)} images but {labels_file} holds "
                      f"{len(labels)} labels.")
   if len(images) != FASHION_MNIST_SIZES[split]:
-    raise ValueError(f"{images_file} holds {len(images)} images; Fashion-MNIST {split} has "
+    raise DataError(f"{images_file} holds {len(images)} images; Fashion-MNIST {split} has "
                      f"{FASHION_MNIST_SIZES[split]}. Re-download it from {FASHION_MNIST_URL}.")
   if labels.max() > 9:
-    raise ValueError(f"{labels_file} holds label {labels.max()}; Fashion-MNIST labels are 0..9.")
+    raise DataError(f"{labels_file} holds label {labels.max()}; Fashion-MNIST labels are 0..9.")
   images = images[..., None]
   labels = labels.astype(np.int32)
   # Cached and shared between callers: make accidental in-place edits fail.
@@ -130,7 +131,7 @@ def _parse_split(split: str) -> Tuple[str, slice]:
   """'train[:55000]' -> ('train', slice(None, 55000)); percentages of the split allowed."""
   match = _SPLIT_RE.match(split.replace(" ", ""))
   if not match:
-    raise ValueError(
+    raise DataError(
         f"Unknown Fashion-MNIST split {split!r}; use 'train', 'test', or a slice such as "
         f"'train[:55000]', 'train[55000:]' or 'train[:90%]' (carve validation from train).")
   name, start, stop = match.groups()
@@ -193,7 +194,7 @@ def tfds_source(config: DataConfig, training: bool,
   input pipeline by TFDS (`ReadConfig.input_context`).
   """
   if not config.tfds_name:
-    raise ValueError(f"Data source 'tfds' needs data.tfds_name (split {config.split!r}), the "
+    raise DataError(f"Data source 'tfds' needs data.tfds_name (split {config.split!r}), the "
                      f"TFDS builder name such as 'cifar10' or 'imagenet2012'.")
   import tensorflow_datasets as tfds  # Heavy: only when this source is used.
 
@@ -201,7 +202,7 @@ def tfds_source(config: DataConfig, training: bool,
   try:
     builder = tfds.builder(config.tfds_name, data_dir=data_dir)
   except tfds.core.DatasetNotFoundError:
-    raise ValueError(
+    raise DataError(
         f"TFDS has no builder named {config.tfds_name!r} and no prepared data for it under "
         f"{data_dir or '~/tensorflow_datasets'}. Check the name "
         f"(`tfds.list_builders()`).") from None

@@ -34,6 +34,7 @@ import numpy as np
 
 from tpu_models.models.layers import FusedBatchNormalization, PointwiseConv2D, SpaceToDepth
 from tpu_models.registry import register_model
+from tpu_models.errors import ConfigError
 
 # depth -> (block kind, blocks per stage 2..5).
 _ARCHITECTURES = {
@@ -138,7 +139,7 @@ def _stem(x, stem: str, bn: _BatchNormFactory, filters: int = 64):
   elif stem == "small":
     x = _conv(filters, 3, 1, "conv1")(x)
   else:
-    raise ValueError(f"Unknown ResNet stem {stem!r}; expected one of {', '.join(STEMS)}.")
+    raise ConfigError(f"Unknown ResNet stem {stem!r}; expected one of {', '.join(STEMS)}.")
   x = bn("bn1")(x)
   x = keras.layers.ReLU(name="relu1")(x)
   if stem != "small":
@@ -166,7 +167,7 @@ def space_to_depth_stem_kernel(kernel_7x7) -> np.ndarray:
   """
   k = np.asarray(kernel_7x7)
   if k.ndim != 4 or k.shape[:2] != (7, 7):
-    raise ValueError(f"Expected a [7, 7, C, F] kernel, got shape {k.shape}.")
+    raise ConfigError(f"Expected a [7, 7, C, F] kernel, got shape {k.shape}.")
   c, f = k.shape[2:]
   k = np.pad(k, [(0, 1), (0, 1), (0, 0), (0, 0)])  # [8, 8, C, F]
   k = k.reshape(4, 2, 4, 2, c, f)  # [a_row, b_row, a_col, b_col, C, F]
@@ -224,14 +225,14 @@ def resnet(*,
     mixed-precision policy.
   """
   if depth not in _ARCHITECTURES:
-    raise ValueError(f"Unsupported ResNet depth {depth}; expected one of "
+    raise ConfigError(f"Unsupported ResNet depth {depth}; expected one of "
                      f"{', '.join(map(str, sorted(_ARCHITECTURES)))}.")
   if stem not in STEMS:
-    raise ValueError(f"Unknown ResNet stem {stem!r}; expected one of {', '.join(STEMS)}.")
+    raise ConfigError(f"Unknown ResNet stem {stem!r}; expected one of {', '.join(STEMS)}.")
   if input_shape is None:
     input_shape = [None, None, 3]
   if len(input_shape) != 3:
-    raise ValueError(f"input_shape must be [height, width, channels], got {input_shape}.")
+    raise ConfigError(f"input_shape must be [height, width, channels], got {input_shape}.")
   kind, blocks_per_stage = _ARCHITECTURES[depth]
   block_fn = _basic_block if kind == "basic" else _bottleneck_block
   bn = _BatchNormFactory(bn_momentum, bn_epsilon, fused_bn)

@@ -12,6 +12,7 @@ import keras
 import tensorflow as tf
 
 from tpu_models.config import OptimizerConfig
+from tpu_models.errors import ConfigError
 
 
 def decays(variable, exclude: Sequence[str] = ()) -> bool:
@@ -127,7 +128,7 @@ def build_optimizer(config: OptimizerConfig, learning_rate,
   elif config.name == "adafactor":
     optimizer = keras.optimizers.Adafactor(learning_rate, weight_decay=wd)
   else:
-    raise ValueError(f"Unknown optimizer {config.name!r}; expected sgd, lars, adamw or adafactor.")
+    raise ConfigError(f"Unknown optimizer {config.name!r}; expected sgd, lars, adamw or adafactor.")
   if config.name != "lars" and wd:
     optimizer.exclude_from_weight_decay(
         var_list=[v for v in variables if not decays(v, config.exclude_from_weight_decay)])

@@ -16,6 +16,7 @@ import keras
 import tensorflow as tf
 
 from tpu_models.config import ScheduleConfig
+from tpu_models.errors import ConfigError
 
 
 class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
@@ -25,12 +26,12 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
                decay_steps: int = 1, end_lr: float = 0.0, power: float = 1.0,
                boundaries: Sequence[int] = (), multipliers: Sequence[float] = ()):
     if name == "step" and len(boundaries) != len(multipliers):
-      raise ValueError(f"step schedule: {len(boundaries)} boundaries need as many multipliers, "
+      raise ConfigError(f"step schedule: {len(boundaries)} boundaries need as many multipliers, "
                        f"got {len(multipliers)}.")
     if list(boundaries) != sorted(boundaries):
-      raise ValueError(f"step schedule: boundaries must increase, got {list(boundaries)}.")
+      raise ConfigError(f"step schedule: boundaries must increase, got {list(boundaries)}.")
     if name == "inverse_sqrt" and warmup_steps <= 0:
-      raise ValueError("inverse_sqrt schedule needs warmup_steps > 0.")
+      raise ConfigError("inverse_sqrt schedule needs warmup_steps > 0.")
     self.name = name
     self.base_lr = float(base_lr)
     self.warmup_steps = int(warmup_steps)
@@ -59,7 +60,7 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
       return lr
     if self.name == "inverse_sqrt":
       return base * tf.sqrt(self.warmup_steps / tf.maximum(step, float(self.warmup_steps)))
-    raise ValueError(f"Unknown schedule {self.name!r}.")
+    raise ConfigError(f"Unknown schedule {self.name!r}.")
 
   def __call__(self, step):
     step = tf.cast(step, tf.float32)
