@@ -190,11 +190,3 @@ def test_mixup_keeps_label_mass():
   mixed_images, mixed_labels = image_lib.mixup(images, labels, 0.4)
   assert mixed_images.shape == images.shape
   np.testing.assert_allclose(mixed_labels.numpy().sum(1), 1.0, rtol=1e-5)
-
-
-def test_preprocess_for_train_and_eval():
-  data = tf.constant(_jpeg(_photo(80, 100)))
-  train = image_lib.preprocess_for_train(data, 32, dtype=tf.bfloat16)
-  evaluation = image_lib.preprocess_for_eval(data, 32)
-  assert train.shape == (32, 32, 3) and train.dtype == tf.bfloat16
-  assert evaluation.shape == (32, 32, 3) and evaluation.dtype == tf.float32

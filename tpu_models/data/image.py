@@ -268,30 +268,3 @@ def mixup(images: tf.Tensor, labels_onehot: tf.Tensor, alpha: float,
   mixed_labels = (lam * tf.cast(labels_onehot, tf.float32) +
                   (1.0 - lam) * tf.cast(tf.reverse(labels_onehot, [0]), tf.float32))
   return (tf.cast(mixed_images, images.dtype), tf.cast(mixed_labels, labels_onehot.dtype))
-
-
-# ----------------------------------------------------------------------------
-# The ImageNet recipe end to end.
-
-
-def preprocess_for_train(image_bytes: tf.Tensor, image_size: int, *,
-                         mean: Sequence[float] = IMAGENET_MEAN_RGB,
-                         std: Sequence[float] = IMAGENET_STD_RGB,
-                         method: str = "bilinear",
-                         dtype: tf.DType = tf.float32) -> tf.Tensor:
-  """Random-resized crop, flip, normalize: tf.string [] -> dtype [size, size, 3]."""
-  image = decode_and_random_crop(image_bytes, image_size, method=method)
-  image = normalize(random_flip(image), mean, std)
-  return tf.cast(image, dtype)  # bfloat16 halves the host->TPU transfer.
-
-
-def preprocess_for_eval(image_bytes: tf.Tensor, image_size: int, *,
-                        mean: Sequence[float] = IMAGENET_MEAN_RGB,
-                        std: Sequence[float] = IMAGENET_STD_RGB,
-                        crop_fraction: float = DEFAULT_CROP_FRACTION,
-                        method: str = "bilinear",
-                        dtype: tf.DType = tf.float32) -> tf.Tensor:
-  """Center crop, normalize: tf.string [] -> dtype [size, size, 3]."""
-  image = decode_and_center_crop(image_bytes, image_size, crop_fraction=crop_fraction,
-                                 method=method)
-  return tf.cast(normalize(image, mean, std), dtype)

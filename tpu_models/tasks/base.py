@@ -26,7 +26,7 @@ dropped, and the rest is folded in by `aggregate` and turned into numbers by
 `finalize`.
 """
 
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import keras
 import tensorflow as tf
@@ -132,6 +132,13 @@ class Task:
   def derived_metrics(self, metrics: Dict[str, float]) -> Dict[str, float]:
     """Metrics computed from the averaged ones (e.g. perplexity = exp(loss))."""
     return {}
+
+  def data_report(self) -> List[Tuple[str, str]]:
+    """(severity "warning"|"error", message) findings about the training data, for `check`.
+
+    E.g. a detector's anchor coverage of its ground-truth boxes. The default finds nothing.
+    """
+    return []
 
   def serving_signatures(self, model: keras.Model) -> Dict[str, Any]:
     """Name -> concrete `tf.function` for SavedModel export (preprocessing included)."""

@@ -10,7 +10,9 @@ reports what a TPU would reject or run slowly:
   - ops XLA cannot compile, and shapes that are not compile-time constants;
   - float64 tensors (no float64 on TPU);
   - `tf.py_function` / `tf.numpy_function` in the model (cannot run on a TPU)
-    or in the input pipeline (runs in Python on the host, holding the GIL).
+    or in the input pipeline (runs in Python on the host, holding the GIL);
+  - whatever the task's `data_report()` finds in its data (e.g. anchors that
+    do not fit a detector's boxes).
 
 Inputs come from the task (`build_inputs`, or `synthetic_inputs` when the data
 is not on this machine), so any task, a user's included, can be checked.
@@ -49,7 +51,7 @@ _DATA_DEPENDENT_SHAPE_OPS = {
 @dataclasses.dataclass
 class Finding:
   severity: str  # "error" (not TPU-ready) or "warning"
-  kind: str  # dynamic_shape | xla_compile | float64 | py_function
+  kind: str  # dynamic_shape | xla_compile | float64 | py_function | input | data
   message: str
 
 
@@ -108,6 +110,8 @@ def check_config(config: config_lib.ExperimentConfig, per_replica_batch: int = 2
       except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError,
               tf.errors.InternalError, ValueError, TypeError) as e:
         report.add("error", "xla_compile", _summarize_xla_error(str(e), split))
+    for severity, message in trainer.task.data_report():
+      report.add(severity, "data", message)
     trainer.close()
   return report
 
