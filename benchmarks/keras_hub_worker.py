@@ -21,7 +21,6 @@ XLA off, float32 or the mixed_bfloat16 policy.
 
 import json
 import os
-import resource
 import sys
 import time
 
@@ -59,46 +58,11 @@ def resnet50(precision: str):
 
 
 def train_step(args) -> dict:
-  import keras
-  import tensorflow as tf
+  import keras_sgd_loop  # pylint: disable=g-import-not-at-top  (TensorFlow: after arg parsing)
   model, trainable = resnet50(args.precision)
-  optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
-  optimizer.build(model.trainable_variables)
-
-  # The same fixed synthetic batch as our task's `source: synthetic` (one image, tiled).
-  image = tf.random.stateless_normal([IMAGE_SIZE, IMAGE_SIZE, 3], [1, 2])
-  images = tf.tile(image[None], [args.batch, 1, 1, 1])
-  labels = tf.ones([args.batch], tf.int32)
-  iterator = iter(tf.data.Dataset.from_tensors((images, labels)).repeat())
-
-  def step(batch):
-    x, y = batch
-    with tf.GradientTape() as tape:
-      logits = tf.cast(model(x, training=True), tf.float32)
-      loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y,
-                                                                            logits=logits))
-    grads = tape.gradient(loss, model.trainable_variables)
-    optimizer.apply_gradients(zip(grads, model.trainable_variables))
-    return loss
-
-  @tf.function  # Several steps per call, as our Trainer's host loop does.
-  def loop(n):
-    loss = tf.constant(0.0)
-    for _ in tf.range(n):
-      loss = step(next(iterator))
-    return loss
-
-  loop(tf.constant(args.warmup)).numpy()  # Traces; runs the warm-up steps.
-  faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-  start = time.perf_counter()
-  loss = float(loop(tf.constant(args.steps)).numpy())
-  seconds = time.perf_counter() - start
-  faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+  result = keras_sgd_loop.time_sgd_steps(model, args.batch, IMAGE_SIZE, args.warmup, args.steps)
   return {
-      "images_per_second": args.batch * args.steps / seconds,
-      "step_seconds": seconds / args.steps,
-      "page_faults_per_step": faults / args.steps,
-      "loss": loss,
+      **result,
       "params": trainable,
       "policy": model.dtype_policy.name,
   }

@@ -31,6 +31,7 @@ sys.path.insert(0, _HERE)
 import keras  # pylint: disable=g-import-not-at-top
 import tensorflow as tf
 
+import keras_sgd_loop
 from tpu_models import config as config_lib
 from worker_args import parse_worker_args
 from tpu_models.training import benchmark
@@ -80,43 +81,10 @@ def keras_applications(args) -> dict:
                                         classifier_activation=None)  # Logits, like ours.
   finally:
     keras.mixed_precision.set_global_policy(previous)
-  optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
-  optimizer.build(model.trainable_variables)
-
-  # The same fixed synthetic batch as our task's `source: synthetic` (one image, tiled).
-  image = tf.random.stateless_normal([IMAGE_SIZE, IMAGE_SIZE, 3], [1, 2])
-  images = tf.tile(image[None], [args.batch, 1, 1, 1])
-  labels = tf.ones([args.batch], tf.int32)
-  iterator = iter(tf.data.Dataset.from_tensors((images, labels)).repeat())
-
-  def step(batch):
-    x, y = batch
-    with tf.GradientTape() as tape:
-      logits = tf.cast(model(x, training=True), tf.float32)
-      loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y,
-                                                                            logits=logits))
-    grads = tape.gradient(loss, model.trainable_variables)
-    optimizer.apply_gradients(zip(grads, model.trainable_variables))
-    return loss
-
-  @tf.function  # Several steps per call, as our Trainer's host loop does.
-  def loop(n):
-    loss = tf.constant(0.0)
-    for _ in tf.range(n):
-      loss = step(next(iterator))
-    return loss
-
-  loop(tf.constant(args.warmup)).numpy()  # Traces; runs the warm-up steps.
-  faults = benchmark.page_faults()
-  start = time.perf_counter()
-  loop(tf.constant(args.steps)).numpy()
-  seconds = time.perf_counter() - start
-  faults = benchmark.page_faults() - faults
+  result = keras_sgd_loop.time_sgd_steps(model, args.batch, IMAGE_SIZE, args.warmup, args.steps)
   own_flops = 3.0 * benchmark.forward_flops(model)
   return {
-      "images_per_second": args.batch * args.steps / seconds,
-      "step_seconds": seconds / args.steps,
-      "page_faults_per_step": faults / args.steps,
+      **result,
       # keras.applications.ResNet50 is v1 (stride in the first 1x1 conv): fewer FLOPs
       # than v1.5. MFU in the comparison uses OUR FLOP count; this is for reference.
       "own_train_flops_per_example": own_flops,

@@ -23,14 +23,13 @@ the settings of our benchmark experiment:
 
 import json
 import os
-import resource
 import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # The shared worker flags live one folder up (standard library only).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from worker_args import parse_worker_args  # pylint: disable=g-import-not-at-top
+from worker_args import parse_worker_args, timed_steps  # pylint: disable=g-import-not-at-top
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 import tf_keras
@@ -93,15 +92,10 @@ def train_step(args) -> dict:
     trainer = base_trainer.Trainer(params, task, model=model, optimizer=optimizer, train=True,
                                    evaluate=False, train_dataset=dataset)
   trainer.train(tf.constant(args.warmup, tf.int32))  # Traces; runs the warm-up steps.
-  faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-  start = time.perf_counter()
-  logs = trainer.train(tf.constant(args.steps, tf.int32))
-  seconds = time.perf_counter() - start
-  faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+  result, logs = timed_steps(lambda n: trainer.train(tf.constant(n, tf.int32)), args.batch,
+                             args.steps)
   return {
-      "images_per_second": args.batch * args.steps / seconds,
-      "step_seconds": seconds / args.steps,
-      "page_faults_per_step": faults / args.steps,
+      **result,
       "loss": float(logs["training_loss"]),
       "policy": tf_keras.mixed_precision.global_policy().name,
       "optimizer": type(optimizer).__name__,
