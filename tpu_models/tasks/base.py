@@ -31,7 +31,8 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import keras
 import tensorflow as tf
 
-from tpu_models.config import ModelConfig, TaskConfig
+from tpu_models.config import DataConfig, ModelConfig, TaskConfig
+from tpu_models.errors import ConfigError
 from tpu_models.registry import TASKS, create_model
 
 MetricSums = Dict[str, Tuple[tf.Tensor, tf.Tensor]]
@@ -58,6 +59,13 @@ class Task:
                    ) -> tf.data.Dataset:
     """Per-replica batches: (features, labels) for 'train', plus a mask [batch] otherwise."""
     raise NotImplementedError
+
+  def data_config(self, split: str) -> DataConfig:
+    """The `DataConfig` of `split` ("train", "eval", "test"): the task config's `<split>_data`."""
+    data = getattr(self.config, f"{split}_data", None)
+    if not isinstance(data, DataConfig):
+      raise ConfigError(f"task.{split}_data is not set (task {self.config.name!r}).")
+    return data
 
   def synthetic_inputs(self, split: str,
                        input_context: Optional[tf.distribute.InputContext] = None

@@ -74,10 +74,7 @@ class ClassificationTask(Task):
   def build_inputs(self, split: str,
                    input_context: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
     training = split == "train"
-    data = {"train": self.config.train_data, "eval": self.config.eval_data,
-            "test": self.config.test_data}[split]
-    if data is None:
-      raise ConfigError(f"task.{split}_data is not set.")
+    data = self.data_config(split)
     if data.source == "synthetic":
       return self._synthetic(data, training, input_context)
     dataset = pipeline.build_dataset(data, lambda e: self.decode(e, training),
@@ -90,11 +87,7 @@ class ClassificationTask(Task):
                        input_context: Optional[tf.distribute.InputContext] = None
                        ) -> tf.data.Dataset:
     """Generated images of the configured size: no data needed (ImageNet-sized checks)."""
-    data = {"train": self.config.train_data, "eval": self.config.eval_data,
-            "test": self.config.test_data}[split]
-    if data is None:
-      raise ConfigError(f"task.{split}_data is not set.")
-    return self._synthetic(data, split == "train", input_context)
+    return self._synthetic(self.data_config(split), split == "train", input_context)
 
   def _mixup(self, images, labels):
     """Batch-level mixup on the host; labels become float32 [batch, num_classes]."""
