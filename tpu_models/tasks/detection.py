@@ -156,18 +156,11 @@ class DetectionTask(Task):
 
   # Inputs.
 
-  def _data(self, split: str) -> DataConfig:
-    data = {"train": self.config.train_data, "eval": self.config.eval_data,
-            "test": self.config.test_data}[split]
-    if data is None:
-      raise ConfigError(f"task.{split}_data is not set.")
-    return data
-
   def build_inputs(self, split: str,
                    input_context: Optional[tf.distribute.InputContext] = None
                    ) -> tf.data.Dataset:
     """Per-replica batches: (image, labels) for 'train', plus a mask [batch] otherwise."""
-    data = self._data(split)
+    data = self.data_config(split)
     if data.source == "synthetic":
       return self.synthetic_inputs(split, input_context)
     return pipeline.build_dataset(data, self.decode_fn(split), training=split == "train",
@@ -185,7 +178,7 @@ class DetectionTask(Task):
         mean=cfg.mean, std=cfg.std, dtype=tf.bfloat16 if cfg.host_bfloat16 else tf.float32,
         method=cfg.resize_method)
     num_classes = self.num_classes
-    where = f"task.{split}_data ({self._data(split).path})"
+    where = f"task.{split}_data ({self.data_config(split).path})"
 
     # Not autograph-converted (nor what it calls): it has no Python control flow on
     # tensors, and converting the decoder and labeler took ~30 s per dataset.
@@ -212,7 +205,7 @@ class DetectionTask(Task):
                        input_context: Optional[tf.distribute.InputContext] = None
                        ) -> tf.data.Dataset:
     """Generated images with two labelled boxes: no data needed (COCO-sized checks)."""
-    data = self._data(split)
+    data = self.data_config(split)
     batch = pipeline.per_replica_batch_size(data, input_context)
     size = self.image_size
     dtype = tf.bfloat16 if self.config.host_bfloat16 else tf.float32
