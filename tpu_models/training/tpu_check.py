@@ -82,7 +82,9 @@ def check_config(config: config_lib.ExperimentConfig, per_replica_batch: int = 2
   overrides = [f"task.{name}.global_batch_size={per_replica_batch}"
                for name in _data_fields(config.task)]
   # The whole step is compiled here; the Trainer must not compile the model on its own.
-  overrides += ["runtime.jit_compile=false", "trainer.tensorboard=false"]
+  # No warm start: the check needs shapes, and the checkpoint may live elsewhere (gs://).
+  overrides += ["runtime.jit_compile=false", "trainer.tensorboard=false",
+                "trainer.init_checkpoint=null"]
   config = config_lib.override(config, overrides)
   report = CheckReport()
   with tempfile.TemporaryDirectory() as model_dir:
