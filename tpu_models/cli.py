@@ -56,6 +56,19 @@ def _parser() -> argparse.ArgumentParser:
   _add_config_args(p, model_dir_required=True)
   p.add_argument("--output", required=True, help="SavedModel directory to write")
 
+  p = sub.add_parser("sample", help="continue a prompt with a trained language model (or "
+                                    "translate it with a translation model)")
+  _add_config_args(p, model_dir_required=True)
+  p.add_argument("--prompt", action="append", required=True,
+                 help="text to continue (repeatable: one output line each)")
+  p.add_argument("--max-new-tokens", type=int, default=None,
+                 help="tokens to generate (default: task.sample_max_new_tokens)")
+  p.add_argument("--top-k", type=int, default=None,
+                 help="sample among the k most likely tokens (default: greedy decoding)")
+  p.add_argument("--temperature", type=float, default=None,
+                 help="with --top-k: divides the logits (default: task.sample_temperature)")
+  p.add_argument("--seed", type=int, default=None, help="with --top-k: reproducible sampling")
+
   p = sub.add_parser("check", help="TPU-readiness: compile the train step with XLA on the CPU")
   _add_config_args(p)
   p.add_argument("--batch-size", type=int, default=2, help="per-replica batch used for the check")
@@ -296,6 +309,20 @@ def _export(args) -> int:
   return 0
 
 
+def _sample(args) -> int:
+  from tpu_models import export
+  config, model_dir = _load(args)
+  task, model = export.load_model(config, model_dir)
+  if not hasattr(task, "sample"):
+    raise ValueError(f"task {config.task.name!r} cannot sample; `tpu-models sample` needs a "
+                     f"language_modeling (or translation) experiment.")
+  texts = task.sample(model, args.prompt, max_new_tokens=args.max_new_tokens, top_k=args.top_k,
+                      temperature=args.temperature, seed=args.seed)
+  for text in texts:
+    print(text)
+  return 0
+
+
 def _check(args) -> int:
   from tpu_models.training import tpu_check
   config, _ = _load(args)
@@ -383,7 +410,7 @@ def _vocab(args) -> int:
 
 _COMMANDS = {"list": _list, "config": _config, "train": _train, "evaluate": _evaluate,
              "export": _export, "check": _check, "benchmark": _benchmark, "convert": _convert,
-             "vocab": _vocab}
+             "vocab": _vocab, "sample": _sample}
 
 
 if __name__ == "__main__":
