@@ -4,7 +4,10 @@ An experiment is `ExperimentConfig(task, trainer, runtime)`. Each registered
 task brings its own `TaskConfig` subclass, chosen by `task.name`; a model is
 `ModelConfig(name, params)` whose params are checked against the registered
 builder's signature. Every key is checked: an unknown key is an error naming
-the valid keys, a value of the wrong type is an error naming the field.
+the valid keys, a value of the wrong type or out of range (a batch size of 0,
+negative steps) is an error naming the field; `validate` checks values that
+must agree, and `config_warnings` names legal but doubtful ones (warmup_steps
+> train_steps).
 
     config = load_config("official/resnet/fashion_mnist_resnet.yaml",
                          overrides=["trainer.train_steps=100"])
@@ -50,7 +53,10 @@ class DataConfig:
   deterministic: bool = False
   seed: Optional[int] = None
   cycle_length: int = 8  # Files read in parallel by each input pipeline.
-  on_corrupt: str = "error"  # error | skip (skips are logged by tf.data).
+  # error | skip: records that cannot be read (a damaged TFRecord) or decoded (a broken
+  # image) stop the run, or are skipped and counted per split in the log and metrics.jsonl.
+  # A value the config does not allow (a label >= num_classes) is always an error.
+  on_corrupt: str = "error"
   num_examples: Optional[int] = None  # Take only the first N examples (debugging).
   prefetch: int = -1  # -1 = AUTOTUNE.
 
@@ -173,6 +179,27 @@ _CHOICES = {
     ("schedule", "name"): ("constant", "cosine", "step", "inverse_sqrt", "polynomial"),
     ("data", "on_corrupt"): ("error", "skip"),
     ("expect", "split"): ("eval", "test"),
+}
+
+# Inclusive lower bounds of numeric fields, checked at load time with the key's path.
+_AT_LEAST = {
+    ("data", "global_batch_size"): 1,
+    ("data", "shuffle_buffer"): 0,
+    ("data", "cycle_length"): 1,
+    ("data", "num_examples"): 1,
+    ("data", "prefetch"): -1,
+    ("trainer", "train_steps"): 1,
+    ("trainer", "steps_per_loop"): 1,
+    ("trainer", "eval_every"): 0,
+    ("trainer", "eval_steps"): 1,
+    ("trainer", "checkpoint_every"): 1,
+    ("trainer", "max_checkpoints"): 1,
+    ("trainer", "max_nan_restores"): 0,
+    ("trainer", "max_consecutive_overflows"): 0,
+    ("schedule", "warmup_steps"): 0,
+    ("schedule", "decay_steps"): 1,
+    ("schedule", "base_lr"): 0,
+    ("schedule", "end_lr"): 0,
 }
 
 
@@ -319,6 +346,7 @@ def _convert(tp, value, path: str):
 
 
 def _check_choices(cls, kwargs: dict, path: str) -> None:
+  """Enumerated values and numeric lower bounds of single fields (see `validate` for pairs)."""
   section = path.rsplit(".", 1)[-1] if path else ""
   if cls is DataConfig or section.endswith("_data"):
     section = "data"
@@ -327,6 +355,55 @@ def _check_choices(cls, kwargs: dict, path: str) -> None:
     if choices and value not in choices:
       raise ConfigError(f"{_where(_join(path, key))} must be one of {', '.join(choices)}; "
                         f"got {value!r}.")
+    minimum = _AT_LEAST.get((section, key))
+    if minimum is not None and value is not None and value < minimum:
+      raise ConfigError(f"{_where(_join(path, key))} must be >= {minimum}; got {value!r}.")
+
+
+def validate(config: "ExperimentConfig") -> "ExperimentConfig":
+  """Checks what single fields cannot: values that must agree with each other.
+
+  Called by `experiment_from_dict` (so by `load_config` and the CLI) on the final
+  config and by the Trainer on configs built in code. Returns `config`. Doubtful
+  but legal combinations are not errors: see `config_warnings`.
+
+  Raises:
+    ConfigError: naming the keys and what is expected.
+  """
+  trainer = config.trainer
+  for key in ("train_steps", "steps_per_loop", "checkpoint_every", "max_checkpoints"):
+    if getattr(trainer, key) < 1:
+      raise ConfigError(f"Config key 'trainer.{key}' must be >= 1; got {getattr(trainer, key)!r}.")
+  if trainer.stop_at_target and (trainer.target_metric is None or trainer.target_value is None):
+    raise ConfigError("Config key 'trainer.stop_at_target' needs both 'trainer.target_metric' "
+                      "and 'trainer.target_value'; without them the run would never stop early.")
+  for field in dataclasses.fields(config.task):
+    data = getattr(config.task, field.name)
+    if isinstance(data, DataConfig) and data.global_batch_size < 1:
+      raise ConfigError(f"Config key 'task.{field.name}.global_batch_size' must be >= 1; "
+                        f"got {data.global_batch_size!r}.")
+  return config
+
+
+def config_warnings(config: "ExperimentConfig") -> List[str]:
+  """Legal settings that are probably mistakes, one sentence each (the Trainer logs them).
+
+  warmup_steps > train_steps is one: the learning rate never reaches base_lr. It
+  is not an error because shortened runs of full recipes (smoke tests, `tpu-models
+  benchmark`, `--set trainer.train_steps=100`) do it on purpose.
+  """
+  found = []
+  trainer, schedule = config.trainer, config.trainer.schedule
+  if schedule.warmup_steps > trainer.train_steps:
+    peak = trainer.train_steps / schedule.warmup_steps
+    found.append(
+        f"trainer.schedule.warmup_steps ({schedule.warmup_steps}) exceeds trainer.train_steps "
+        f"({trainer.train_steps}): the learning rate never gets past {peak:.0%} of base_lr "
+        f"{schedule.base_lr}. Lower warmup_steps unless this is a deliberately short run.")
+  if trainer.target_metric and trainer.target_value is None:
+    found.append(f"trainer.target_metric ({trainer.target_metric!r}) has no "
+                 f"trainer.target_value: no time-to-accuracy will be logged.")
+  return found
 
 
 def _type_name(tp) -> str:
@@ -403,9 +480,9 @@ def experiment_from_dict(data: dict, overrides: Iterable[str] = ()) -> Experimen
   renames = [o for o in overrides if o.split("=", 1)[0].strip().split(".")[-1] == "name"]
   rest = [o for o in overrides if o not in renames]
   config = from_dict(ExperimentConfig, apply_overrides(copy.deepcopy(data or {}), renames))
-  if not rest:
-    return config
-  return from_dict(ExperimentConfig, apply_overrides(to_dict(config), rest))
+  if rest:
+    config = from_dict(ExperimentConfig, apply_overrides(to_dict(config), rest))
+  return validate(config)
 
 
 def load_config(path: str, overrides: Iterable[str] = ()) -> ExperimentConfig:

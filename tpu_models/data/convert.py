@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from tpu_models.data import example as example_lib
+from tpu_models.errors import DataError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 LABELS_FILE = "labels.txt"
@@ -33,17 +34,24 @@ def _labels_path(output_prefix: str) -> str:
   return os.path.join(os.path.dirname(output_prefix) or ".", LABELS_FILE)
 
 
+def _check_labels(path: str, class_names: Sequence[str]) -> bool:
+  """Whether labels.txt already lists `class_names`; refuses one that lists others."""
+  if not tf.io.gfile.exists(path):
+    return False
+  with tf.io.gfile.GFile(path) as f:
+    existing = f.read()
+  if existing != "".join(f"{name}\n" for name in class_names):
+    raise ValueError(
+        f"{path} already lists different classes ({len(existing.splitlines())} vs "
+        f"{len(class_names)}); shards written beside it would use other label ids. Write to "
+        f"another directory, or delete {path} if the old shards are gone.")
+  return True
+
+
 def _write_labels(path: str, class_names: Sequence[str]) -> None:
   """Writes labels.txt; refuses to silently renumber the classes of earlier shards."""
   text = "".join(f"{name}\n" for name in class_names)
-  if tf.io.gfile.exists(path):
-    with tf.io.gfile.GFile(path) as f:
-      existing = f.read()
-    if existing != text:
-      raise ValueError(
-          f"{path} already lists different classes ({len(existing.splitlines())} vs "
-          f"{len(class_names)}); shards written beside it would use other label ids. Write to "
-          f"another directory, or delete {path} if the old shards are gone.")
+  if _check_labels(path, class_names):
     return
   tf.io.gfile.makedirs(os.path.dirname(path) or ".")
   with tf.io.gfile.GFile(path, "w") as f:
@@ -144,7 +152,8 @@ def convert_image_folder(input_dir: str,
   """Converts `input_dir/<class>/*.{jpg,jpeg,png}` into sharded TFRecords.
 
   Every image is decoded once to validate it; unreadable ones are reported on
-  stderr (file and reason) and skipped.
+  stderr (file and reason) and skipped. A folder without images, or whose
+  images are all unreadable, is a DataError and leaves no shards behind.
 
   Args:
     input_dir: the image folder, one subdirectory per class.
@@ -163,9 +172,14 @@ def convert_image_folder(input_dir: str,
     "paths", "labels_file"}.
   """
   class_names, files, ignored = _list_image_folder(input_dir)
+  labels_file = _labels_path(output_prefix)
+  _check_labels(labels_file, class_names)
+  if not files:
+    raise DataError(
+        f"{input_dir!r} has class folders ({', '.join(class_names)}) but no images "
+        f"({', '.join('*' + e for e in IMAGE_EXTENSIONS)}) in them: nothing to convert.")
   if shuffle_seed is not None:
     random.Random(shuffle_seed).shuffle(files)
-  labels_file = _labels_path(output_prefix)
   _write_labels(labels_file, class_names)
 
   skipped_files, reencoded = [], 0
@@ -192,6 +206,12 @@ def convert_image_folder(input_dir: str,
   finally:
     bar.close()
 
+  if writer.num_written == 0:
+    for path in writer.paths:  # Empty shards would only fail later, at training time.
+      tf.io.gfile.remove(path)
+    first = f" (e.g. {skipped_files[0][0]}: {skipped_files[0][1]})" if skipped_files else ""
+    raise DataError(f"None of the {len(files)} image(s) in {input_dir!r} could be read{first}; "
+                    f"no shards were written.")
   for name, count in class_counts.items():
     if count == 0:
       print(f"Warning: class {name!r} has no readable images (its label id is kept).",

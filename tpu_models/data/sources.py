@@ -57,13 +57,28 @@ def _fashion_mnist_candidates(path: str = ""):
 def find_fashion_mnist(path: str = "") -> str:
   """The directory holding the four Fashion-MNIST idx `.gz` files.
 
-  Searched in order: `path`, `$TPU_MODELS_DATA/fashion-mnist`,
-  `$TPU_MODELS_DATA`, /usr/share/datasets/fashion-mnist (Debian).
+  An explicit `path` must hold the files (no fallback: a typo must not
+  silently train on another copy). Without one, searched in order:
+  `$TPU_MODELS_DATA/fashion-mnist`, `$TPU_MODELS_DATA`,
+  /usr/share/datasets/fashion-mnist (Debian).
 
   Raises:
-    FileNotFoundError: naming every place searched and how to get the files.
+    FileNotFoundError: naming the path, or every place searched, and how to get the files.
   """
   needed = [name for pair in _FILES.values() for name in pair]
+  if path:  # An explicit path is used or refused, never silently replaced by another copy.
+    missing = [n for n in needed if not os.path.isfile(os.path.join(path, n))]
+    if not missing:
+      return path
+    what = ("does not exist" if not os.path.exists(path) else
+            "is not a directory" if not os.path.isdir(path) else
+            f"lacks {', '.join(missing)}")
+    others = ", ".join(_fashion_mnist_candidates(""))
+    raise FileNotFoundError(
+        f"Fashion-MNIST data.path {path!r} {what}. Point it at the directory holding the four "
+        f"idx .gz files ({', '.join(needed)}), or leave it empty to search {others} (not "
+        f"searched: an explicit path is never replaced by another copy). Get the files with "
+        f"`apt-get install dataset-fashion-mnist` (Debian) or from {FASHION_MNIST_URL}.")
   searched = []
   for directory in _fashion_mnist_candidates(path):
     if all(os.path.isfile(os.path.join(directory, n)) for n in needed):
@@ -173,6 +188,10 @@ def fashion_mnist_source(config: DataConfig, training: bool,
   """
   del training  # The shared reader shuffles and repeats.
   images, labels = load_fashion_mnist(config.split, config.path)
+  if len(labels) == 0:
+    name = _parse_split(config.split)[0]
+    raise DataError(f"Fashion-MNIST split {config.split!r} is empty ({name} has "
+                    f"{FASHION_MNIST_SIZES[name]} examples); check the slice bounds.")
   if input_context is not None and input_context.num_input_pipelines > 1:
     n, i = input_context.num_input_pipelines, input_context.input_pipeline_id
     images, labels = images[i::n], labels[i::n]
