@@ -29,6 +29,7 @@ def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog="tpu-models", description="Train, evaluate, check and export tpu_models experiments.",
       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+  parser.add_argument("--version", action="version", version=_version())
   sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
   p = sub.add_parser("list", help="registered models, tasks and datasets")
@@ -55,6 +56,8 @@ def _parser() -> argparse.ArgumentParser:
   p = sub.add_parser("export", help="write a SavedModel with serving signatures")
   _add_config_args(p, model_dir_required=True)
   p.add_argument("--output", required=True, help="SavedModel directory to write")
+  p.add_argument("--overwrite", action="store_true",
+                 help="replace an existing --output (by default that is refused)")
 
   p = sub.add_parser("sample", help="continue a prompt with a trained language model (or "
                                     "translate it with a translation model)")
@@ -162,6 +165,22 @@ def _add_detection_convert_parsers(conv) -> None:
   c.add_argument("--path", default="", help="directory of the Fashion-MNIST idx .gz files")
 
 
+def _version() -> str:
+  """tpu-models X (Python, TensorFlow and Keras versions), without importing TensorFlow."""
+  import platform
+  from importlib import metadata
+  from tpu_models import __version__
+
+  def installed(name):
+    try:
+      return metadata.version(name)
+    except metadata.PackageNotFoundError:
+      return "not installed"
+
+  return (f"tpu-models {__version__} (Python {platform.python_version()}, TensorFlow "
+          f"{installed('tensorflow')}, Keras {installed('keras')})")
+
+
 def _load(args):
   import importlib
   from tpu_models import config as config_lib
@@ -234,6 +253,9 @@ def main(argv: Optional[List[str]] = None) -> int:
   except USER_ERRORS as e:  # Wrong input: one clear line. Anything else is a bug: a traceback.
     print(f"tpu-models {args.command}: error: {e}", file=sys.stderr)
     return 2
+  except KeyboardInterrupt:  # Ctrl-C outside the training loop (which saves and stops itself).
+    print(f"tpu-models {args.command}: interrupted (Ctrl-C).", file=sys.stderr)
+    return 130
 
 
 def _list(args) -> int:
@@ -247,9 +269,11 @@ def _list(args) -> int:
 
 
 def _config(args) -> int:
-  from tpu_models.config import dump_config
+  from tpu_models.config import config_warnings, dump_config
   config, _ = _load(args)
   print(dump_config(config), end="")
+  for line in config_warnings(config):
+    print(f"tpu-models config: warning: {line}", file=sys.stderr)
   return 0
 
 
@@ -268,9 +292,9 @@ def _train(args) -> int:
       if getattr(config.task, "test_data", None) is not None:
         # The held-out test split, once, after training: never used to pick anything.
         print(f"final test: {_summary(trainer.evaluate_and_report('test'))}", flush=True)
-  except Preempted as e:
+  except Preempted as e:  # SIGTERM (143) or Ctrl-C (130): a checkpoint was saved.
     print(str(e), file=sys.stderr)
-    return 143
+    return e.exit_code
   except NonFiniteLoss as e:
     print(f"tpu-models train: error: {e}", file=sys.stderr)
     return 1
@@ -280,15 +304,17 @@ def _train(args) -> int:
 
 
 def _summary(metrics) -> str:
-  parts = [f"{k} {v:.4f}" for k, v in metrics.items() if k != "examples"]
+  counts = ("skipped_records", "damaged_files")  # on_corrupt=skip's counts: integers.
+  parts = [f"{k} {int(v)}" if k in counts else f"{k} {v:.4f}"
+           for k, v in metrics.items() if k != "examples"]
   return f"{', '.join(parts)} ({int(metrics.get('examples', 0))} examples)"
 
 
 def _evaluate(args) -> int:
-  import tensorflow as tf
+  from tpu_models.training import checkpoints
   from tpu_models.training.trainer import Trainer
   config, model_dir = _load(args)
-  if not args.continuous and not tf.train.latest_checkpoint(model_dir):
+  if not args.continuous and not checkpoints.find_resume(model_dir).path:
     raise FileNotFoundError(f"No checkpoint in {model_dir!r}; train first or pass --continuous.")
   trainer = Trainer(config, model_dir)
   try:
@@ -304,8 +330,7 @@ def _evaluate(args) -> int:
 def _export(args) -> int:
   from tpu_models import export
   config, model_dir = _load(args)
-  export.export_saved_model(config, model_dir, args.output)
-  print(f"SavedModel written to {args.output}")
+  export.export_saved_model(config, model_dir, args.output, overwrite=args.overwrite, say=print)
   return 0
 
 

@@ -141,6 +141,14 @@ class Task:
     """Metrics computed from the averaged ones (e.g. perplexity = exp(loss))."""
     return {}
 
+  def eval_metric_names(self) -> Optional[List[str]]:
+    """The names `evaluate()` reports for this task's config, or None if not known up front.
+
+    Lets the Trainer refuse a misspelt `trainer.target_metric` before training
+    instead of at the first evaluation. The default (None) skips that check.
+    """
+    return None
+
   def data_report(self) -> List[Tuple[str, str]]:
     """(severity "warning"|"error", message) findings about the training data, for `check`.
 

@@ -78,7 +78,8 @@ class ClassificationTask(Task):
     if data.source == "synthetic":
       return self._synthetic(data, training, input_context)
     dataset = pipeline.build_dataset(data, lambda e: self.decode(e, training),
-                                     training=training, input_context=input_context)
+                                     training=training, input_context=input_context,
+                                     validate=self._check_label)
     if training and self.config.mixup_alpha > 0:
       dataset = dataset.map(self._mixup, num_parallel_calls=tf.data.AUTOTUNE)
     return dataset
@@ -96,12 +97,15 @@ class ClassificationTask(Task):
     return tf.cast(mixed, images.dtype), soft
 
   def decode(self, element, training: bool):
-    """One raw element -> (image float32/bfloat16 [size, size, C], label int32 [])."""
+    """One raw element -> (image float32/bfloat16 [size, size, C], label int32 []).
+
+    The label is not range-checked here: `_check_label` runs after the reader's
+    `on_corrupt=skip` stage, so a label out of range is never skipped as corrupt.
+    """
     cfg = self.config
     if isinstance(element, tf.Tensor) and element.dtype == tf.string:
       element = example_lib.parse_image_example(element)
     label = tf.cast(element["label"], tf.int32) + cfg.label_offset
-    label = self._check_label(label)
     if "image/encoded" in element:
       image = self._from_bytes(element["image/encoded"], training)
     else:
@@ -112,13 +116,18 @@ class ClassificationTask(Task):
       image = tf.cast(image, tf.bfloat16)
     return image, label
 
-  def _check_label(self, label: tf.Tensor) -> tf.Tensor:
+  def _check_label(self, image: tf.Tensor, label: tf.Tensor):
+    """A label outside [0, num_classes) is a config error (num_classes, label_offset), always."""
     in_range = tf.logical_and(label >= 0, label < self.num_classes)
-    check = tf.debugging.Assert(in_range, [
-        f"label out of range: expected 0 <= label < num_classes = {self.num_classes} "
-        f"(after task.label_offset = {self.config.label_offset}); got", label], summarize=1)
+    check = pipeline.assert_allowed(
+        in_range, f"label out of range: expected 0 <= label < num_classes = {self.num_classes} "
+                  f"(task.model.num_classes, after task.label_offset = "
+                  f"{self.config.label_offset}); got", label)
     with tf.control_dependencies([check]):
-      return tf.identity(label)
+      return image, tf.identity(label)
+
+  def eval_metric_names(self) -> List[str]:
+    return ["loss", "top1"] + (["top5"] if self.num_classes > 5 else []) + ["examples"]
 
   def _from_bytes(self, image_bytes, training: bool):
     cfg = self.config
@@ -174,14 +183,24 @@ class ClassificationTask(Task):
   # Serving.
 
   def serving_signatures(self, model: keras.Model):
-    """Encoded bytes and uint8 pixels in; logits, probabilities and classes out."""
+    """Encoded bytes and uint8 pixels in; logits, probabilities, classes and valid out.
+
+    One image that cannot be decoded does not fail its batch: its row has
+    `valid` False, logits and probabilities 0 and class -1. An empty batch, or
+    pixels of the wrong rank, channel count or size, is an InvalidArgumentError
+    saying what was expected (a wrong dtype is refused by the signature).
+    """
     cfg = self.config
     image_spec = tf.TensorSpec([cfg.image_size, cfg.image_size, cfg.channels], tf.float32)
+    blank = tf.zeros(image_spec.shape, tf.float32)
 
-    def predict(images):
+    def predict(images, valid):
       logits = tf.cast(model(images, training=False), tf.float32)
-      return {"logits": logits, "probabilities": tf.nn.softmax(logits),
-              "classes": tf.argmax(logits, axis=-1, output_type=tf.int32)}
+      logits = tf.where(valid[:, None], logits, 0.0)
+      return {"logits": logits,
+              "probabilities": tf.where(valid[:, None], tf.nn.softmax(logits), 0.0),
+              "classes": tf.where(valid, tf.argmax(logits, axis=-1, output_type=tf.int32), -1),
+              "valid": valid}
 
     def from_bytes(image_bytes):
       image = self._from_bytes(image_bytes, training=False)
@@ -190,14 +209,39 @@ class ClassificationTask(Task):
     def from_pixels(image):
       return image_lib.normalize(self._from_pixels(image, training=False), cfg.mean, cfg.std)
 
+    def not_empty(batch, name):
+      return tf.debugging.assert_positive(
+          tf.shape(batch)[0], message=f"{name}: the batch is empty (0 images); send at least one")
+
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")])
     def serving_default(image_bytes):
-      return predict(tf.map_fn(from_bytes, image_bytes, fn_output_signature=image_spec))
+      with tf.control_dependencies([not_empty(image_bytes, "serving_default")]):
+        images, valid = tf.map_fn(
+            lambda b: pipeline.try_map(from_bytes, b, blank), image_bytes,
+            fn_output_signature=(image_spec, tf.TensorSpec([], tf.bool)))
+      return predict(images, valid)
 
-    @tf.function(input_signature=[
-        tf.TensorSpec([None, None, None, cfg.channels], tf.uint8, name="images")])
+    # The signature takes any shape: a SavedModel's signature does not check the shape
+    # it declares, and a declared (static) rank would let TensorFlow drop the checks below.
+    @tf.function(input_signature=[tf.TensorSpec(None, tf.uint8, name="images")])
     def serve_images(images):
-      return predict(tf.map_fn(from_pixels, images, fn_output_signature=image_spec))
+      expected = f"serve_images: images must be uint8 [N, H, W, {cfg.channels}]"
+      rank = tf.debugging.assert_equal(tf.rank(images), 4,
+                                       message=f"{expected}; got another rank")
+      with tf.control_dependencies([rank]):
+        shape = tf.shape(images)
+        checks = [
+            not_empty(images, "serve_images"),
+            tf.debugging.assert_equal(shape[3], cfg.channels,
+                                      message=f"{expected}; got another number of channels "
+                                              f"(task.channels is {cfg.channels})"),
+            tf.debugging.assert_positive(shape[1:3],
+                                         message=f"{expected} with height and width >= 1"),
+        ]
+      with tf.control_dependencies(checks):
+        images = tf.identity(images)
+      valid = tf.ones([tf.shape(images)[0]], tf.bool)
+      return predict(tf.map_fn(from_pixels, images, fn_output_signature=image_spec), valid)
 
     return {"serving_default": serving_default.get_concrete_function(),
             "serve_images": serve_images.get_concrete_function()}

@@ -1,16 +1,43 @@
-"""Warm starts: loading model weights by variable path from another run's checkpoint.
+"""Checkpoints that cannot lose work, and warm starts by variable path.
 
-The Trainer saves every model variable twice-reachable: through the model's
-object graph (for resuming) and by its variable path under "weights/" (for warm
-starts into a model that differs, e.g. a new head or a detector's backbone).
+Resuming. `find_resume(model_dir)` lists every checkpoint with a file in the
+model_dir (the `checkpoint` state file, `ckpt-N.index`, `ckpt-N.data-*`, and
+the `ckpt-N_temp/` of a save that was killed), newest first, and reads each
+one in full (every tensor, checksums included) until one is readable. Newer
+checkpoints that are not readable are reported with the reason; when
+training starts, `move_aside` moves their files (never deletes them) into
+`model_dir/unreadable_checkpoints/` and `write_state` points the state file at
+the checkpoint that was restored, so no later save overwrites a checkpoint the
+run did not restore. If checkpoints exist and none is readable, resuming is
+refused: a run never silently starts from scratch over them.
+
+Why a killed save cannot hurt: TensorFlow writes a checkpoint's files under
+`ckpt-N_temp/`, renames them to `ckpt-N.*`, and only then rewrites the
+`checkpoint` state file (`tf.train.CheckpointManager`); older checkpoints are
+deleted (beyond `max_to_keep`) after that. A SIGKILL at any point leaves the
+previous checkpoint intact, and at worst a partial `ckpt-N` that
+`find_resume` skips.
+
+Warm starts. The Trainer saves every model variable twice-reachable: through
+the model's object graph (for resuming) and by its variable path under
+"weights/" (for warm starts into a model that differs, e.g. a new head or a
+detector's backbone).
 """
 
+import dataclasses
+import os
 import re
-from typing import Callable, Dict, List, Optional
+import time
+from typing import Callable, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
-from tpu_models.errors import ConfigError
+from tpu_models.errors import ConfigError, DataError
+
+CHECKPOINT_NAME = "ckpt"  # tf.train.CheckpointManager's default prefix: ckpt-<step>.
+UNREADABLE_DIR = "unreadable_checkpoints"
+STATE_FILE = "checkpoint"
+_FILE_RE = re.compile(rf"^{CHECKPOINT_NAME}-(\d+)(\.index|\.data-\d+-of-\d+|_temp)$")
 
 WEIGHTS_PREFIX = "weights/"
 _VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
@@ -22,13 +49,216 @@ def weights_checkpoint(variables) -> tf.train.Checkpoint:
 
 
 def resolve(path: str) -> str:
-  """A checkpoint prefix from a prefix or a directory (its latest checkpoint)."""
+  """A checkpoint prefix from a prefix or a directory (its newest readable checkpoint)."""
   if tf.io.gfile.isdir(path):
-    found = tf.train.latest_checkpoint(path)
+    found = find_resume(path).path
     if not found:
       raise FileNotFoundError(f"trainer.init_checkpoint: no checkpoint in directory {path!r}.")
     return found
   return path
+
+
+# ----------------------------------------------------------------------------
+# Resuming.
+
+
+@dataclasses.dataclass
+class Resume:
+  """What `find_resume` found in a model_dir.
+
+  Attributes:
+    path: the newest readable checkpoint's prefix (".../ckpt-20"), or None.
+    step: its number (the training step it was saved at), 0 without one.
+    unreadable: (prefix, reason) of every newer checkpoint that could not be
+      read, newest first.
+    partial: prefixes of killed saves that left only a `ckpt-N_temp/` directory.
+  """
+  path: Optional[str] = None
+  step: int = 0
+  unreadable: List[Tuple[str, str]] = dataclasses.field(default_factory=list)
+  partial: List[str] = dataclasses.field(default_factory=list)
+
+  def report(self) -> List[str]:
+    """One line per skipped checkpoint, for the log."""
+    lines = [f"Checkpoint {path} is unreadable ({reason}); skipped."
+             for path, reason in self.unreadable]
+    lines += [f"{path}_temp/ holds a save that never finished (the process was killed while "
+              f"writing it); skipped." for path in self.partial]
+    if lines and self.path:
+      lines.append(f"Using the newest readable checkpoint, {self.path} (step {self.step}).")
+    return lines
+
+
+def list_checkpoints(model_dir: str) -> List[Tuple[int, str, List[str]]]:
+  """(number, prefix, file names) of every checkpoint with a file in `model_dir`, newest first.
+
+  Found from the files themselves (`ckpt-N.index`, `ckpt-N.data-*`,
+  `ckpt-N_temp/`) and from the state file, so a checkpoint whose index was
+  deleted, or one written by a run killed before it updated the state file,
+  is still seen.
+  """
+  found: Dict[int, List[str]] = {}
+  if not tf.io.gfile.isdir(model_dir):
+    return []
+  for name in tf.io.gfile.listdir(model_dir):
+    match = _FILE_RE.match(name.rstrip("/"))
+    if match:
+      found.setdefault(int(match.group(1)), []).append(name.rstrip("/"))
+  for path in _state_paths(model_dir):
+    match = re.match(rf"^{CHECKPOINT_NAME}-(\d+)$", os.path.basename(path))
+    if match:
+      found.setdefault(int(match.group(1)), [])
+  return [(n, os.path.join(model_dir, f"{CHECKPOINT_NAME}-{n}"), sorted(found[n]))
+          for n in sorted(found, reverse=True)]
+
+
+def unreadable_reason(prefix: str) -> Optional[str]:
+  """None if every tensor of the checkpoint at `prefix` reads back (checksums verified); else why."""
+  if not tf.io.gfile.exists(prefix + ".index"):
+    data = tf.io.gfile.glob(prefix + ".data-*")
+    return (f"{os.path.basename(prefix)}.index is missing" +
+            (f" (its data file {os.path.basename(data[0])} is there)" if data else
+             " and so are its data files"))
+  try:
+    reader = tf.train.load_checkpoint(prefix)
+    for key in reader.get_variable_to_shape_map():
+      reader.get_tensor(key)
+  except (tf.errors.OpError, IndexError, ValueError, RuntimeError) as e:
+    return _one_line(getattr(e, "message", None) or str(e) or type(e).__name__)
+  return None
+
+
+def find_resume(model_dir: str) -> Resume:
+  """The newest readable checkpoint in `model_dir` and the newer ones that are not; read-only.
+
+  Raises:
+    DataError: checkpoints exist but none is readable (resuming would start
+      from scratch over them); names each one and why.
+  """
+  result = Resume()
+  checkpoints = list_checkpoints(model_dir)
+  for number, prefix, files in checkpoints:
+    if files and all(f.endswith("_temp") for f in files):
+      result.partial.append(prefix)
+      continue
+    reason = unreadable_reason(prefix)
+    if reason is None:
+      result.path, result.step = prefix, number
+      return result
+    result.unreadable.append((prefix, reason))
+  if result.unreadable:
+    listed = "; ".join(f"{p}: {r}" for p, r in result.unreadable)
+    raise DataError(
+        f"{model_dir} holds checkpoints but none is readable ({listed}). Not starting from "
+        f"scratch over them: restore the files, or move them away (or use another "
+        f"--model-dir) to start a new run.")
+  return result
+
+
+def move_aside(model_dir: str, prefixes: List[str], say: Callable[[str], None] = print,
+               reasons: Optional[Dict[str, str]] = None) -> Optional[str]:
+  """Moves every file of each checkpoint prefix into `model_dir/unreadable_checkpoints/`.
+
+  Nothing is deleted: a name already taken there gets a ".1", ".2", ... suffix,
+  and REASONS.txt there says when and why each was moved. Returns the
+  directory, or None when there was nothing to move.
+  """
+  aside = os.path.join(model_dir, UNREADABLE_DIR)
+  moved_any = False
+  for prefix in prefixes:
+    number = prefix.rsplit("-", 1)[1]
+    files = [f for f in (f.rstrip("/") for f in tf.io.gfile.listdir(model_dir))
+             if _FILE_RE.match(f) and _FILE_RE.match(f).group(1) == number]
+    if not files:
+      continue
+    tf.io.gfile.makedirs(aside)
+    moved = []
+    for f in files:
+      target = os.path.join(aside, f)
+      suffix = 0
+      while tf.io.gfile.exists(target):
+        suffix += 1
+        target = os.path.join(aside, f"{f}.{suffix}")
+      tf.io.gfile.rename(os.path.join(model_dir, f), target)
+      moved.append(os.path.basename(target))
+    moved_any = True
+    reason = (reasons or {}).get(prefix, "")
+    with tf.io.gfile.GFile(os.path.join(aside, "REASONS.txt"), "a") as log:
+      log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {', '.join(moved)}: {reason}\n")
+    say(f"Moved {', '.join(files)} to {aside}/ (kept, not deleted).")
+  return aside if moved_any else None
+
+
+def write_state(model_dir: str, latest: Optional[str]) -> None:
+  """Points the `checkpoint` state file at `latest`, listing the checkpoints up to it.
+
+  The state file is what `tf.train.latest_checkpoint` and the
+  CheckpointManager read; this drops entries for checkpoints that were moved
+  aside, adds a complete one a killed run never recorded, and replaces a
+  damaged state file (TensorFlow ignores one it cannot parse). Written atomically (a temporary file renamed over it);
+  nothing is written when it already names `latest`.
+  """
+  path = os.path.join(model_dir, STATE_FILE)
+  if latest is None:
+    return
+  if state_latest(model_dir) == latest:
+    return
+  latest_number = int(latest.rsplit("-", 1)[1])
+  old = _state_timestamps(model_dir)
+  kept = [(n, p) for n, p, files in list_checkpoints(model_dir)
+          if n <= latest_number and f"{os.path.basename(p)}.index" in files]
+  kept.sort()
+  now = time.time()
+  lines = [f'model_checkpoint_path: "{os.path.basename(latest)}"']
+  lines += [f'all_model_checkpoint_paths: "{os.path.basename(p)}"' for _, p in kept]
+  stamps = [old.get(os.path.basename(p)) or _mtime(p + ".index", now) for _, p in kept]
+  lines += [f"all_model_checkpoint_timestamps: {t!r}" for t in stamps]
+  lines.append(f"last_preserved_timestamp: {min(stamps + [now]) - 1.0!r}")
+  tmp = path + f".tmp{os.getpid()}"
+  with tf.io.gfile.GFile(tmp, "w") as f:
+    f.write("\n".join(lines) + "\n")
+  tf.io.gfile.rename(tmp, path, overwrite=True)
+
+
+def state_latest(model_dir: str) -> Optional[str]:
+  """The checkpoint the state file names, or None (no state file, or one that cannot be parsed)."""
+  try:
+    return tf.train.latest_checkpoint(model_dir)
+  except Exception:  # pylint: disable=broad-except  A damaged state file (text proto).
+    return None
+
+
+def _state_paths(model_dir: str) -> List[str]:
+  try:
+    state = tf.train.get_checkpoint_state(model_dir)
+  except Exception:  # pylint: disable=broad-except  A damaged state file lists nothing.
+    return []
+  if state is None:
+    return []
+  return list(state.all_model_checkpoint_paths) + [state.model_checkpoint_path]
+
+
+def _state_timestamps(model_dir: str) -> Dict[str, float]:
+  try:
+    state = tf.train.get_checkpoint_state(model_dir)
+  except Exception:  # pylint: disable=broad-except
+    return {}
+  if state is None:
+    return {}
+  return {os.path.basename(p): t for p, t in zip(state.all_model_checkpoint_paths,
+                                                  state.all_model_checkpoint_timestamps)}
+
+
+def _mtime(path: str, default: float) -> float:
+  try:
+    return tf.io.gfile.stat(path).mtime_nsec / 1e9
+  except tf.errors.OpError:
+    return default
+
+
+def _one_line(text: str) -> str:
+  text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", text)
+  return " ".join(text.split()).split(" [Op:")[0]
 
 
 def warm_start(model, path: str, mapping: Optional[Dict[str, str]] = None,

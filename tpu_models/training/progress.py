@@ -2,6 +2,11 @@
 
 On a terminal the progress line is redrawn in place; when stdout is a file or
 a pipe (CI, a cluster log) every update is a plain line of its own.
+
+metrics.jsonl is one history: when a run resumes from the checkpoint of step N
+(or rolls back to it after a NaN), rows past N move to metrics.rewound.jsonl
+(`Reporter.rewind`) and a {"split": "resume", "step": N, ...} row marks the
+restart. TensorBoard event files are append-only and are not rewound.
 """
 
 import json
@@ -11,6 +16,11 @@ import time
 from typing import Dict, Optional
 
 import tensorflow as tf
+
+
+METRICS_FILE = "metrics.jsonl"
+REWOUND_FILE = "metrics.rewound.jsonl"  # Rows past a restored checkpoint (see Reporter.rewind).
+_COUNTS = ("examples", "skipped_records", "damaged_files")  # Printed as integers.
 
 
 def _fmt_duration(seconds: float) -> str:
@@ -42,10 +52,12 @@ class Reporter:
     self._line_open = False
     if chief:
       tf.io.gfile.makedirs(model_dir)
-      self._jsonl = tf.io.gfile.GFile(os.path.join(model_dir, "metrics.jsonl"), "a")
+      self._jsonl = tf.io.gfile.GFile(os.path.join(model_dir, METRICS_FILE), "a")
 
   def train_progress(self, step: int, metrics: Dict[str, float], lr: float,
-                     examples_per_sec: float, seconds_per_step: float) -> None:
+                     examples_per_sec: float, seconds_per_step: float,
+                     counts: Optional[Dict[str, int]] = None) -> None:
+    """The progress line and a "train" row; `counts` are integers such as skipped records."""
     eta = (self.total_steps - step) * seconds_per_step
     width = len(str(self.total_steps))
     parts = [f"step {step:>{width}}/{self.total_steps}"]
@@ -54,20 +66,57 @@ class Reporter:
       parts[0] = f"[{'#' * done}{'.' * (20 - done)}] " + parts[0]
     parts += [f"{k} {_fmt_value(v)}" for k, v in metrics.items()]
     parts += [f"lr {_fmt_value(lr)}", f"{examples_per_sec:,.1f} ex/s", f"ETA {_fmt_duration(eta)}"]
+    parts += [f"{k} {int(v)}" for k, v in (counts or {}).items()]
     self._print(" | ".join(parts), transient=self.tty)
     self.record("train", step, dict(metrics, learning_rate=lr,
                                     examples_per_second=examples_per_sec,
-                                    seconds_per_step=seconds_per_step))
+                                    seconds_per_step=seconds_per_step, **(counts or {})))
 
   def eval_result(self, step: int, metrics: Dict[str, float], seconds: float,
                   split: str = "eval") -> None:
-    text = ", ".join(f"{k} {int(v)}" if k == "examples" else f"{k} {_fmt_value(v)}"
+    text = ", ".join(f"{k} {int(v)}" if k in _COUNTS else f"{k} {_fmt_value(v)}"
                      for k, v in metrics.items())
     self._print(f"{split} at step {step}: {text} ({seconds:.1f}s)")
     self.record(split, step, metrics)
 
   def message(self, text: str) -> None:
     self._print(text)
+
+  def rewind(self, step: int) -> int:
+    """Makes metrics.jsonl end at `step`: rows of later steps move to metrics.rewound.jsonl.
+
+    Called when a run resumes from (or rolls back to) the checkpoint of `step`:
+    rows past it describe training whose weights were lost, and the resumed
+    run writes those steps again. The moved rows are kept, in order, not
+    deleted. Returns how many rows moved (0 off the chief).
+    """
+    if not self.chief:
+      return 0
+    path = os.path.join(self._model_dir, METRICS_FILE)
+    self._jsonl.flush()
+    if not tf.io.gfile.exists(path):
+      return 0
+    self._jsonl.close()
+    try:
+      with tf.io.gfile.GFile(path) as f:
+        lines = [line for line in f.read().splitlines() if line.strip()]
+      kept, moved = [], []
+      for line in lines:
+        try:
+          row_step = json.loads(line).get("step")
+        except ValueError:  # A line cut short by a kill: not a row of either history.
+          row_step = None
+        (moved if isinstance(row_step, (int, float)) and row_step > step else kept).append(line)
+      if moved:
+        with tf.io.gfile.GFile(os.path.join(self._model_dir, REWOUND_FILE), "a") as f:
+          f.write("".join(line + "\n" for line in moved))
+        tmp = path + f".tmp{os.getpid()}"
+        with tf.io.gfile.GFile(tmp, "w") as f:
+          f.write("".join(line + "\n" for line in kept))
+        tf.io.gfile.rename(tmp, path, overwrite=True)
+    finally:
+      self._jsonl = tf.io.gfile.GFile(path, "a")
+    return len(moved)
 
   def record(self, split: str, step: int, metrics: Dict[str, float], **extra) -> None:
     """One JSON line (and TensorBoard scalars) for `metrics` at `step`."""
@@ -112,7 +161,7 @@ class Reporter:
 
 def read_metrics(model_dir: str, split: Optional[str] = None):
   """The rows of model_dir/metrics.jsonl, optionally only one split."""
-  path = os.path.join(model_dir, "metrics.jsonl")
+  path = os.path.join(model_dir, METRICS_FILE)
   if not tf.io.gfile.exists(path):
     return []
   with tf.io.gfile.GFile(path) as f:

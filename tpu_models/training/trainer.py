@@ -10,12 +10,20 @@ loss scaling) is `training/steps.py`, shared with `check` and `benchmark`.
     trainer = Trainer(config, model_dir="/tmp/run")
     trainer.train_and_evaluate()   # or train(), evaluate(), continuous_evaluate()
 
-A run restarted in the same model_dir resumes from its latest checkpoint
-(model, optimizer, step, training time); SIGTERM saves a checkpoint and raises
-`Preempted`; a non-finite loss raises `NonFiniteLoss` naming the step, or rolls
-back to the last checkpoint when `trainer.nan_policy: restore`. Under float16 a
-loss-scale overflow skips its step (counted in the log); only a run of them
-stops training.
+A run restarted in the same model_dir resumes from its newest READABLE
+checkpoint (model, optimizer, step, training time): newer ones that cannot be
+read are reported and, once training starts, moved aside into
+`unreadable_checkpoints/` (never deleted; see training/checkpoints.py), and
+metrics.jsonl is rewound to the restored step (rows past it move to
+metrics.rewound.jsonl), so it stays one consistent history. SIGTERM and SIGINT
+(Ctrl-C) save a checkpoint at the current step and raise `Preempted`; a second
+Ctrl-C ends the process at once. A non-finite loss raises `NonFiniteLoss`
+naming the step, or rolls back to the last checkpoint when
+`trainer.nan_policy: restore`. Under float16 a loss-scale overflow skips its
+step (counted in the log); only a run of them stops training. Failures inside
+an input pipeline become a `DataError` naming the data config (see
+`pipeline.describe_input_error`); with `on_corrupt: skip` the skipped records
+are counted per split in the log and metrics.jsonl.
 """
 
 import contextlib
@@ -23,6 +31,7 @@ import math
 import os
 import shutil
 import signal
+import sys
 import threading
 import time
 from typing import Any, Dict, Optional
@@ -33,7 +42,9 @@ import tensorflow as tf
 import yaml
 
 from tpu_models import distribute
-from tpu_models.config import DataConfig, ExperimentConfig, dump_config, to_dict
+from tpu_models.config import (DataConfig, ExperimentConfig, config_warnings, dump_config,
+                               to_dict, validate)
+from tpu_models.data import pipeline
 from tpu_models.errors import ConfigError, DataError
 from tpu_models.tasks.base import Task, create_task
 from tpu_models.training import checkpoints
@@ -51,13 +62,19 @@ class NonFiniteLoss(FloatingPointError):
 
 
 class Preempted(RuntimeError):
-  """SIGTERM arrived; a checkpoint at `step` was saved before stopping."""
+  """SIGTERM or SIGINT (Ctrl-C) arrived; a checkpoint at `step` was saved before stopping.
 
-  def __init__(self, step: int, path: str):
-    super().__init__(f"Stopped by SIGTERM at step {step}; checkpoint saved to {path}. "
+  `exit_code` is the shell's convention for the signal: 143 (SIGTERM), 130 (SIGINT).
+  """
+
+  def __init__(self, step: int, path: str, signal_name: str = "SIGTERM"):
+    how = "Interrupted (Ctrl-C)" if signal_name == "SIGINT" else f"Stopped by {signal_name}"
+    super().__init__(f"{how} at step {step}; checkpoint saved to {path}. "
                      f"Run the same command again to resume.")
     self.step = step
     self.path = path
+    self.signal_name = signal_name
+    self.exit_code = 128 + int(getattr(signal, signal_name, signal.SIGTERM))
 
 
 def _lower_is_better(metric: str) -> bool:
@@ -80,7 +97,8 @@ class Trainer:
   def __init__(self, config: ExperimentConfig, model_dir: str, *, task: Optional[Task] = None,
                strategy: Optional[tf.distribute.Strategy] = None, stream=None,
                synthetic_inputs: bool = False, allow_model_change: bool = False):
-    self.config = config
+    self.config = validate(config)
+    self._config_warnings = config_warnings(config)
     self.model_dir = model_dir
     trainer_cfg, runtime = config.trainer, config.runtime
     self.strategy = strategy or distribute.get_strategy(runtime.strategy)
@@ -90,7 +108,9 @@ class Trainer:
                         else self.device == "tpu")
     self._stream = stream
     self._synthetic_inputs = synthetic_inputs
-    latest = tf.train.latest_checkpoint(model_dir)
+    # The newest readable checkpoint; newer unreadable ones are moved aside when training starts.
+    self._resume = checkpoints.find_resume(model_dir)
+    latest = self._resume.path
     if latest and not allow_model_change:
       self._check_same_model(latest)
     if runtime.seed is not None:
@@ -98,6 +118,7 @@ class Trainer:
       # input pipeline does not replay the batches it already trained on.
       keras.utils.set_random_seed(runtime.seed + (checkpoints.saved_step(latest) if latest else 0))
     self.task = task or create_task(config.task)
+    self._check_target_metric()
 
     with self.strategy.scope():
       with precision.precision_policy(runtime.mixed_precision):
@@ -128,9 +149,12 @@ class Trainer:
         **state, weights=checkpoints.weights_checkpoint(self.model.variables))
     self._checkpoint_dir = model_dir if self.chief else os.path.join(
         model_dir, f".worker{distribute.worker_id(self.strategy)}_tmp")
-    self.manager = tf.train.CheckpointManager(
-        self.checkpoint, self._checkpoint_dir, max_to_keep=trainer_cfg.max_checkpoints,
-        step_counter=self.step)
+    # Created when training starts, after the model_dir is put in order (it reads the
+    # state file), so evaluating or exporting a model_dir never changes it.
+    self.manager: Optional[tf.train.CheckpointManager] = None
+    self._model_dir_ready = False
+    self._saved_steps = set()  # Checkpoints this Trainer restored or wrote.
+    self._last_saved = (-1, "")  # (step, path) of this Trainer's last save.
 
     self._train_loop_fn = None
     self._eval_step_fn = None
@@ -140,7 +164,9 @@ class Trainer:
     self._run_start = None
     self._elapsed_at_start = 0.0
     self._target_reached = False
-    self._sigterm = threading.Event()
+    self._sigterm = threading.Event()  # Set by SIGTERM or SIGINT: save and stop.
+    self._stop_signal = "SIGTERM"
+    self._skip_reports: Dict[str, pipeline.SkipReport] = {}
     self._restore_or_warm_start(latest)
 
   def describe(self) -> str:
@@ -174,25 +200,91 @@ class Trainer:
             f"this config has task.{key} = {ours[key]}. Use another --model-dir, or pass "
             f"--allow-model-change (Trainer(allow_model_change=True)) to resume it anyway.")
 
+  def _check_target_metric(self) -> None:
+    """A `trainer.target_metric` the task does not report is an error now, not at the first eval."""
+    target = self.config.trainer.target_metric
+    names = self.task.eval_metric_names()
+    if target and names is not None and target not in names:
+      import difflib
+      close = difflib.get_close_matches(target, names, n=1)
+      hint = f" Did you mean {close[0]!r}?" if close else ""
+      raise ConfigError(f"Config key 'trainer.target_metric' is {target!r}, which task "
+                        f"{self.config.task.name!r} does not report.{hint} Its eval metrics: "
+                        f"{', '.join(names)}.")
+
   def _restore_or_warm_start(self, latest: Optional[str]) -> None:
+    for line in self._config_warnings:
+      self._say(f"Warning: {line}")
+    for line in self._resume.report():
+      self._say(line)
+    if self._resume.unreadable or self._resume.partial:
+      self._say(f"Skipped checkpoint files are moved to "
+                f"{os.path.join(self.model_dir, checkpoints.UNREADABLE_DIR)}/ when training "
+                f"starts (never deleted).")
     if latest:
-      self._restore_target.restore(latest).assert_existing_objects_matched()
+      try:
+        self._restore_target.restore(latest).assert_existing_objects_matched()
+      except (AssertionError, ValueError) as e:
+        raise ConfigError(
+            f"Checkpoint {latest} does not match this model: "
+            f"{pipeline.error_summary(str(e)).splitlines()[0][:300]}. It was written by another "
+            f"model or config; use another --model-dir.") from None
+      self._saved_steps.add(self._resume.step)
       self._elapsed_at_start = float(self.elapsed_seconds.numpy())
       self._say(f"Resumed from {latest} at step {self.current_step}.")
     elif self.config.trainer.init_checkpoint:
       self.warm_start(self.config.trainer.init_checkpoint,
                       self.config.trainer.init_checkpoint_map)
 
+  def _prepare_model_dir(self) -> None:
+    """Before the first save of a training run: put the model_dir in order (chief only).
+
+    Unreadable checkpoints newer than the restored one and the leftovers of killed
+    saves are moved aside, the state file points at the restored checkpoint, and
+    metrics.jsonl is rewound to the restored step.
+    """
+    if self._model_dir_ready:
+      return
+    self._model_dir_ready = True
+    if self.chief:
+      reasons = dict(self._resume.unreadable)
+      reasons.update({p: "a save that never finished" for p in self._resume.partial})
+      checkpoints.move_aside(self.model_dir, list(reasons), say=self._say, reasons=reasons)
+      checkpoints.write_state(self.model_dir, self._resume.path)
+      rewound = self._open_reporter(self.config.trainer.train_steps).rewind(self.current_step)
+      if rewound:
+        self._say(f"metrics.jsonl: {rewound} row(s) past step {self.current_step} (from work "
+                  f"that was not checkpointed) moved to metrics.rewound.jsonl.")
+      if self._resume.path:
+        self._reporter.record("resume", self.current_step, {},
+                              checkpoint=os.path.basename(self._resume.path),
+                              rewound_rows=rewound)
+    self.manager = tf.train.CheckpointManager(
+        self.checkpoint, self._checkpoint_dir, max_to_keep=self.config.trainer.max_checkpoints,
+        step_counter=self.step)
+
   def warm_start(self, path: str, mapping: Optional[Dict[str, str]] = None) -> Dict[str, list]:
     """Loads model weights by variable path from another run; see `checkpoints.warm_start`."""
     return checkpoints.warm_start(self.model, path, mapping, say=self._say)
 
   def save_checkpoint(self) -> str:
+    """Saves model, optimizer and step as `ckpt-<step>`; returns its path."""
+    self._prepare_model_dir()
+    step = self.current_step
+    prefix = os.path.join(self.model_dir, f"{checkpoints.CHECKPOINT_NAME}-{step}")
+    if self.chief and step not in self._saved_steps and tf.io.gfile.glob(prefix + ".*"):
+      # Never overwrite a checkpoint this run did not restore or write (e.g. another
+      # run's in the same model_dir): keep it aside.
+      checkpoints.move_aside(self.model_dir, [prefix], say=self._say,
+                             reasons={prefix: "it would have been overwritten by a run that "
+                                              "did not restore it"})
+    self._saved_steps.add(step)
     self.elapsed_seconds.assign(self._elapsed())
     path = self.manager.save(checkpoint_number=self.step)
     if not self.chief:  # Other workers write only because saving is collective.
       shutil.rmtree(self._checkpoint_dir, ignore_errors=True)
       path = tf.train.latest_checkpoint(self.model_dir) or path
+    self._last_saved = (step, path)
     return path
 
   def _elapsed(self) -> float:
@@ -206,7 +298,10 @@ class Trainer:
   def _inputs(self, split: str):
     """The distributed dataset of `split`, one input pipeline per host."""
     build = self.task.synthetic_inputs if self._synthetic_inputs else self.task.build_inputs
-    return self.strategy.distribute_datasets_from_function(lambda ctx: build(split, ctx))
+    with pipeline.collect_skips() as report:  # This host's count of on_corrupt=skip drops.
+      dataset = self.strategy.distribute_datasets_from_function(lambda ctx: build(split, ctx))
+    self._skip_reports[split] = report
+    return dataset
 
   def _iterate(self, dataset):
     """`iter(dataset)` for a distributed dataset, then undoes TF 2.21's malloc pin.
@@ -219,17 +314,22 @@ class Trainer:
       host_memory.restore_malloc_thresholds()
     return iterator
 
-  def _explain_input_error(self, error: tf.errors.InvalidArgumentError, split: str) -> Exception:
-    """A failure inside the input pipeline becomes a DataError naming the data config."""
-    if "IteratorGetNext" not in error.message:
-      return error  # Raised by the model or the loss: a bug, keep the traceback.
+  def _explain_input_error(self, error: tf.errors.OpError, split: str) -> Exception:
+    """A failure inside the input pipeline becomes a DataError naming the data config.
+
+    Errors raised by the model or the loss are bugs and keep their traceback.
+    """
+    if not isinstance(error, _INPUT_ERRORS) or "IteratorGetNext" not in error.message:
+      return error
     data = getattr(self.config.task, f"{split}_data", None)
-    where = (f" (task.{split}_data: source {data.source!r}, path {data.path!r})"
-             if isinstance(data, DataConfig) else "")
-    first = _error_summary(error.message)
-    hint = (f" Fix or remove the record, or set task.{split}_data.on_corrupt=skip to skip "
-            f"unreadable records (each skip is logged)." if isinstance(data, DataConfig) else "")
-    return DataError(f"Reading the {split} input failed{where}: {first}{hint}")
+    return DataError(pipeline.describe_input_error(
+        error, data if isinstance(data, DataConfig) else None, f"task.{split}_data",
+        self._skip_reports.get(split)))
+
+  def _skip_counts(self, split: str) -> Dict[str, int]:
+    """What `on_corrupt=skip` dropped from `split` so far ({} when it is not skipping)."""
+    report = self._skip_reports.get(split)
+    return report.counts() if report is not None and report.enabled else {}
 
   # --------------------------------------------------------------------------
   # The host loop.
@@ -287,6 +387,7 @@ class Trainer:
     cfg = self.config.trainer
     if self.chief:  # What this model_dir was trained with (evaluate/export leave it alone).
       dump_config(self.config, os.path.join(self.model_dir, "config.yaml"))
+    self._prepare_model_dir()
     reporter = self._open_reporter(target_step)
     if self._train_loop_fn is None:
       self._train_loop_fn = self._build_train_loop()
@@ -300,14 +401,14 @@ class Trainer:
       self.save_checkpoint()  # Something to roll back to.
     self._run_start = time.time()
     self._elapsed_at_start = float(self.elapsed_seconds.numpy())
-    with self._catch_sigterm():
+    with self._catch_stop_signals():
       while self.current_step < target_step:
         step = self.current_step
         num_steps = self._steps_to_boundary(step, target_step, evaluate_every)
         start = time.time()
         try:
           totals, bad_step = self._train_loop_fn(self._train_iterator, tf.constant(num_steps))
-        except tf.errors.InvalidArgumentError as e:
+        except _INPUT_ERRORS as e:
           raise self._explain_input_error(e, "train") from None
         bad_step = int(bad_step.numpy())
         seconds = time.time() - start
@@ -319,22 +420,32 @@ class Trainer:
         examples = float(totals["examples"][0])
         last_metrics = self._train_metrics(totals, num_steps)
         lr = float(self.schedule(self.optimizer.iterations))
-        reporter.train_progress(step, last_metrics, lr, examples / seconds, seconds / num_steps)
+        reporter.train_progress(step, last_metrics, lr, examples / seconds, seconds / num_steps,
+                                counts=self._skip_counts("train"))
         if step % cfg.checkpoint_every == 0 or step >= target_step:
           self.save_checkpoint()
-        if self._sigterm.is_set():
-          path = self.save_checkpoint()
-          reporter.message(f"SIGTERM: checkpoint saved at step {step}.")
-          raise Preempted(step, path)
+        self._stop_if_signalled(reporter)
         if evaluate_every and step % evaluate_every == 0:
           evaluated_at = step
           if self._evaluate_and_report() and cfg.stop_at_target:
             self.save_checkpoint()
             break
+          self._stop_if_signalled(reporter)
     if final_eval and evaluated_at != self.current_step:
       self._evaluate_and_report()
     self.elapsed_seconds.assign(self._elapsed())
     return last_metrics
+
+  def _stop_if_signalled(self, reporter: Reporter) -> None:
+    """After SIGTERM/SIGINT: save at the current step (unless just saved) and raise Preempted."""
+    if not self._sigterm.is_set():
+      return
+    step = self.current_step
+    saved_step, path = self._last_saved
+    if saved_step != step:
+      path = self.save_checkpoint()
+    reporter.message(f"{self._stop_signal}: checkpoint saved at step {step}.")
+    raise Preempted(step, path, self._stop_signal)
 
   def _train_metrics(self, totals, num_steps: int) -> Dict[str, float]:
     """Means over the loop; under float16 the overflow-skipped steps instead of a flag."""
@@ -371,6 +482,7 @@ class Trainer:
       self._overflows_in_a_row.assign(0)
       self._say(f"{where} Restored {latest} (step {self.current_step}) and continuing "
                 f"with the next batches ({restores}/{cfg.max_nan_restores} restores).")
+      self._reporter.rewind(self.current_step)  # The rolled-back steps' rows.
       self._reporter.record("train", bad_step, {}, event="non_finite_restored")
       return
     hint = (f"The last good checkpoint is {latest}." if latest else "No checkpoint was saved yet.")
@@ -382,16 +494,81 @@ class Trainer:
                         f"float16 without loss scaling, or bad input values.")
 
   @contextlib.contextmanager
-  def _catch_sigterm(self):
+  def _catch_stop_signals(self):
+    """While training: SIGTERM or SIGINT asks for a checkpoint at the current step, then a stop.
+
+    Python runs signal handlers only between bytecodes, i.e. after the compiled
+    loop of steps returns; a watcher thread woken through `signal.set_wakeup_fd`
+    reacts at once instead: it says what will happen, and on a SECOND Ctrl-C
+    ends the process immediately (exit 130) without saving.
+    """
     if threading.current_thread() is not threading.main_thread():
       yield
       return
-    previous = signal.getsignal(signal.SIGTERM)
-    signal.signal(signal.SIGTERM, lambda signum, frame: self._sigterm.set())
+    names = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT"}
+    previous = {signum: signal.getsignal(signum) for signum in names}
+    interrupts = []
+
+    def on_signal(signum):
+      if signum not in names:
+        return
+      if signum == signal.SIGINT:
+        interrupts.append(signum)
+      if len(interrupts) >= 2:
+        latest = tf.train.latest_checkpoint(self.model_dir)
+        self._notice(f"Second interrupt: stopping now without saving (the last checkpoint is "
+                     f"{latest or 'none'}).")
+        os._exit(130)  # pylint: disable=protected-access  At once: the main thread may be in C++.
+      if not self._sigterm.is_set():
+        self._stop_signal = names[signum]
+        self._sigterm.set()
+        extra = " (press Ctrl-C again to stop at once without saving)" if interrupts else ""
+        self._notice(f"{names[signum]}: saving a checkpoint after the current loop of steps, "
+                     f"then stopping{extra}.")
+
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+
+    def watch():
+      while True:
+        try:
+          data = os.read(read_fd, 64)
+        except OSError:
+          return
+        if not data or 0 in data:  # Closed, or our stop byte.
+          return
+        for signum in data:
+          on_signal(signum)
+
+    try:
+      previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    except ValueError:  # Not usable here: handle signals in the main thread only.
+      previous_fd, watcher = None, None
+    else:
+      watcher = threading.Thread(target=watch, name="stop-signals", daemon=True)
+      watcher.start()
+    for signum in names:
+      # With the watcher, the Python-level handler only keeps SIGINT from raising
+      # KeyboardInterrupt; without it, it does the work (after the loop returns).
+      signal.signal(signum, (lambda s, f: None) if watcher else (lambda s, f: on_signal(s)))
     try:
       yield
     finally:
-      signal.signal(signal.SIGTERM, previous)
+      for signum, handler in previous.items():
+        signal.signal(signum, handler)
+      if watcher is not None:
+        signal.set_wakeup_fd(previous_fd)
+        os.write(write_fd, b"\0")
+        watcher.join(timeout=5)
+      os.close(write_fd)
+      os.close(read_fd)
+
+  def _notice(self, text: str) -> None:
+    """A line on stderr from any thread (signal notices)."""
+    if self.chief:
+      sys.stdout.flush()
+      sys.stderr.write(text + "\n")
+      sys.stderr.flush()
 
   # --------------------------------------------------------------------------
   # Evaluation.
@@ -425,11 +602,12 @@ class Trainer:
       self._eval_step_fn = self._build_eval_step()
     iterator = self._iterate(self._eval_datasets[split])
     totals, state, steps = None, None, 0
+    skipped_before = self._skip_counts(split)
     max_steps = self.config.trainer.eval_steps
     while max_steps is None or steps < max_steps:
       try:
         sums, host = self._eval_step_fn(iterator)
-      except tf.errors.InvalidArgumentError as e:
+      except _INPUT_ERRORS as e:
         raise self._explain_input_error(e, split) from None
       if float(sums["examples"][0]) == 0:
         break
@@ -439,11 +617,18 @@ class Trainer:
       if host is not None:
         state = self.task.aggregate(state, _real_examples(host))
     if totals is None:
-      raise DataError(f"The {split} split produced no examples; check task.{split}_data.")
+      report = self._skip_reports.get(split)
+      skipped = (f" on_corrupt=skip {report.describe()}." if report is not None and report.enabled
+                 else "")
+      raise DataError(f"The {split} split produced no examples; check task.{split}_data.{skipped}")
     metrics = _means(totals)
     metrics["examples"] = float(totals["examples"][0])
     metrics.update(self.task.finalize(state))
     metrics.update(self.task.derived_metrics(metrics))
+    # This pass's on_corrupt=skip drops (records) and the damaged files seen so far.
+    for key, value in self._skip_counts(split).items():
+      metrics[key] = float(value - skipped_before.get(key, 0) if key == "skipped_records"
+                           else value)
     return metrics
 
   def _evaluate_and_report(self) -> bool:
@@ -488,6 +673,10 @@ class Trainer:
         restore.restore(path).expect_partial()
       except (tf.errors.NotFoundError, ValueError):
         continue  # Deleted by max_checkpoints between listing and reading.
+      except (tf.errors.OpError, IndexError) as e:  # Damaged: wait for the next one.
+        self._say(f"Checkpoint {path} is unreadable ({pipeline.error_summary(str(e))}); "
+                  f"skipped.")
+        continue
       self._evaluate_and_report()
       metrics = self._last_eval
       if self.current_step >= self.config.trainer.train_steps:
@@ -526,12 +715,10 @@ def _real_examples(host: Dict[str, Any]) -> Any:
   return tf.nest.map_structure(pick, host["outputs"])
 
 
-def _error_summary(message: str) -> str:
-  """TF's runtime error without its boilerplate ("Graph execution error", node lists)."""
-  skip = ("Graph execution error", "Detected at node", "<stack traces", "[[")
-  lines = [line.strip() for line in message.splitlines()]
-  kept = [line for line in lines if line and not line.startswith(skip)]
-  return " ".join(kept).split(" [Op:")[0] or message.strip()
+# What an input pipeline raises: a decoder or check (InvalidArgument), a damaged file
+# (DataLoss), an input with no examples (OutOfRange).
+_INPUT_ERRORS = (tf.errors.InvalidArgumentError, tf.errors.DataLossError,
+                 tf.errors.OutOfRangeError)
 
 
 def _next_multiple(step: int, every: int) -> int:
