@@ -1,7 +1,7 @@
 """The shared reader `build_dataset` on real JPEG TFRecords.
 
 Sharding across input pipelines without overlap or loss, evaluation padding
-and masks, static shapes, and corrupt images (error vs skip).
+and masks, static shapes, and corrupt images and files (error vs skip, counted).
 """
 
 import os
@@ -147,6 +147,36 @@ def test_corrupt_jpeg_skipped_with_on_corrupt_skip(corrupt_records):
   ds = pipeline.build_dataset(config, _decode_eval, training=False)
   labels = _real_labels(ds)
   assert sorted(labels) == [0, 1, 2, 4, 5]
+
+
+def test_skips_are_counted_exactly_including_the_last_record(tmp_path):
+  # Records 2 and 5 (the very last one read) are broken: both counted, every pass.
+  prefix = str(tmp_path / "val")
+  _write_records(prefix, 6, num_shards=1, corrupt_ids=(2, 5))
+  config = DataConfig(source="tfrecord", path=prefix + "-*", global_batch_size=2,
+                      on_corrupt="skip", shuffle_buffer=0)
+  with pipeline.collect_skips() as report:
+    dataset = pipeline.build_dataset(config, _decode_eval, training=False)
+  assert sorted(_real_labels(dataset)) == [0, 1, 3, 4]
+  assert report.counts() == {"skipped_records": 2, "damaged_files": 0}
+  assert sorted(_real_labels(dataset)) == [0, 1, 3, 4]
+  assert report.counts()["skipped_records"] == 4  # Cumulative over passes.
+
+
+def test_a_damaged_tfrecord_is_counted_once_and_the_rest_of_it_skipped(tmp_path):
+  (path,) = _write_records(str(tmp_path / "val"), 6, num_shards=1)
+  size = os.path.getsize(path)
+  os.truncate(path, size - 100)  # Cuts the last record.
+  config = DataConfig(source="tfrecord", path=path, global_batch_size=2, on_corrupt="skip")
+  with pipeline.collect_skips() as report:
+    dataset = pipeline.build_dataset(config, _decode_eval, training=False)
+  assert sorted(_real_labels(dataset)) == [0, 1, 2, 3, 4]
+  assert report.counts() == {"skipped_records": 0, "damaged_files": 1}
+  assert f"{path} (unreadable from byte" in report.describe()
+  with pytest.raises(tf.errors.DataLossError, match="truncated record"):
+    _real_labels(pipeline.build_dataset(DataConfig(source="tfrecord", path=path,
+                                                   global_batch_size=2), _decode_eval,
+                                        training=False))
 
 
 def test_num_examples_takes_a_prefix(records):

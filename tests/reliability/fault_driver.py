@@ -1,0 +1,91 @@
+"""Runs `tpu-models` in this process with a fault injected, for tests/reliability.
+
+    python fault_driver.py FAULT STEP -- ARGV...   one CLI run that SIGKILLs itself mid-save
+    python fault_driver.py batch CASES.json OUT.json   several CLI runs in one process
+
+FAULT (the kill is real, inside tf.train.CheckpointManager.save of ckpt-STEP):
+
+    kill-before-state   after ckpt-STEP's data and index are complete, before the
+                        `checkpoint` state file names it
+    kill-writing-index  the same moment, with ckpt-STEP.index cut to half its size
+                        first: a kill while the index was being written
+    kill-mid-sweep      after ckpt-STEP is recorded, while an old checkpoint is being
+                        deleted (max_to_keep): its index is gone, its data not yet
+
+`batch` runs each argv of CASES.json (a list of lists) through `cli.main` and
+writes [{"argv", "code", "stdout", "stderr", "traceback"}] to OUT.json: many
+failing commands for the price of one TensorFlow start-up.
+"""
+
+import contextlib
+import io
+import json
+import os
+import signal
+import sys
+import traceback
+
+
+def _inject(fault: str, step: int) -> None:
+  from tensorflow.python.checkpoint import checkpoint_management as manager_lib
+  record_state = manager_lib.update_checkpoint_state_internal
+  delete = manager_lib._delete_file_if_exists  # pylint: disable=protected-access
+  target = f"ckpt-{step}"
+  recorded = []
+
+  def kill():
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+  def on_record_state(save_dir, *args, **kwargs):
+    latest = kwargs.get("model_checkpoint_path", args[0] if args else "")
+    if os.path.basename(latest) == target:
+      if fault == "kill-before-state":
+        kill()
+      if fault == "kill-writing-index":
+        index = os.path.join(save_dir, target + ".index")
+        os.truncate(index, os.path.getsize(index) // 2)
+        kill()
+      recorded.append(latest)
+    return record_state(save_dir, *args, **kwargs)
+
+  def on_delete(pattern):
+    if fault == "kill-mid-sweep" and recorded and ".data-" in pattern:
+      kill()  # The index of this old checkpoint was deleted just before.
+    return delete(pattern)
+
+  manager_lib.update_checkpoint_state_internal = on_record_state
+  manager_lib._delete_file_if_exists = on_delete  # pylint: disable=protected-access
+
+
+def _batch(cases_path: str, out_path: str) -> int:
+  from tpu_models import cli
+  with open(cases_path) as f:
+    cases = json.load(f)
+  results = []
+  for argv in cases:
+    out, err = io.StringIO(), io.StringIO()
+    code, trace = None, ""
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+      try:
+        code = cli.main(argv)
+      except SystemExit as e:
+        code = e.code
+      except BaseException:  # pylint: disable=broad-except  A bug: keep its traceback.
+        trace = traceback.format_exc()
+    results.append({"argv": argv, "code": code, "stdout": out.getvalue(),
+                    "stderr": err.getvalue(), "traceback": trace})
+  with open(out_path, "w") as f:
+    json.dump(results, f, indent=1)
+  return 0
+
+
+if __name__ == "__main__":
+  if sys.argv[1] == "batch":
+    sys.exit(_batch(sys.argv[2], sys.argv[3]))
+  fault, step, separator, *argv = sys.argv[1:]
+  assert separator == "--", sys.argv
+  _inject(fault, int(step))
+  from tpu_models import cli
+  sys.exit(cli.main(argv))

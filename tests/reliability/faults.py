@@ -1,0 +1,129 @@
+"""Shared helpers of the fault-injection tests: subprocess commands, damage, inventories.
+
+The subprocess helpers of tests/training/test_trainer.py (`_cli`, `_wait_for`,
+`_final_weights`) are reused, not copied; this adds the fault driver, file
+damage and the "no checkpoint file lost" inventory.
+"""
+
+import glob
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import tensorflow as tf
+import yaml
+
+from tpu_models.data import example as example_lib
+from tpu_models.training import progress
+# Re-exported for the tests here.
+from training.test_trainer import _cli, _final_weights, _wait_for  # noqa: F401
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DRIVER = os.path.join(HERE, "fault_driver.py")
+UNREADABLE = "unreadable_checkpoints"
+
+
+def train_command(model_dir, *overrides, fault=None):
+  """(cmd, env) of `tpu-models train tests/toy.yaml ...`, optionally through the fault driver."""
+  cmd, env = _cli(model_dir, *overrides)
+  env["PYTHONPATH"] = os.pathsep.join([HERE, env["PYTHONPATH"]])
+  if fault:
+    name, step = fault
+    cmd = [sys.executable, DRIVER, name, str(step), "--"] + cmd[3:]
+  return cmd, env
+
+
+def run_batch(tmp_path, cases, timeout=600):
+  """Runs each argv of `cases` through `cli.main` in ONE subprocess; returns their results."""
+  cases_file, out_file = tmp_path / "cases.json", tmp_path / "results.json"
+  cases_file.write_text(json.dumps([[str(a) for a in argv] for argv in cases]))
+  _, env = _cli(tmp_path)
+  env["PYTHONPATH"] = os.pathsep.join([HERE, env["PYTHONPATH"]])
+  done = subprocess.run([sys.executable, DRIVER, "batch", str(cases_file), str(out_file)],
+                        env=env, cwd=HERE, capture_output=True, text=True, timeout=timeout)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return json.loads(out_file.read_text())
+
+
+def error_line(result):
+  """The one error line of a failed CLI run (and that it is not a traceback)."""
+  assert not result["traceback"], result["traceback"]
+  lines = [line for line in result["stderr"].splitlines() if line.strip()]
+  errors = [line for line in lines if line.startswith("tpu-models ")]
+  assert len(errors) == 1, result["stderr"]
+  return errors[0]
+
+
+def truncate(path, nbytes):
+  os.truncate(path, os.path.getsize(path) - nbytes)
+
+
+def flip_byte(path, offset=None):
+  data = bytearray(open(path, "rb").read())
+  data[len(data) // 2 if offset is None else offset] ^= 0xFF
+  open(path, "wb").write(bytes(data))
+
+
+def checkpoint_inventory(model_dir):
+  """{file name: sha256} of every checkpoint file (ckpt-*) in model_dir."""
+  return {os.path.basename(p): hashlib.sha256(open(p, "rb").read()).hexdigest()
+          for p in glob.glob(os.path.join(str(model_dir), "ckpt-*")) if os.path.isfile(p)}
+
+
+def assert_nothing_lost(before, model_dir):
+  """Every checkpoint file of `before` is still in model_dir unchanged, or moved aside intact."""
+  now = checkpoint_inventory(model_dir)
+  aside = {hashlib.sha256(open(p, "rb").read()).hexdigest()
+           for p in glob.glob(os.path.join(str(model_dir), UNREADABLE, "ckpt-*"))}
+  for name, digest in before.items():
+    assert now.get(name) == digest or digest in aside, f"{name} was lost or changed"
+
+
+def train_steps_logged(model_dir):
+  return [r["step"] for r in progress.read_metrics(str(model_dir), "train")]
+
+
+# Tiny classification experiments (tiny_image_model.py) on 16x16 JPEG TFRecords.
+
+
+def _jpeg(rng):
+  return tf.io.encode_jpeg(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8)).numpy()
+
+
+def _write(path, n, rng, broken=()):
+  """n records with labels i % 4; records in `broken` hold a truncated (undecodable) JPEG."""
+  with tf.io.TFRecordWriter(str(path)) as writer:
+    for i in range(n):
+      data = _jpeg(rng)
+      if i in broken:
+        data = data[:len(data) // 3]
+      writer.write(example_lib.image_example(data, i % 4).SerializeToString())
+  return str(path)
+
+
+def _record_offsets(path):
+  """Byte offset of each record in a TFRecord file (8-byte length, 4 CRC, data, 4 CRC)."""
+  data, offsets, at = open(path, "rb").read(), [], 0
+  while at < len(data):
+    offsets.append(at)
+    at += 16 + int.from_bytes(data[at:at + 8], "little")
+  return offsets
+
+
+def _experiment(tmp_path, name, train, eval_path, **task):
+  config = {
+      "task": {"name": "classification",
+               "model": {"name": "reliability_tiny_cnn", "num_classes": 4},
+               "image_size": 16, "augment": "none", "flip": False,
+               "train_data": {"path": train, "global_batch_size": 4, "shuffle_buffer": 0},
+               "eval_data": {"path": eval_path, "global_batch_size": 4}, **task},
+      "trainer": {"train_steps": 4, "steps_per_loop": 2, "checkpoint_every": 2,
+                  "optimizer": {"name": "sgd"}, "schedule": {"name": "constant", "base_lr": 0.01},
+                  "tensorboard": False},
+      "runtime": {"strategy": "cpu"}}
+  path = tmp_path / f"{name}.yaml"
+  path.write_text(yaml.safe_dump(config))
+  return path
