@@ -16,11 +16,14 @@ from tpu_models.training.trainer import Trainer
 
 
 def _jpeg(rng, label, size=40):
-  """A class-dependent picture: label k has a bright square in quadrant k % 4."""
+  """A class-dependent picture: label k has a bright horizontal band k of 4.
+
+  Bands, not quadrants: the training augmentation flips left-right, which would make
+  quadrants 0/1 and 2/3 the same class and cap accuracy at 50%.
+  """
   image = rng.integers(0, 60, size=(size, size, 3), dtype=np.uint8)
-  r, c = divmod(label % 4, 2)
-  half = size // 2
-  image[r * half:(r + 1) * half, c * half:(c + 1) * half] += 150
+  band = size // 4
+  image[(label % 4) * band:(label % 4 + 1) * band] += 150
   return tf.io.encode_jpeg(image).numpy()
 
 
@@ -63,7 +66,7 @@ def test_train_evaluate_export_and_serve(tmp_path):
   metrics = trainer.train_and_evaluate()
   trainer.close()
   assert metrics["examples"] == 21  # 21 = 2 full batches of 8 + a padded one.
-  assert metrics["top1"] > 0.5, metrics  # 4 classes: chance is 0.25.
+  assert metrics["top1"] > 0.8, metrics  # 4 classes: chance is 0.25; measured 1.0 (3 seeds).
 
   output = str(tmp_path / "saved")
   export.export_saved_model(config, model_dir, output)
