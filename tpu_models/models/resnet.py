@@ -84,18 +84,19 @@ class _BatchNormFactory:
 
 
 def _shortcut(x, filters: int, strides: int, bn: _BatchNormFactory, prefix: str,
-              pointwise_matmul: Optional[bool]):
-  """Identity, or a strided 1x1 projection when the shape changes (v1.5: no pooling)."""
-  if strides == 1 and x.shape[-1] == filters:
+              pointwise_matmul: Optional[bool], project: bool = False):
+  """Identity, or a strided 1x1 projection when the shape changes (v1.5: no pooling) or `project`."""
+  if strides == 1 and x.shape[-1] == filters and not project:
     return x
   x = _conv(filters, 1, strides, f"{prefix}_shortcut_conv", pointwise_matmul)(x)
   return bn(f"{prefix}_shortcut_bn")(x)
 
 
 def _basic_block(x, width: int, strides: int, bn: _BatchNormFactory,
-                 zero_init_last_bn: bool, prefix: str, pointwise_matmul: Optional[bool]):
+                 zero_init_last_bn: bool, prefix: str, pointwise_matmul: Optional[bool],
+                 project_shortcut: bool = False):
   """3x3 conv (stride here) -> 3x3 conv, plus the shortcut. Outputs `width` channels."""
-  shortcut = _shortcut(x, width, strides, bn, prefix, pointwise_matmul)
+  shortcut = _shortcut(x, width, strides, bn, prefix, pointwise_matmul, project_shortcut)
   x = _conv(width, 3, strides, f"{prefix}_conv1")(x)
   x = bn(f"{prefix}_bn1")(x)
   x = keras.layers.ReLU(name=f"{prefix}_relu1")(x)
@@ -107,10 +108,11 @@ def _basic_block(x, width: int, strides: int, bn: _BatchNormFactory,
 
 
 def _bottleneck_block(x, width: int, strides: int, bn: _BatchNormFactory,
-                      zero_init_last_bn: bool, prefix: str, pointwise_matmul: Optional[bool]):
+                      zero_init_last_bn: bool, prefix: str, pointwise_matmul: Optional[bool],
+                      project_shortcut: bool = False):
   """1x1 -> 3x3 (stride here: v1.5) -> 1x1 conv, plus the shortcut. Outputs 4 * width."""
   filters = width * _BOTTLENECK_EXPANSION
-  shortcut = _shortcut(x, filters, strides, bn, prefix, pointwise_matmul)
+  shortcut = _shortcut(x, filters, strides, bn, prefix, pointwise_matmul, project_shortcut)
   x = _conv(width, 1, 1, f"{prefix}_conv1", pointwise_matmul)(x)
   x = bn(f"{prefix}_bn1")(x)
   x = keras.layers.ReLU(name=f"{prefix}_relu1")(x)
@@ -193,6 +195,7 @@ def resnet(*,
            pointwise_matmul: Optional[bool] = None,
            dropout_rate: float = 0.0,
            width: int = 64,
+           project_first_shortcut: bool = False,
            name: Optional[str] = None) -> keras.Model:
   """Builds a ResNet v1.5 of the given depth.
 
@@ -217,6 +220,11 @@ def resnet(*,
     dropout_rate: dropout before the classifier; 0 adds no layer.
     width: channels of the stem and of stage 2; stages 3-5 double it each time
       (64 = the paper's ResNets; 16-32 make fast small-image models).
+    project_first_shortcut: give the first block of EVERY stage a 1x1
+      projection shortcut, also where the identity would fit (stage 2 of
+      ResNet-18/34), as Model Garden's ResNet does; needed to load its
+      ResNet-18/34 checkpoints (tpu_models.migration). Bottleneck ResNets
+      project there anyway, so it changes nothing for depth >= 50.
     name: model name, default f"resnet{depth}".
 
   Returns:
@@ -245,7 +253,8 @@ def resnet(*,
     for block in range(1, num_blocks + 1):
       strides = 2 if block == 1 and stage > 2 else 1
       x = block_fn(x, stage_width, strides, bn, zero_init_last_bn,
-                   prefix=f"stage{stage}_block{block}", pointwise_matmul=pointwise_matmul)
+                   prefix=f"stage{stage}_block{block}", pointwise_matmul=pointwise_matmul,
+                   project_shortcut=project_first_shortcut and block == 1)
     features[f"C{stage}"] = x
 
   name = name or f"resnet{depth}"

@@ -96,6 +96,7 @@ def retinanet(*,
               backbone_trainable: bool = True,
               backbone_frozen_bn: bool = False,
               backbone_pointwise_matmul: Optional[bool] = None,
+              backbone_project_first_shortcut: bool = False,
               name: Optional[str] = None) -> keras.Model:
   """Builds a RetinaNet with a ResNet-FPN backbone.
 
@@ -126,6 +127,8 @@ def retinanet(*,
     backbone_frozen_bn: keep the backbone's BN layers in inference mode with
       frozen statistics and affine parameters (small per-replica batches).
     backbone_pointwise_matmul: see resnet.py (`pointwise_matmul`).
+    backbone_project_first_shortcut: see resnet.py (`project_first_shortcut`;
+      Model Garden's ResNet-18/34 backbones).
     name: model name, default "retinanet".
 
   Returns:
@@ -163,7 +166,8 @@ def retinanet(*,
         depth=backbone_depth, include_top=False, input_shape=[height, width, 3],
         stem=backbone_stem, bn_momentum=bn_momentum, bn_epsilon=bn_epsilon,
         fused_bn=fused_bn, pointwise_matmul=backbone_pointwise_matmul,
-        width=backbone_width, name="backbone")
+        width=backbone_width, project_first_shortcut=backbone_project_first_shortcut,
+        name="backbone")
   backbone.trainable = backbone_trainable
   if backbone_frozen_bn:
     for layer in backbone.layers:

@@ -1,0 +1,222 @@
+"""Model Garden side of the checkpoint-migration parity check; writes files only.
+
+Runs INSIDE benchmarks/.venv-model-garden (tf-models-official, Keras 2), never
+in the main environment. For one family it builds the Model Garden model with
+random weights (no downloads), saves its checkpoint exactly as Model Garden's
+trainer does (`official.core.base_trainer.Trainer`: global_step, model,
+optimizer and the model's `checkpoint_items`), and writes the model's outputs
+on a fixed input to `outputs.npz`, plus `model_garden.json` (the Model Garden
+config used and what was measured):
+
+  resnet       `resnet_imagenet` ClassificationModel: logits [B, classes].
+  retinanet    `retinanet_resnetfpn_coco` RetinaNetModel: raw cls/box outputs per
+               level (cls_l3 ... [B, H, W, A * K]), anchors per level, and the
+               detections of its own generator (NMS v2) on the same images.
+  transformer  `Seq2SeqTransformer` (the translation task's): teacher-forced
+               logits [B, T, V] and beam-search ids/scores.
+
+Every variable is randomised (BN statistics and biases included: zero or one
+initial values would hide a mapping mistake). Usage:
+
+    benchmarks/.venv-model-garden/bin/python benchmarks/model_garden/migration_worker.py \\
+        --family retinanet --output /tmp/mg_retinanet --depth 50 --image-size 256
+"""
+
+import argparse
+import json
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # pylint: disable=g-import-not-at-top
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
+import tf_keras  # pylint: disable=g-import-not-at-top
+
+from official.core import exp_factory  # pylint: disable=g-import-not-at-top
+from official.vision import registry_imports  # pylint: disable=unused-import,g-import-not-at-top
+from official.vision.modeling import factory  # pylint: disable=g-import-not-at-top
+
+
+def randomize(model, seed: int, bias_mean: dict = None) -> None:
+  """Gives every variable a random value of a sensible scale (deterministic in `seed`).
+
+  Kernels keep Model Garden's own (random) initial values, rescaled by a random
+  factor per variable; BN statistics and affine parameters, biases and
+  embeddings are drawn around their neutral values. `bias_mean` maps a variable
+  name fragment to the mean of its bias (the RetinaNet classifier's, so that
+  detections pass the score threshold).
+  """
+  rng = np.random.default_rng(seed)
+  for variable in model.variables:
+    name, shape = variable.name, variable.shape
+    if "moving_variance" in name:
+      value = rng.uniform(0.5, 1.5, shape)
+    elif "moving_mean" in name or "beta" in name:
+      value = rng.normal(0.0, 0.1, shape)
+    elif "gamma" in name:
+      value = rng.uniform(0.7, 1.3, shape)
+    elif name.endswith("bias:0"):
+      mean = next((m for key, m in (bias_mean or {}).items() if key in name), 0.0)
+      value = rng.normal(mean, 0.1, shape)
+    else:
+      value = variable.numpy() * rng.uniform(0.8, 1.2)
+    variable.assign(value.astype(variable.dtype.as_numpy_dtype))
+
+
+def save_like_model_garden(model, output_dir: str) -> str:
+  """The checkpoint `base_trainer.Trainer` writes: global_step, model, optimizer, checkpoint_items."""
+  global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+  optimizer = tf_keras.optimizers.SGD(0.1, momentum=0.9)
+  items = getattr(model, "checkpoint_items", {}) or {}
+  checkpoint = tf.train.Checkpoint(global_step=global_step, model=model, optimizer=optimizer,
+                                   **items)
+  manager = tf.train.CheckpointManager(checkpoint, output_dir, max_to_keep=1)
+  return manager.save(checkpoint_number=0)
+
+
+def images(batch: int, size: int, seed: int) -> np.ndarray:
+  return np.random.default_rng(seed).normal(0.0, 1.0, (batch, size, size, 3)).astype(np.float32)
+
+
+def run_resnet(args) -> dict:
+  params = exp_factory.get_exp_config("resnet_imagenet")
+  model_config = params.task.model
+  model_config.num_classes = args.num_classes
+  model_config.input_size = [args.image_size, args.image_size, 3]
+  model_config.backbone.resnet.model_id = args.depth
+  model_config.backbone.resnet.depth_multiplier = args.width / 64.0
+  model = factory.build_classification_model(
+      tf_keras.layers.InputSpec(shape=[None, args.image_size, args.image_size, 3]), model_config)
+  randomize(model, args.seed)
+  x = images(args.batch, args.image_size, args.seed + 1)
+  logits = model(x, training=False).numpy()
+  path = save_like_model_garden(model, args.output)
+  return {"checkpoint": path, "model_config": model_config.as_dict(),
+          "arrays": {"images": x, "logits": logits}}
+
+
+def run_retinanet(args) -> dict:
+  params = exp_factory.get_exp_config("retinanet_resnetfpn_coco")
+  mc = params.task.model
+  mc.num_classes = args.num_classes
+  mc.input_size = [args.image_size, args.image_size, 3]
+  mc.backbone.resnet.model_id = args.depth
+  mc.backbone.resnet.depth_multiplier = args.width / 64.0
+  mc.decoder.fpn.num_filters = args.fpn_channels
+  mc.head.num_filters = args.fpn_channels
+  mc.head.num_convs = args.head_convs
+  model = factory.build_retinanet(
+      tf_keras.layers.InputSpec(shape=[None, args.image_size, args.image_size, 3]), mc)
+  # Classifier biases near -2 (score ~0.12) so that detections pass the 0.05 threshold.
+  randomize(model, args.seed, bias_mean={"scores": -2.0})
+  x = images(args.batch, args.image_size, args.seed + 1)
+  image_shape = tf.constant([[args.image_size, args.image_size]] * args.batch, tf.float32)
+  out = model(x, image_shape=image_shape, training=False)
+  arrays = {"images": x}
+  for level in range(mc.min_level, mc.max_level + 1):
+    arrays[f"cls_l{level}"] = out["cls_outputs"][str(level)].numpy()
+    arrays[f"box_l{level}"] = out["box_outputs"][str(level)].numpy()
+  from official.vision.ops import anchor  # pylint: disable=g-import-not-at-top
+  anchors = anchor.Anchor(min_level=mc.min_level, max_level=mc.max_level,
+                          num_scales=mc.anchor.num_scales, aspect_ratios=mc.anchor.aspect_ratios,
+                          anchor_size=mc.anchor.anchor_size,
+                          image_size=(args.image_size, args.image_size)).multilevel_boxes
+  for level, boxes in anchors.items():
+    arrays[f"anchors_l{level}"] = boxes.numpy()
+  for key in ("detection_boxes", "detection_scores", "detection_classes", "num_detections"):
+    arrays[key] = out[key].numpy()
+  path = save_like_model_garden(model, args.output)
+  return {"checkpoint": path, "model_config": mc.as_dict(), "arrays": arrays}
+
+
+def run_transformer(args) -> dict:
+  # The translation task's model (official/nlp/tasks/translation.py build_model with
+  # its ModelConfig/EncDecoder defaults), built here without importing the task,
+  # whose module needs tensorflow_hub and a SentencePiece model.
+  from official.nlp.modeling.models import seq2seq_transformer  # pylint: disable=g-import-not-at-top
+  layer = dict(num_layers=args.num_layers, num_attention_heads=args.num_heads,
+               intermediate_size=args.filter_size, activation="relu", dropout_rate=0.1,
+               attention_dropout_rate=0.1, intermediate_dropout=0.1, use_bias=False,
+               norm_first=True, norm_epsilon=1e-6)
+  mc = {"encoder": layer, "decoder": layer, "embedding_width": args.hidden_size,
+        "dropout_rate": 0.1, "padded_decode": False, "decode_max_length": None,
+        "beam_size": args.beam_size, "alpha": args.alpha}
+  model = seq2seq_transformer.Seq2SeqTransformer(
+      vocab_size=args.vocab_size, embedding_width=args.hidden_size, dropout_rate=0.1,
+      padded_decode=False, decode_max_length=None, extra_decode_length=args.extra_decode_length,
+      beam_size=args.beam_size, alpha=args.alpha,
+      encoder_layer=seq2seq_transformer.TransformerEncoder(**layer),
+      decoder_layer=seq2seq_transformer.TransformerDecoder(**layer), eos_id=1)
+  rng = np.random.default_rng(args.seed + 1)
+  batch, source_length, target_length = args.batch, args.source_length, args.target_length
+  sources = rng.integers(3, args.vocab_size, (batch, source_length)).astype(np.int32)
+  targets = rng.integers(3, args.vocab_size, (batch, target_length)).astype(np.int32)
+  # Padding (0) at the end of the second rows, EOS (1) ending each real sequence.
+  sources[1:, source_length - 3:] = 0
+  sources[1:, source_length - 4] = 1
+  sources[0, -1] = 1
+  targets[1:, target_length - 2:] = 0
+  targets[1:, target_length - 3] = 1
+  targets[0, -1] = 1
+  model({"inputs": sources, "targets": targets})  # Builds the variables.
+  randomize(model, args.seed)
+  logits = model({"inputs": sources, "targets": targets}).numpy()
+  decoded = model({"inputs": sources})
+  path = save_like_model_garden(model, args.output)
+  config = dict(mc)
+  config.update(vocab_size=args.vocab_size, extra_decode_length=args.extra_decode_length)
+  return {"checkpoint": path, "model_config": config,
+          "arrays": {"sources": sources, "targets": targets, "logits": logits,
+                     "beam_ids": decoded["outputs"].numpy(),
+                     "beam_scores": decoded["scores"].numpy()}}
+
+
+FAMILIES = {"resnet": run_resnet, "retinanet": run_retinanet, "transformer": run_transformer}
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--family", required=True, choices=sorted(FAMILIES))
+  parser.add_argument("--output", required=True, help="directory for the checkpoint and outputs")
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--batch", type=int, default=2)
+  # ResNet / RetinaNet.
+  parser.add_argument("--depth", type=int, default=50, help="ResNet model_id")
+  parser.add_argument("--width", type=int, default=64,
+                      help="stem/stage-2 channels (Model Garden depth_multiplier = width / 64)")
+  parser.add_argument("--image-size", type=int, default=224)
+  parser.add_argument("--num-classes", type=int, default=1000,
+                      help="Model Garden num_classes (RetinaNet: including background 0)")
+  parser.add_argument("--fpn-channels", type=int, default=256)
+  parser.add_argument("--head-convs", type=int, default=4)
+  # Transformer.
+  parser.add_argument("--vocab-size", type=int, default=33708)
+  parser.add_argument("--hidden-size", type=int, default=512)
+  parser.add_argument("--num-layers", type=int, default=6)
+  parser.add_argument("--num-heads", type=int, default=8)
+  parser.add_argument("--filter-size", type=int, default=2048)
+  parser.add_argument("--source-length", type=int, default=12)
+  parser.add_argument("--target-length", type=int, default=10)
+  parser.add_argument("--beam-size", type=int, default=4)
+  parser.add_argument("--alpha", type=float, default=0.6)
+  parser.add_argument("--extra-decode-length", type=int, default=8)
+  args = parser.parse_args()
+
+  os.makedirs(args.output, exist_ok=True)
+  tf.random.set_seed(args.seed)
+  tf_keras.utils.set_random_seed(args.seed)
+  result = FAMILIES[args.family](args)
+  np.savez(os.path.join(args.output, "outputs.npz"), **result.pop("arrays"))
+  result["checkpoint"] = os.path.basename(result["checkpoint"])
+  result["args"] = vars(args)
+  import importlib.metadata  # pylint: disable=g-import-not-at-top
+  result["versions"] = {"tf-models-official": importlib.metadata.version("tf-models-official"),
+                        "tensorflow": tf.__version__}
+  with open(os.path.join(args.output, "model_garden.json"), "w") as f:
+    json.dump(result, f, indent=1, default=str)
+  print(json.dumps({"family": args.family, "checkpoint": result["checkpoint"]}))
+
+
+if __name__ == "__main__":
+  main()
