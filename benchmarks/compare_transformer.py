@@ -1,0 +1,248 @@
+"""Transformer-base train step and beam search: ours vs TF Model Garden vs keras-hub.
+
+Each measurement is a fresh subprocess printing one JSON line:
+
+  ours          benchmarks/transformer_ours_worker.py, main Python (TF 2.21, Keras 3):
+                train_step through our real Trainer (`translation` task,
+                `transformer` model at the base size, synthetic batch);
+                decode = `TransformerModel.translate` (key/value cache,
+                tpu_models.ops.beam_search).
+  model_garden  benchmarks/model_garden/transformer_worker.py in
+                benchmarks/.venv-model-garden (tf-models-official, tf_keras):
+                `Seq2SeqTransformer` built as their TranslationTask builds it,
+                their task's train step and loss; decode = the model's
+                inference call (their sequence_beam_search and decoder cache).
+  keras_hub     benchmarks/transformer_keras_hub_worker.py, main Python with
+                keras-hub: TransformerEncoder/TransformerDecoder + a tied
+                ReversibleEmbedding + SinePositionEncoding at the same size,
+                plain GradientTape step; decode = keras_hub.samplers.BeamSampler
+                with keras-hub's key/value caches.
+
+Same experiment on every side (benchmarks/transformer_worker_args.py): d 512,
+6+6 layers, 8 heads, FFN 2048, a shared 32k vocabulary (one embedding matrix,
+also the softmax), pre-LN, dropout 0.1, Adam, label smoothing 0.1; one fixed
+batch of 16 x 64 source and 64 target tokens, all real, so tokens/step = 1024
+target tokens on every side; beam 4, alpha 0.6, 16 sentences, exactly 64
+decoded tokens per sentence (the EOS id is one past the vocabulary, so no beam
+finishes early; keras-hub: no stop token). XLA off everywhere (CPU), float32
+or the mixed_bfloat16 policy. The sides run ALTERNATELY (the order rotates
+every round); report medians and per-round ratios (ours / side) of the same run.
+
+    python benchmarks/compare_transformer.py                     # everything, 3 rounds
+    python benchmarks/compare_transformer.py --modes decode --precisions bfloat16
+    python benchmarks/compare_transformer.py --layers 1 --hidden 64 --heads 4 --filter 128 \\
+        --vocab 1000 --batch 4 --source-length 16 --target-length 16 --decode-length 16 \\
+        --rounds 1 --steps 2 --warmup 1                          # smoke test, ~2 min
+
+Needs the Model Garden venv (bash benchmarks/model_garden/setup_venv.sh) and
+keras-hub (pip install -e ".[bench]"), unless --sides leaves them out.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+# The process plumbing of the ResNet comparison, reused as it is (imported, not copied).
+from compare_resnet import (MG_PYTHON, SETUP_COMMAND, fmt, keras_hub_version, log,  # pylint: disable=g-import-not-at-top
+                            machine_description, median, model_garden_version, rotated,
+                            run_worker)
+import transformer_worker_args as shared  # pylint: disable=g-import-not-at-top
+
+SIDES = ("ours", "model_garden", "keras_hub")
+MODES = shared.MODES
+LABELS = {"ours": "ours (tpu_models, Keras 3)", "model_garden": "Model Garden (tf_keras)",
+          "keras_hub": "keras-hub layers (Keras 3)"}
+WORKERS = {"ours": [sys.executable, os.path.join(HERE, "transformer_ours_worker.py")],
+           "keras_hub": [sys.executable, os.path.join(HERE, "transformer_keras_hub_worker.py")],
+           "model_garden": [None, os.path.join(HERE, "model_garden", "transformer_worker.py")]}
+# Flags passed unchanged to every worker (the experiment's shape).
+SHAPE_FLAGS = ("batch", "source_length", "target_length", "vocab", "layers", "hidden", "heads",
+               "filter", "beam", "alpha", "decode_length")
+
+
+def worker_command(side: str, mode: str, precision: str, args):
+  command = list(WORKERS[side])
+  if side == "model_garden":
+    command[0] = args.mg_python
+  command += ["--mode", mode, "--precision", precision]
+  for key in SHAPE_FLAGS:
+    command += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
+  if mode == "decode":
+    command += ["--steps", str(args.decode_steps), "--warmup", str(args.decode_warmup)]
+  else:
+    command += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
+  return command
+
+
+def compare(args):
+  """{(mode, precision): {side: [result or None per round]}}, the sides alternating."""
+  results = {}
+  for mode in args.modes:
+    for precision in args.precisions:
+      runs = results[(mode, precision)] = {side: [] for side in args.sides}
+      for r in range(args.rounds):
+        for side in rotated(args.sides, r):
+          log(f"[{mode} {precision} round {r + 1}/{args.rounds}] {side} ...")
+          result = run_worker(worker_command(side, mode, precision, args), args.timeout)
+          if result:
+            log(f"  {result['tokens_per_second']:.1f} tokens/s ({result['wall_seconds']:.0f}s "
+                f"wall, {result['params']:,} parameters)")
+          runs[side].append(result)
+  return results
+
+
+def per_round_ratios(ours, runs):
+  return [o["tokens_per_second"] / r["tokens_per_second"]
+          for o, r in zip(ours, runs) if o and r]
+
+
+def results_table(results, sides) -> str:
+  lines = ["| mode | precision | side | median tokens/s | per round | ours / side "
+           "(median of rounds) | per-round ratios |",
+           "|---|---|---|---:|---|---:|---|"]
+  for (mode, precision), by_side in results.items():
+    ours = by_side.get("ours", [])
+    for side in sides:
+      runs = by_side[side]
+      tps = [r["tokens_per_second"] if r else None for r in runs]
+      ratios = per_round_ratios(ours, runs) if side != "ours" else []
+      ratio = f"**{median(ratios):.2f}x**" if ratios else "-"
+      lines.append(f"| {mode} | {precision} | {LABELS[side]} | {fmt(median(tps), '.1f')} | "
+                   f"{', '.join(fmt(v, '.1f') for v in tps)} | {ratio} | "
+                   f"{', '.join(f'{v:.2f}' for v in ratios) or '-'} |")
+  return "\n".join(lines)
+
+
+def parameter_check(results, args):
+  """(markdown lines, ok): the parameter counts side by side, checked."""
+  counts = {}
+  for by_side in results.values():
+    for side, runs in by_side.items():
+      for r in runs:
+        if r:
+          counts.setdefault(side, set()).add(r["params"])
+  lines, ok = [], True
+  for side in SIDES:
+    if side in counts:
+      values = sorted(counts[side])
+      ok &= len(values) == 1
+      lines.append(f"{LABELS[side]}: {', '.join(f'{v:,}' for v in values)} trainable parameters")
+  ours = counts.get("ours")
+  if ours and len(ours) == 1:
+    (ours,) = ours
+    if "model_garden" in counts and counts["model_garden"] != {ours}:
+      ok = False
+      lines.append("MISMATCH: Model Garden's count differs from ours.")
+    extra = shared.expected_keras_hub_extra_parameters(args)
+    if "keras_hub" in counts:
+      if counts["keras_hub"] != {ours + extra}:
+        ok = False
+        lines.append(f"MISMATCH: keras-hub should have ours + {extra:,} (attention biases).")
+      else:
+        lines.append(f"keras-hub = ours + {extra:,}: the biases of its attention projections "
+                     f"(4 x d per attention, 3 attentions per encoder+decoder layer pair); ours "
+                     f"and Model Garden's attention has none. Everything else is equal, one "
+                     f"shared [vocab, d] embedding/softmax on every side.")
+  return lines, ok
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(
+      description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 2)[2],
+      formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--rounds", type=int, default=3,
+                      help="Measurements per side, mode and precision; medians are reported.")
+  parser.add_argument("--modes", default=",".join(MODES),
+                      help=f"Comma-separated subset of {', '.join(MODES)}.")
+  parser.add_argument("--precisions", default="float32,bfloat16",
+                      help="Comma-separated: float32 and/or bfloat16 (mixed_bfloat16 policy).")
+  parser.add_argument("--sides", default=",".join(SIDES),
+                      help=f"Comma-separated subset of {', '.join(SIDES)}.")
+  parser.add_argument("--batch", type=int, default=16, help="Sentences per step / search.")
+  parser.add_argument("--source-length", type=int, default=64)
+  parser.add_argument("--target-length", type=int, default=64)
+  parser.add_argument("--vocab", type=int, default=32000, help="Shared vocabulary size.")
+  parser.add_argument("--layers", type=int, default=6, help="Encoder and decoder layers each.")
+  parser.add_argument("--hidden", type=int, default=512)
+  parser.add_argument("--heads", type=int, default=8)
+  parser.add_argument("--filter", type=int, default=2048)
+  parser.add_argument("--beam", type=int, default=4)
+  parser.add_argument("--alpha", type=float, default=0.6)
+  parser.add_argument("--decode-length", type=int, default=64,
+                      help="Tokens decoded per sentence (all of them, on every side).")
+  parser.add_argument("--steps", type=int, default=6, help="Timed train steps per measurement.")
+  parser.add_argument("--warmup", type=int, default=2, help="Untimed train steps first.")
+  parser.add_argument("--decode-steps", type=int, default=2,
+                      help="Timed beam searches per measurement.")
+  parser.add_argument("--decode-warmup", type=int, default=1,
+                      help="Untimed beam searches first (tracing).")
+  parser.add_argument("--timeout", type=float, default=1800.0,
+                      help="Seconds before one measurement is abandoned.")
+  parser.add_argument("--mg-python", default=MG_PYTHON, help="Python of the Model Garden venv.")
+  parser.add_argument("--output", default="", help="Also write the markdown report here.")
+  args = parser.parse_args(argv)
+  args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+  args.precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+  args.sides = [s.strip() for s in args.sides.split(",") if s.strip()]
+  for m in args.modes:
+    if m not in MODES:
+      parser.error(f"--modes: unknown mode {m!r}; use {', '.join(MODES)}.")
+  for p in args.precisions:
+    if p not in ("float32", "bfloat16"):
+      parser.error(f"--precisions: unknown precision {p!r}; use float32 and/or bfloat16.")
+  for s in args.sides:
+    if s not in SIDES:
+      parser.error(f"--sides: unknown side {s!r}; use {', '.join(SIDES)}.")
+  # The workers validate the shape flags too; fail here, before any process starts.
+  shared.parse_args("check", ["--mode", "decode"] + [
+      a for key in SHAPE_FLAGS for a in (f"--{key.replace('_', '-')}", str(getattr(args, key)))])
+
+  mg_version = "not used"
+  if "model_garden" in args.sides:
+    mg_version = model_garden_version(args.mg_python)
+    if mg_version is None:
+      print(f"The Model Garden venv ({args.mg_python}) is missing or cannot import "
+            f"official.vision. Set it up first (~5 minutes, ~3.5 GB):\n\n  {SETUP_COMMAND}\n",
+            file=sys.stderr)
+      return 2
+  kh_version = "not used"
+  if "keras_hub" in args.sides:
+    kh_version = keras_hub_version()
+    if kh_version is None:
+      print("keras-hub does not import in this Python. Install the benchmark extra:\n\n"
+            "  pip install -e \".[bench]\"\n\nor leave it out: --sides ours,model_garden",
+            file=sys.stderr)
+      return 2
+
+  start = time.perf_counter()
+  results = compare(args)
+  failed = any(r is None for by_side in results.values() for runs in by_side.values()
+               for r in runs)
+  params, params_ok = parameter_check(results, args)
+  shape = (f"d {args.hidden}, {args.layers}+{args.layers} layers, {args.heads} heads, FFN "
+           f"{args.filter}, vocab {args.vocab:,} (shared)")
+  sections = [
+      f"# Transformer comparison\n\n{machine_description(mg_version, kh_version)}.",
+      f"{shape}. Train step: batch {args.batch} x {args.source_length} source / "
+      f"{args.target_length} target tokens ({args.batch * args.target_length} target tokens "
+      f"per step), {args.warmup} warm-up + {args.steps} timed steps per measurement. Decode: "
+      f"beam {args.beam}, alpha {args.alpha}, {args.batch} sentences x {args.decode_length} "
+      f"tokens, {args.decode_warmup} warm-up + {args.decode_steps} timed searches. "
+      f"{args.rounds} rounds, sides alternating. Tokens/s: real target tokens (train) or "
+      f"decoded tokens of the best beam (decode) per second; higher is better.",
+      results_table(results, args.sides),
+      "Parameters: " + "; ".join(params) + ("" if params_ok else " (CHECK FAILED)"),
+      f"Wall time: {(time.perf_counter() - start) / 60:.1f} min."]
+  report = "\n\n".join(sections) + "\n"
+  print(report)
+  if args.output:
+    with open(args.output, "w") as f:
+      f.write(report)
+  return 1 if failed or not params_ok else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
