@@ -37,14 +37,15 @@ from official.vision import registry_imports  # pylint: disable=unused-import,g-
 from official.vision.modeling import factory  # pylint: disable=g-import-not-at-top
 
 
-def randomize(model, seed: int, bias_mean: dict = None) -> None:
+def randomize(model, seed: int, bias_mean: dict = None, fan_in_scaled=()) -> None:
   """Gives every variable a random value of a sensible scale (deterministic in `seed`).
 
   Kernels keep Model Garden's own (random) initial values, rescaled by a random
   factor per variable; BN statistics and affine parameters, biases and
   embeddings are drawn around their neutral values. `bias_mean` maps a variable
   name fragment to the mean of its bias (the RetinaNet classifier's, so that
-  detections pass the score threshold).
+  detections pass the score threshold); kernels whose name contains one of
+  `fan_in_scaled` are redrawn N(0, 1 / fan_in).
   """
   rng = np.random.default_rng(seed)
   for variable in model.variables:
@@ -58,6 +59,11 @@ def randomize(model, seed: int, bias_mean: dict = None) -> None:
     elif name.endswith("bias:0"):
       mean = next((m for key, m in (bias_mean or {}).items() if key in name), 0.0)
       value = rng.normal(mean, 0.1, shape)
+    elif any(key in name for key in (fan_in_scaled or ())):
+      # LeCun-normal: Model Garden's head initialisers (sigma 0.01, classifier 1e-5) make the
+      # head's outputs nearly constant over positions, so many scores would tie exactly and
+      # NMS order among ties is implementation-defined.
+      value = rng.normal(0.0, 1.0 / np.sqrt(np.prod(shape[:-1])), shape)
     else:
       value = variable.numpy() * rng.uniform(0.8, 1.2)
     variable.assign(value.astype(variable.dtype.as_numpy_dtype))
@@ -75,7 +81,9 @@ def save_like_model_garden(model, output_dir: str) -> str:
 
 
 def images(batch: int, size: int, seed: int) -> np.ndarray:
-  return np.random.default_rng(seed).normal(0.0, 1.0, (batch, size, size, 3)).astype(np.float32)
+  """Random 8-bit pixels, normalised to about [-2, 2] (exact in float32; compresses well)."""
+  pixels = np.random.default_rng(seed).integers(0, 256, (batch, size, size, 3))
+  return ((pixels - 128.0) / 64.0).astype(np.float32)
 
 
 def run_resnet(args) -> dict:
@@ -108,7 +116,7 @@ def run_retinanet(args) -> dict:
   model = factory.build_retinanet(
       tf_keras.layers.InputSpec(shape=[None, args.image_size, args.image_size, 3]), mc)
   # Classifier biases near -2 (score ~0.12) so that detections pass the 0.05 threshold.
-  randomize(model, args.seed, bias_mean={"scores": -2.0})
+  randomize(model, args.seed, bias_mean={"scores": -2.0}, fan_in_scaled=("retina_net_head",))
   x = images(args.batch, args.image_size, args.seed + 1)
   image_shape = tf.constant([[args.image_size, args.image_size]] * args.batch, tf.float32)
   out = model(x, image_shape=image_shape, training=False)
@@ -168,7 +176,8 @@ def run_transformer(args) -> dict:
   return {"checkpoint": path, "model_config": config,
           "arrays": {"sources": sources, "targets": targets, "logits": logits,
                      "beam_ids": decoded["outputs"].numpy(),
-                     "beam_scores": decoded["scores"].numpy()}}
+                     "beam_scores": decoded["scores"].numpy(),
+                     "beam_size": np.array(args.beam_size), "alpha": np.array(args.alpha)}}
 
 
 FAMILIES = {"resnet": run_resnet, "retinanet": run_retinanet, "transformer": run_transformer}
@@ -207,9 +216,9 @@ def main() -> None:
   tf.random.set_seed(args.seed)
   tf_keras.utils.set_random_seed(args.seed)
   result = FAMILIES[args.family](args)
-  np.savez(os.path.join(args.output, "outputs.npz"), **result.pop("arrays"))
+  np.savez_compressed(os.path.join(args.output, "outputs.npz"), **result.pop("arrays"))
   result["checkpoint"] = os.path.basename(result["checkpoint"])
-  result["args"] = vars(args)
+  result["args"] = {k: v for k, v in vars(args).items() if k != "output"}
   import importlib.metadata  # pylint: disable=g-import-not-at-top
   result["versions"] = {"tf-models-official": importlib.metadata.version("tf-models-official"),
                         "tensorflow": tf.__version__}

@@ -1,0 +1,145 @@
+"""Model Garden checkpoints -> tpu_models: outputs equal, measured side by side.
+
+For each family, benchmarks/model_garden/migration_worker.py (in the Model
+Garden venv) builds the Model Garden model with random weights, saves its
+checkpoint as Model Garden's trainer does and writes its outputs on fixed
+inputs; this script (main environment) loads that checkpoint into our model
+with `tpu_models.migration.model_garden` and compares:
+
+  resnet       logits (max abs diff <= 1e-4)
+  retinanet    raw class / box outputs of every level (<= 1e-4; Model Garden's
+               background class 0 dropped), anchors, and the detections after
+               NMS (equal: count, classes, scores, boxes)
+  transformer  teacher-forced logits (<= 1e-4) and beam-search ids (equal) and scores
+
+Full size by default (ResNet-50 at 224 px / 1000 classes, RetinaNet R50-FPN at
+256 px / 91 classes, Transformer base with a 33,708 vocabulary); `--small` runs
+the tiny test-fixture sizes. Prints a table; exits 1 on any mismatch.
+
+    python benchmarks/migration_parity.py                      # full size, ~3-5 min
+    python benchmarks/migration_parity.py --small
+    python benchmarks/migration_parity.py --families retinanet --retinanet-image-size 640
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MG_PYTHON = os.path.join(HERE, ".venv-model-garden", "bin", "python")
+WORKER = os.path.join(HERE, "model_garden", "migration_worker.py")
+ATOL = 1e-4
+
+FULL = {
+    "resnet": ["--depth", "50", "--image-size", "224", "--num-classes", "1000"],
+    "retinanet": ["--depth", "50", "--num-classes", "91", "--fpn-channels", "256",
+                  "--head-convs", "4"],
+    "transformer": ["--vocab-size", "33708", "--hidden-size", "512", "--num-layers", "6",
+                    "--num-heads", "8", "--filter-size", "2048"],
+}
+SMALL = {  # The sizes of tests/data/model_garden (make_test_fixtures.sh).
+    "resnet": ["--depth", "18", "--width", "8", "--image-size", "32", "--num-classes", "10"],
+    "retinanet": ["--depth", "18", "--width", "8", "--num-classes", "5", "--fpn-channels", "16",
+                  "--head-convs", "2"],
+    "transformer": ["--vocab-size", "40", "--hidden-size", "32", "--num-layers", "2",
+                    "--num-heads", "4", "--filter-size", "64"],
+}
+
+
+def run_worker(family: str, output: str, extra) -> float:
+  """Runs the Model Garden worker; returns its wall time in seconds."""
+  if not os.path.exists(MG_PYTHON):
+    sys.exit(f"No Model Garden venv at {MG_PYTHON}: bash benchmarks/model_garden/setup_venv.sh")
+  start = time.perf_counter()
+  command = [MG_PYTHON, WORKER, "--family", family, "--output", output] + extra
+  done = subprocess.run(command, capture_output=True, text=True, check=False)
+  if done.returncode:
+    sys.exit(f"Model Garden worker failed ({' '.join(command)}):\n{done.stderr[-3000:]}")
+  return time.perf_counter() - start
+
+
+def check(family: str, directory: str) -> dict:
+  """Loads the worker's checkpoint into ours and compares; one table row."""
+  import numpy as np
+  from tpu_models.migration import model_garden, parity
+  from tpu_models.registry import create_model
+  with open(os.path.join(directory, "model_garden.json")) as f:
+    info = json.load(f)
+  arrays = dict(np.load(os.path.join(directory, "outputs.npz")))
+  name, params = parity.model_params_from_model_garden(family, info["model_config"])
+  model = create_model(name, **params)
+  start = time.perf_counter()
+  report = model_garden.load_model_garden_checkpoint(
+      model, os.path.join(directory, info["checkpoint"]), family)
+  load_seconds = time.perf_counter() - start
+  result = parity.compare_outputs(family, model, arrays, params)
+  ok = result["max_abs_diff"] <= ATOL
+  if family == "retinanet":
+    ok = ok and result["detections_equal"] and result["max_abs_diff_anchors"] <= 1e-3
+  if family == "transformer":
+    ok = ok and result["beam_ids_equal"] and result["max_abs_diff_beam_scores"] <= ATOL
+  parameters = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+  return {"family": family, "model": name, "parameters": parameters,
+          "variables": len(report.loaded), "load_seconds": load_seconds, "ok": ok, **result}
+
+
+def describe(row: dict) -> str:
+  if row["family"] == "resnet":
+    return f"logits max |diff| {row['max_abs_diff']:.2e} (|logits| <= {row['max_abs']:.2f})"
+  if row["family"] == "retinanet":
+    return (f"per-level class/box max |diff| {row['max_abs_diff']:.2e}; anchors "
+            f"{row['max_abs_diff_anchors']:.1e}; detections after NMS "
+            f"{'equal' if row['detections_equal'] else 'DIFFERENT'} "
+            f"({'/'.join(map(str, row['num_detections']))} per image)")
+  return (f"logits max |diff| {row['max_abs_diff']:.2e}; beam ids "
+          f"{'equal' if row['beam_ids_equal'] else 'DIFFERENT'}, scores max |diff| "
+          f"{row['max_abs_diff_beam_scores']:.1e}")
+
+
+def main() -> int:
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--families", default="resnet,retinanet,transformer")
+  parser.add_argument("--small", action="store_true", help="tiny test-fixture sizes")
+  parser.add_argument("--retinanet-image-size", type=int, default=None,
+                      help="default 256 (full) / 128 (small); a multiple of 128 (2^max_level)")
+  parser.add_argument("--resnet-depth", type=int, default=None)
+  parser.add_argument("--batch", type=int, default=2)
+  parser.add_argument("--work-dir", default=None, help="keep the checkpoints here")
+  parser.add_argument("--json", default=None, help="also write the rows here")
+  args = parser.parse_args()
+
+  sizes = SMALL if args.small else FULL
+  work = args.work_dir or tempfile.mkdtemp(prefix="migration_parity_")
+  rows = []
+  for family in args.families.split(","):
+    extra = list(sizes[family]) + ["--batch", str(args.batch)]
+    if family == "retinanet":
+      extra += ["--image-size", str(args.retinanet_image_size or (128 if args.small else 256))]
+    if family in ("resnet", "retinanet") and args.resnet_depth:
+      extra += ["--depth", str(args.resnet_depth)]
+    directory = os.path.join(work, family)
+    worker_seconds = run_worker(family, directory, extra)
+    row = check(family, directory)
+    row["worker_seconds"] = worker_seconds
+    rows.append(row)
+    print(f"{family}: {'OK' if row['ok'] else 'MISMATCH'} - {describe(row)}", flush=True)
+
+  print()
+  print("| family | our model | parameters | variables loaded | parity | result |")
+  print("|---|---|---|---|---|---|")
+  for row in rows:
+    print(f"| {row['family']} | {row['model']} | {row['parameters']:,} | {row['variables']} | "
+          f"{describe(row)} | {'OK' if row['ok'] else 'MISMATCH'} |")
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(rows, f, indent=1)
+  return 0 if all(row["ok"] for row in rows) else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())
