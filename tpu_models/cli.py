@@ -1,9 +1,10 @@
-"""`tpu-models`: list, train, evaluate, export, check, benchmark, convert.
+"""`tpu-models`: list, train, evaluate, export, predict, check, benchmark, convert.
 
     tpu-models train official/resnet/fashion_mnist_resnet.yaml --model-dir runs/fm
     tpu-models train CONFIG --set trainer.train_steps=100 --set runtime.mixed_precision=bfloat16
     tpu-models evaluate CONFIG --model-dir runs/fm [--continuous]
     tpu-models check CONFIG          # TPU-readiness on the CPU; exit 1 when not ready
+    tpu-models predict CONFIG --model-dir runs/det a.jpg b.png --output-dir pictures
 """
 
 import argparse
@@ -58,6 +59,14 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--output", required=True, help="SavedModel directory to write")
   p.add_argument("--overwrite", action="store_true",
                  help="replace an existing --output (by default that is refused)")
+
+  p = sub.add_parser("predict", help="run a trained model on files and write pictures of its "
+                                     "predictions (detection: boxes, class names, scores)")
+  _add_config_args(p, model_dir_required=True)
+  p.add_argument("inputs", nargs="+", metavar="IMAGE", help="JPEG/PNG files")
+  p.add_argument("--output-dir", required=True, help="where the drawn PNGs go (created)")
+  p.add_argument("--min-score", type=float, default=0.3,
+                 help="the lowest score drawn and printed (default 0.3)")
 
   p = sub.add_parser("sample", help="continue a prompt with a trained language model (or "
                                     "translate it with a translation model)")
@@ -348,6 +357,24 @@ def _sample(args) -> int:
   return 0
 
 
+def _predict(args) -> int:
+  from tpu_models import export
+  from tpu_models.errors import ConfigError
+  from tpu_models.tasks import base
+  config, model_dir = _load(args)
+  task = base.create_task(config.task)
+  if type(task).predict_files is base.Task.predict_files:  # Say so before loading weights.
+    raise ConfigError(base.unsupported_message(task, "predict_files", "predict"))
+  _, model = export.load_model(config, model_dir)
+  failed = task.predict_files(model, args.inputs, args.output_dir, min_score=args.min_score,
+                              say=lambda line: print(line, flush=True))
+  if failed:
+    print(f"tpu-models predict: {len(failed)} of {len(args.inputs)} input(s) failed: "
+          f"{', '.join(failed)}", file=sys.stderr)
+    return 1
+  return 0
+
+
 def _check(args) -> int:
   from tpu_models.training import tpu_check
   config, _ = _load(args)
@@ -435,7 +462,7 @@ def _vocab(args) -> int:
 
 _COMMANDS = {"list": _list, "config": _config, "train": _train, "evaluate": _evaluate,
              "export": _export, "check": _check, "benchmark": _benchmark, "convert": _convert,
-             "vocab": _vocab, "sample": _sample}
+             "vocab": _vocab, "sample": _sample, "predict": _predict}
 
 
 if __name__ == "__main__":

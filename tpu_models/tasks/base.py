@@ -26,7 +26,7 @@ dropped, and the rest is folded in by `aggregate` and turned into numbers by
 `finalize`.
 """
 
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import keras
 import tensorflow as tf
@@ -141,6 +141,34 @@ class Task:
     """Metrics computed from the averaged ones (e.g. perplexity = exp(loss))."""
     return {}
 
+  def write_eval_artifacts(self, state: Any, *, model_dir: str, step: int, split: str,
+                           tensorboard: bool = True) -> List[str]:
+    """Host-side files from one evaluation (e.g. pictures of predictions); the default: none.
+
+    Called by the Trainer on the chief after `finalize`, when an evaluation is
+    reported (`evaluate_and_report`: during training and `tpu-models evaluate`),
+    with the `state` that `aggregate` built. Write under `model_dir` (and, with
+    `tensorboard`, TensorBoard summaries under model_dir/summaries/<split>).
+
+    Returns:
+      The paths written.
+    """
+    return []
+
+  def predict_files(self, model: keras.Model, paths: Sequence[str], output_dir: str, *,
+                    min_score: Optional[float] = None,
+                    say: Optional[Callable[[str], None]] = None) -> List[str]:
+    """`tpu-models predict`: runs `model` on input files, writes results to `output_dir`.
+
+    A task that supports it overrides this (see `tasks_supporting`). An input
+    that cannot be read is reported through `say` and skipped, the others are
+    still processed.
+
+    Returns:
+      The paths that failed (empty when all succeeded).
+    """
+    raise ConfigError(unsupported_message(self, "predict_files", "predict"))
+
   def eval_metric_names(self) -> Optional[List[str]]:
     """The names `evaluate()` reports for this task's config, or None if not known up front.
 
@@ -164,6 +192,24 @@ class Task:
 def create_task(config: TaskConfig) -> Task:
   """Instantiates the registered task named `config.name`."""
   return TASKS.get(config.name)(config)
+
+
+def tasks_supporting(hook: str) -> List[str]:
+  """Names of the registered tasks whose class overrides the `Task` method `hook`."""
+  default = getattr(Task, hook)
+  names = []
+  for name in TASKS.names():
+    task_class = TASKS.get(name)
+    if getattr(task_class, hook, default) is not default:
+      names.append(name)
+  return names
+
+
+def unsupported_message(task: Task, hook: str, command: str) -> str:
+  """The error text for a task that does not override `hook`: which tasks do."""
+  supporting = tasks_supporting(hook)
+  return (f"task {task.config.name!r} does not support `tpu-models {command}`; tasks that do: "
+          f"{', '.join(supporting) if supporting else '(none registered)'}.")
 
 
 def weighted_mean(values: tf.Tensor, weights: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:

@@ -19,6 +19,12 @@ mapped back to original pixels and scored by pycocotools (AP, AP50, AP75,
 APs/m/l, AR1/10/100, ...). Padding examples weigh 0 in the loss and are
 dropped before `aggregate`, so no batch size changes a number.
 
+Pictures (`evaluation/draw.py`): each reported evaluation draws its first
+`eval_images` images (predictions and ground truth) to
+model_dir/<split>_images/step_<step>/ and TensorBoard (`write_eval_artifacts`),
+and `tpu-models predict` draws a trained detector's boxes on image files
+(`predict_files`).
+
 The anchor layout (image size, levels, scales, aspect ratios, anchor size) has
 one source: the model config (`models/retinanet.py: anchor_layout`), which the
 input pipeline, the loss and post-processing all read.
@@ -103,6 +109,11 @@ class DetectionConfig(TaskConfig):
   std: List[float] = dataclasses.field(default_factory=lambda: list(image_lib.IMAGENET_STD_RGB))
   resize_method: str = "bilinear"
   host_bfloat16: bool = False  # Cast images to bfloat16 on the host: half the infeed bytes.
+  # Pictures of each reported evaluation: the first N images drawn with predictions
+  # (score >= eval_image_min_score) and ground truth (white) to
+  # model_dir/<split>_images/step_<step>/<source id>.png and TensorBoard. 0 = none.
+  eval_images: int = 4
+  eval_image_min_score: float = 0.3
 
 
 @register_task("detection")
@@ -129,6 +140,9 @@ class DetectionTask(Task):
     if len(config.mean) != 3 or len(config.std) != 3:
       raise ConfigError(f"task.mean and task.std need 3 values (RGB), got {config.mean} and "
                         f"{config.std}.")
+    if config.eval_images < 0:
+      raise ConfigError(f"task.eval_images must be >= 0 (0: no pictures), got "
+                        f"{config.eval_images}.")
     self.anchors = anchors_lib.multilevel_anchors(**self.layout).numpy()  # [N, 4]
     self._label_map = None  # Read on first use: [{"label", "name", "category_id"}] or [].
 
@@ -343,7 +357,8 @@ class DetectionTask(Task):
       return state
     split_ids = np.unique(step_outputs["split_id"])
     if state is None:
-      state = {"split_id": int(split_ids[0]), "evaluator": self._new_evaluator(int(split_ids[0]))}
+      state = {"split_id": int(split_ids[0]), "evaluator": self._new_evaluator(int(split_ids[0])),
+               "samples": []}
     if len(split_ids) != 1 or int(split_ids[0]) != state["split_id"]:
       raise ValueError(f"One evaluation mixed examples of splits {sorted(split_ids)} and "
                        f"{state['split_id']}; expected one split per evaluation.")
@@ -356,10 +371,22 @@ class DetectionTask(Task):
           step_outputs["gt_classes"], step_outputs["num_instances"],
           is_crowd=step_outputs["gt_is_crowd"],
           image_sizes=info[:, detection_data.INFO_ORIGINAL_SIZE])
+    detection_boxes = detection_data.to_original_pixels(step_outputs["detection_boxes"], info)
     evaluator.add_detections(
-        source_ids, detection_data.to_original_pixels(step_outputs["detection_boxes"], info),
-        step_outputs["detection_scores"], step_outputs["detection_classes"],
-        step_outputs["num_detections"])
+        source_ids, detection_boxes, step_outputs["detection_scores"],
+        step_outputs["detection_classes"], step_outputs["num_detections"])
+    # The first eval_images examples, kept for `write_eval_artifacts`.
+    for i in range(min(len(source_ids), self.config.eval_images - len(state["samples"]))):
+      count = int(step_outputs["num_detections"][i])
+      instances = int(step_outputs["num_instances"][i])
+      state["samples"].append({
+          "source_id": int(source_ids[i]),
+          "boxes": detection_boxes[i, :count],
+          "scores": step_outputs["detection_scores"][i, :count],
+          "classes": step_outputs["detection_classes"][i, :count],
+          "gt_boxes": detection_data.to_original_pixels(
+              step_outputs["gt_boxes"][i:i + 1, :instances], info[i:i + 1])[0],
+          "gt_classes": step_outputs["gt_classes"][i, :instances]})
     return state
 
   def finalize(self, state) -> Dict[str, float]:
@@ -373,6 +400,149 @@ class DetectionTask(Task):
       agnostic = evaluator.evaluate(print_summary=False)
       metrics.update({f"{name}_class_agnostic": agnostic[name] for name in ("AP", "AP50")})
     return metrics
+
+  def eval_metric_names(self) -> Optional[List[str]]:
+    """What `finalize` and the loss sums report; None when per-class names cannot be read yet."""
+    from tpu_models.evaluation import coco
+
+    names = ["loss", "cls_loss", "box_loss", "num_positives", "examples", *coco.METRIC_NAMES]
+    if self.config.class_agnostic_ap:
+      names += ["AP_class_agnostic", "AP50_class_agnostic"]
+    if self.config.per_class_ap:
+      try:
+        class_names = self.class_names()
+      except FileNotFoundError:  # The records are not on this machine: known at the first eval.
+        return None
+      names += [f"AP/{name.replace('/', '_').replace(' ', '_')}" for name in class_names]
+    return names
+
+  def display_names(self) -> Optional[List[str]]:
+    """Class names for pictures and printed detections, or None (labels shown as ids).
+
+    From the label map (`label_map()`), else the categories of
+    `eval_annotation_file` in category-id order (the converters' label order),
+    when there are num_classes of them.
+    """
+    try:
+      entries = self.label_map()
+    except FileNotFoundError:  # Records elsewhere (predicting on another machine).
+      entries = []
+    if entries:
+      return [entry["name"] for entry in entries]
+    path = self.config.eval_annotation_file
+    if path and tf.io.gfile.exists(path):
+      import json
+
+      with tf.io.gfile.GFile(path) as f:
+        categories = json.load(f).get("categories") or []
+      if len(categories) == self.num_classes:
+        return [str(c.get("name", c.get("id"))) for c in sorted(categories, key=lambda c: c["id"])]
+    return None
+
+  # Pictures: evaluation artifacts and `tpu-models predict`.
+
+  def write_eval_artifacts(self, state, *, model_dir: str, step: int, split: str,
+                           tensorboard: bool = True) -> List[str]:
+    """The first `eval_images` images of the evaluation, drawn: PNGs and TensorBoard images.
+
+    Predictions in class colours (score >= eval_image_min_score), ground truth
+    in white, both in original pixels, written to
+    model_dir/<split>_images/step_<step>/<source id>.png and, with
+    `tensorboard`, as images "<split>_images/<source id>" in model_dir/summaries/<split>.
+    The images are read back from the split's records by source id (only the
+    boxes crossed from the device). Nothing for synthetic inputs.
+    """
+    from tpu_models.evaluation import draw
+
+    samples = (state or {}).get("samples") or []
+    data = self.data_config(split)
+    if not samples or data.source != "tfrecord" or not data.path:
+      return []
+    encoded = _encoded_images(pipeline.match_files(data.path), {s["source_id"] for s in samples})
+    names = self.display_names()
+    out_dir = os.path.join(model_dir, f"{split}_images", f"step_{step}")
+    written, pictures = [], []
+    for sample in samples:
+      if sample["source_id"] not in encoded:
+        continue
+      pixels = tf.io.decode_image(encoded[sample["source_id"]], channels=3,
+                                  expand_animations=False).numpy()
+      picture = draw.draw_detections(
+          pixels, sample["boxes"], sample["classes"], sample["scores"], names,
+          min_score=self.config.eval_image_min_score,
+          ground_truth=(sample["gt_boxes"], sample["gt_classes"]))
+      written.append(draw.write_png(os.path.join(out_dir, f"{sample['source_id']}.png"), picture))
+      pictures.append((sample["source_id"], picture))
+    if tensorboard and pictures:
+      writer = tf.summary.create_file_writer(os.path.join(model_dir, "summaries", split))
+      with writer.as_default(step=int(step)):
+        for source_id, picture in pictures:
+          tf.summary.image(f"{split}_images/{source_id}", picture[None], step=int(step))
+      writer.close()
+    return written
+
+  def _detect_pixels_fn(self, model: keras.Model):
+    """uint8 [H, W, 3] -> (boxes [D, 4] in its pixels, scores [D], classes [D], count [])."""
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None, 3], tf.uint8)], autograph=False)
+    def detect(pixels):
+      image, info = self._resize_pixels(pixels)
+      outputs = model(image[None], training=False)
+      detections = self.postprocess({k: tf.cast(v, tf.float32) for k, v in outputs.items()})
+      boxes = detection_data.to_original_pixels(detections["boxes"], info[None])
+      return (boxes[0], detections["scores"][0], detections["classes"][0],
+              detections["num_detections"][0])
+
+    return detect
+
+  def predict_files(self, model: keras.Model, paths, output_dir: str, *,
+                    min_score: Optional[float] = None, say=None) -> List[str]:
+    """Detects objects in JPEG/PNG files; writes each drawn at its size to output_dir/<name>.png.
+
+    Args:
+      model: the trained detector (float32).
+      paths: image files (any tf.io.gfile path).
+      output_dir: where the pictures go (created).
+      min_score: the lowest score drawn and printed (default: eval_image_min_score).
+      say: receives one line per image: "<path>: N detections: name 0.91 [ymin, xmin,
+        ymax, xmax], ... -> <png>", or "<path>: error: ..." for a file that cannot be
+        read or decoded (skipped; the others are still processed).
+
+    Returns:
+      The paths that failed.
+    """
+    from tpu_models.evaluation import draw
+
+    say = say or print
+    min_score = self.config.eval_image_min_score if min_score is None else float(min_score)
+    names = self.display_names()
+    detect = self._detect_pixels_fn(model)
+    failed, used = [], set()
+    for path in paths:
+      try:
+        with tf.io.gfile.GFile(path, "rb") as f:
+          pixels = tf.io.decode_image(f.read(), channels=3, expand_animations=False)
+      except (tf.errors.OpError, OSError) as e:
+        reason = e.message if isinstance(e, tf.errors.OpError) else str(e)
+        say(f"{path}: error: not a readable JPEG/PNG image "
+            f"({pipeline.error_summary(reason).splitlines()[0][:200]}); skipped.")
+        failed.append(path)
+        continue
+      boxes, scores, classes, count = (t.numpy() for t in detect(pixels))
+      boxes, scores, classes = boxes[:count], scores[:count], classes[:count]
+      picture = draw.draw_detections(pixels.numpy(), boxes, classes, scores, names,
+                                     min_score=min_score)
+      stem = os.path.splitext(os.path.basename(path))[0] or "image"
+      name, n = f"{stem}.png", 1
+      while name in used:  # Two inputs with one basename (a/x.jpg, b/x.jpg).
+        n += 1
+        name = f"{stem}-{n}.png"
+      used.add(name)
+      out = draw.write_png(os.path.join(output_dir, name), picture)
+      lines = draw.detection_lines(boxes, classes, scores, names, min_score)
+      say(f"{path}: {len(lines)} detection{'s' if len(lines) != 1 else ''}"
+          f"{': ' + '; '.join(lines) if lines else ''} -> {out}")
+    return failed
 
   # Data checks.
 
@@ -476,6 +646,23 @@ class DetectionTask(Task):
     info = tf.stack([original, tf.cast(content, tf.float32), resized_hw / original,
                      tf.zeros([2], tf.float32)])
     return padded, info
+
+
+def _encoded_images(files: List[str], source_ids) -> Dict[int, bytes]:
+  """{source id: encoded image} of the records in `files` with those ids (damaged ones skipped)."""
+  wanted, found = set(source_ids), {}
+
+  def parse(serialized):
+    record = detection_data.parse_example(serialized)  # The eval pipeline's source ids.
+    return record["source_id"], record[detection_data.ENCODED]
+
+  records = tf.data.TFRecordDataset(files).map(parse).ignore_errors()
+  for source_id, encoded in records.as_numpy_iterator():
+    if int(source_id) in wanted and int(source_id) not in found:
+      found[int(source_id)] = encoded
+      if len(found) == len(wanted):
+        break
+  return found
 
 
 def _model_params(config: DetectionConfig) -> Dict[str, Any]:

@@ -34,7 +34,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import keras
 import numpy as np
@@ -596,6 +596,10 @@ class Trainer:
     loop ends when no replica has a real example left. `split` is "eval" (the
     validation data watched during training) or "test" (held out; for reporting).
     """
+    return self._evaluate(split)[0]
+
+  def _evaluate(self, split: str) -> Tuple[Dict[str, float], Any]:
+    """(`evaluate`'s metrics, the task's aggregated host state) for `split`."""
     if split not in self._eval_datasets:
       self._eval_datasets[split] = self._inputs(split)
     if self._eval_step_fn is None:
@@ -629,7 +633,7 @@ class Trainer:
     for key, value in self._skip_counts(split).items():
       metrics[key] = float(value - skipped_before.get(key, 0) if key == "skipped_records"
                            else value)
-    return metrics
+    return metrics, state
 
   def _evaluate_and_report(self) -> bool:
     """Evaluates, logs, and returns whether the target metric was reached."""
@@ -640,8 +644,11 @@ class Trainer:
     """`evaluate(split)`, printed and logged to metrics.jsonl / TensorBoard under `split`."""
     reporter = self._open_reporter(self.config.trainer.train_steps)
     start = time.time()
-    metrics = self.evaluate(split)
+    metrics, state = self._evaluate(split)
     reporter.eval_result(self.current_step, metrics, time.time() - start, split=split)
+    if self.chief:  # The task's pictures etc. of this evaluation (Task.write_eval_artifacts).
+      self.task.write_eval_artifacts(state, model_dir=self.model_dir, step=self.current_step,
+                                     split=split, tensorboard=self.config.trainer.tensorboard)
     return metrics
 
   def _check_target(self, metrics: Dict[str, float]) -> bool:
