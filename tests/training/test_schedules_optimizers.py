@@ -116,3 +116,23 @@ def test_fused_sgd_matches_keras_sgd(nesterov):
   for ours, theirs in zip(fused, reference):
     np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-7)
   assert not np.allclose(fused[0], init[0])  # The weights moved.
+
+
+def test_adamw_without_decay_is_keras_adamw_at_zero_decay():
+  """weight_decay 0 builds plain Adam (no decay pass), with AdamW(0.0)'s exact updates."""
+  config = OptimizerConfig(name="adamw", beta_1=0.9, beta_2=0.98, epsilon=1e-9,
+                           weight_decay=0.0)
+  ours_w = keras.Variable(np.array([[1.0, -2.0], [0.5, 3.0]], np.float32))
+  ref_w = keras.Variable(ours_w.numpy())
+  ours = optimizers.build_optimizer(config, 0.01, [ours_w])
+  assert type(ours) is keras.optimizers.Adam
+  ref = keras.optimizers.AdamW(0.01, weight_decay=0.0, beta_1=0.9, beta_2=0.98, epsilon=1e-9)
+  for step in range(3):
+    grad = tf.constant([[0.3, -0.1], [0.2, 0.05]]) * (step + 1)
+    ours.apply_gradients([(grad, ours_w)])
+    ref.apply_gradients([(grad, ref_w)])
+  np.testing.assert_allclose(ours_w.numpy(), ref_w.numpy(), rtol=1e-6)
+  # Decay still builds AdamW.
+  decaying = optimizers.build_optimizer(OptimizerConfig(name="adamw", weight_decay=0.1), 0.01,
+                                        [keras.Variable(np.ones([2, 2], np.float32))])
+  assert type(decaying) is keras.optimizers.AdamW

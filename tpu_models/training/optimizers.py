@@ -121,6 +121,11 @@ def build_optimizer(config: OptimizerConfig, learning_rate,
   elif config.name == "sgd":
     optimizer = SGD(learning_rate, momentum=config.momentum, nesterov=config.nesterov,
                     weight_decay=wd)
+  elif config.name == "adamw" and not wd:
+    # The same update without a decay term: Keras' AdamW has no "off" (weight_decay=None
+    # is rejected) and with 0.0 it still rewrites every variable each step.
+    optimizer = keras.optimizers.Adam(learning_rate, beta_1=config.beta_1,
+                                      beta_2=config.beta_2, epsilon=config.epsilon)
   elif config.name == "adamw":
     optimizer = keras.optimizers.AdamW(learning_rate, weight_decay=config.weight_decay,
                                        beta_1=config.beta_1, beta_2=config.beta_2,
