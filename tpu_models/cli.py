@@ -1,10 +1,11 @@
-"""`tpu-models`: list, train, evaluate, export, predict, check, benchmark, convert.
+"""`tpu-models`: list, train, evaluate, export, predict, check, benchmark, convert, migrate.
 
     tpu-models train official/resnet/fashion_mnist_resnet.yaml --model-dir runs/fm
     tpu-models train CONFIG --set trainer.train_steps=100 --set runtime.mixed_precision=bfloat16
     tpu-models evaluate CONFIG --model-dir runs/fm [--continuous]
     tpu-models check CONFIG          # TPU-readiness on the CPU; exit 1 when not ready
     tpu-models predict CONFIG --model-dir runs/det a.jpg b.png --output-dir pictures
+    tpu-models migrate model-garden CONFIG --checkpoint MG_CKPT --output runs/from_mg
 """
 
 import argparse
@@ -107,6 +108,9 @@ def _parser() -> argparse.ArgumentParser:
   c.add_argument("--validation-size", type=int, default=5000,
                  help="last N training images written as validation-* (0: none)")
   _add_detection_convert_parsers(conv)
+
+  from tpu_models.migration import cli as migration_cli  # argparse only; light.
+  migration_cli.add_parser(sub)
 
   p = sub.add_parser("vocab", help="train a SentencePiece vocabulary (pad 0, EOS 1, UNK 2) on "
                                    "the training split of a text source")
@@ -460,9 +464,15 @@ def _vocab(args) -> int:
   return 0
 
 
+def _migrate(args) -> int:
+  from tpu_models.migration import cli as migration_cli
+  return migration_cli.run(args)
+
+
 _COMMANDS = {"list": _list, "config": _config, "train": _train, "evaluate": _evaluate,
              "export": _export, "check": _check, "benchmark": _benchmark, "convert": _convert,
-             "vocab": _vocab, "sample": _sample, "predict": _predict}
+             "vocab": _vocab, "sample": _sample, "predict": _predict,
+             "migrate": _migrate}
 
 
 if __name__ == "__main__":
