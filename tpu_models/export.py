@@ -20,6 +20,12 @@ both returning {"logits": float32 [N, K], "probabilities": float32 [N, K],
 not fail the batch: its row has valid False, zero logits and probabilities and
 class -1. An empty batch, or pixels of the wrong rank, channels or size, is an
 InvalidArgumentError that says what was expected.
+
+Detection follows the same contract: {"detection_boxes", "detection_scores",
+"detection_classes", "num_detections", "valid"}, an undecodable image's row
+valid False with no detections. Translation serves `sentences: tf.string [N]`
+-> {"translations", "scores"}: no string fails the batch (blank in, "" out;
+too long: cut; not UTF-8: read as U+FFFD). See docs/predict.md.
 """
 
 import json

@@ -23,7 +23,8 @@ Pictures (`evaluation/draw.py`): each reported evaluation draws its first
 `eval_images` images (predictions and ground truth) to
 model_dir/<split>_images/step_<step>/ and TensorBoard (`write_eval_artifacts`),
 and `tpu-models predict` draws a trained detector's boxes on image files
-(`predict_files`).
+(`predict_files`); see docs/predict.md. The SavedModel flags an undecodable
+image per row (`valid`) instead of failing its batch.
 
 The anchor layout (image size, levels, scales, aspect ratios, anchor size) has
 one source: the model config (`models/retinanet.py: anchor_layout`), which the
@@ -589,12 +590,18 @@ class DetectionTask(Task):
     Both return {"detection_boxes": float32 [B, D, 4] [ymin, xmin, ymax, xmax]
     in pixels of each input image, "detection_scores": float32 [B, D],
     "detection_classes": int32 [B, D] labels 0..K-1 (-1 past the count; the
-    label map gives names and category ids), "num_detections": int32 [B]}.
-    Resizing, normalisation and NMS run inside the graph.
+    label map gives names and category ids), "num_detections": int32 [B],
+    "valid": bool [B]}. Resizing, normalisation and NMS run inside the graph.
+
+    As in classification, an image that cannot be decoded does not fail its
+    batch: its row has `valid` False and no detections (count 0, boxes and
+    scores 0, classes -1). An empty batch, or pixels of the wrong rank or
+    channel count, is an InvalidArgumentError saying what was expected.
     """
     cfg = self.config
     size = self.image_size
     specs = (tf.TensorSpec([size, size, 3], tf.float32), tf.TensorSpec([4, 2], tf.float32))
+    blank = (tf.zeros([size, size, 3], tf.float32), tf.zeros([4, 2], tf.float32))
 
     def from_bytes(image_bytes):
       image, _, _, info = detection_data.resize_and_pad(
@@ -602,27 +609,50 @@ class DetectionTask(Task):
           method=cfg.resize_method)
       return image, info
 
-    def from_pixels(image):
-      return self._resize_pixels(image)
-
-    def detect(images, infos):
+    def detect(images, infos, valid):
       outputs = model(images, training=False)
       outputs = {k: tf.cast(v, tf.float32) for k, v in outputs.items()}
       detections = self.postprocess(outputs)
+      boxes = detection_data.to_original_pixels(detections["boxes"], infos)
       return {
-          "detection_boxes": detection_data.to_original_pixels(detections["boxes"], infos),
-          "detection_scores": detections["scores"],
-          "detection_classes": detections["classes"],
-          "num_detections": detections["num_detections"],
+          "detection_boxes": tf.where(valid[:, None, None], boxes, 0.0),
+          "detection_scores": tf.where(valid[:, None], detections["scores"], 0.0),
+          "detection_classes": tf.where(valid[:, None], detections["classes"], -1),
+          "num_detections": tf.where(valid, detections["num_detections"], 0),
+          "valid": valid,
       }
+
+    def not_empty(batch, name):
+      return tf.debugging.assert_positive(
+          tf.shape(batch)[0], message=f"{name}: the batch is empty (0 images); send at least one")
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")])
     def serving_default(image_bytes):
-      return detect(*tf.map_fn(from_bytes, image_bytes, fn_output_signature=specs))
+      with tf.control_dependencies([not_empty(image_bytes, "serving_default")]):
+        (images, infos), valid = tf.map_fn(
+            lambda b: pipeline.try_map(from_bytes, b, blank), image_bytes,
+            fn_output_signature=(specs, tf.TensorSpec([], tf.bool)))
+      return detect(images, infos, valid)
 
-    @tf.function(input_signature=[tf.TensorSpec([None, None, None, 3], tf.uint8, name="images")])
+    # Any shape in the signature: a declared rank would let TensorFlow drop the checks
+    # (a SavedModel signature does not enforce the shape it declares).
+    @tf.function(input_signature=[tf.TensorSpec(None, tf.uint8, name="images")])
     def serve_images(images):
-      return detect(*tf.map_fn(from_pixels, images, fn_output_signature=specs))
+      expected = "serve_images: images must be uint8 [N, H, W, 3]"
+      rank = tf.debugging.assert_equal(tf.rank(images), 4, message=f"{expected}; got another rank")
+      with tf.control_dependencies([rank]):
+        shape = tf.shape(images)
+        checks = [
+            not_empty(images, "serve_images"),
+            tf.debugging.assert_equal(shape[3], 3,
+                                      message=f"{expected}; got another number of channels"),
+            tf.debugging.assert_positive(shape[1:3],
+                                         message=f"{expected} with height and width >= 1"),
+        ]
+      with tf.control_dependencies(checks):
+        images = tf.ensure_shape(tf.identity(images), [None, None, None, 3])
+      images, infos = tf.map_fn(self._resize_pixels, images, fn_output_signature=specs)
+      return detect(images, infos, tf.ones([tf.shape(images)[0]], tf.bool))
 
     return {"serving_default": serving_default.get_concrete_function(),
             "serve_images": serve_images.get_concrete_function()}

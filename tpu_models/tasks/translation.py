@@ -499,10 +499,18 @@ class TranslationTask(Task):
     vocab = self.vocab
 
     def translate(sentences):
+      # Bytes that are not UTF-8 become U+FFFD before the tokenizer (whose behaviour on
+      # them is undefined); a blank sentence translates to "" (score 0), never to the
+      # model's guess for an empty input.
+      sentences = tf.strings.unicode_transcode(sentences, "UTF-8", "UTF-8", errors="replace")
+      blank = tf.equal(tf.strings.length(tf.strings.strip(sentences)), 0)
       inputs = encode_batch(vocab, sentences, self.eval_input_length)
       decoded = model.translate(inputs, beam_size=cfg.beam_size, alpha=cfg.alpha,
                                 max_decode_length=self.max_decode_length)
-      return {"translations": vocab.decode(decoded["ids"]), "scores": decoded["scores"]}
+      translations = tf.strings.unicode_transcode(vocab.decode(decoded["ids"]), "UTF-8", "UTF-8",
+                                                  errors="replace")
+      return {"translations": tf.where(blank, "", translations),
+              "scores": tf.where(blank, 0.0, decoded["scores"])}
 
     return tf.function(translate, autograph=False, input_signature=[
         tf.TensorSpec([None], tf.string, name="sentences")])
@@ -512,8 +520,11 @@ class TranslationTask(Task):
     "scores": float32 [N]}: tokenizer, beam search and detokenizer in the graph.
 
     Sentences longer than the eval input length (eval_max_length, else
-    max_input_length) tokens are cut; an empty or
-    unreadable sentence gives a (possibly empty) best-effort translation.
+    max_input_length) tokens are cut. No input fails the batch: an empty or
+    whitespace-only sentence translates to "" (score 0); bytes that are not
+    UTF-8 are read as U+FFFD, and garbage (emoji, punctuation only) gets a
+    best-effort translation. Translations are always valid UTF-8. An empty
+    batch returns empty outputs.
     """
     model.serving_vocab = self.vocab  # Tracked with the model: the SavedModel carries it.
     return {"serving_default": self._translate_fn(model).get_concrete_function()}
