@@ -38,9 +38,9 @@ from tpu_models.config import DataConfig, ModelConfig, TaskConfig
 from tpu_models.data import pipeline
 from tpu_models.data import text as text_lib
 from tpu_models.errors import ConfigError
-from tpu_models.registry import create_model, register_dataset, register_task
-from tpu_models.tasks.base import Task
-from tpu_models.tasks import translation
+from tpu_models.registry import register_dataset, register_task
+from tpu_models.tasks import text_task
+from tpu_models.tasks.text_task import TextTask
 
 SAMPLE_METHODS = ("greedy", "top_k")
 
@@ -106,40 +106,22 @@ def text_lines_source(config: DataConfig, training: bool,
 
 
 @register_task("language_modeling")
-class LanguageModelingTask(Task):
+class LanguageModelingTask(TextTask):
   """Decoder-only language modeling with a `transformer_lm*` model; see the module docstring."""
 
   config_class = LanguageModelingConfig
 
   def __init__(self, config: LanguageModelingConfig):
     super().__init__(config)
-    for key in ("max_length", "pack_window", "prompt_max_length", "sample_max_new_tokens",
-                "sample_top_k"):
-      if getattr(config, key) < 1:
-        raise ConfigError(f"task.{key} must be >= 1, got {getattr(config, key)}.")
-    if not 0.0 <= config.oversample_sentences < 1.0:
-      raise ConfigError(f"task.oversample_sentences is the share of training texts drawn from "
-                        f"task.sentences_split, in [0, 1); got {config.oversample_sentences}.")
-    model_max = int(translation.model_param(config.model, "max_length"))
+    self.check_config(("max_length", "pack_window", "prompt_max_length",
+                       "sample_max_new_tokens", "sample_top_k"))
+    model_max = int(text_task.model_param(config.model, "max_length"))
     if config.prompt_max_length + config.sample_max_new_tokens > model_max:
       raise ConfigError(f"task.prompt_max_length + task.sample_max_new_tokens = "
                         f"{config.prompt_max_length + config.sample_max_new_tokens} exceeds the "
                         f"model's max_length {model_max}.")
     self._unigram = None
     self._generate_fns = {}
-
-  @property
-  def vocab(self) -> text_lib.SentencePieceVocab:
-    return translation.load_vocab(self.config.vocab_path)
-
-  def build_model(self) -> keras.Model:
-    model = translation.model_with_vocab_size(self.config.model, self.config.vocab_path)
-    return create_model(model.name, **model.params)
-
-  def _vocab_size(self) -> int:
-    if "vocab_size" in self.config.model.params:
-      return int(self.config.model.params["vocab_size"])
-    return self.vocab.vocab_size
 
   # Inputs.
 
@@ -167,19 +149,11 @@ class LanguageModelingTask(Task):
 
     def transform(dataset):
       if training:
-        dataset = text_lib.filter_by_length(dataset, lengths)
-        if cfg.packing:
-          dataset = text_lib.pack_dataset(dataset, lengths, window_size=cfg.pack_window)
-        else:
-          dataset = text_lib.pad_to_length(dataset, lengths)
-      else:
-        dataset = text_lib.pad_to_length(dataset, lengths, truncate=True)
+        return self.training_rows(dataset, lengths)
+      dataset = text_lib.pad_to_length(dataset, lengths, truncate=True)
       return dataset.map(lambda f: (f, {"targets": f["targets"]}))
 
-    source = None
-    if training and cfg.oversample_sentences > 0:
-      source = translation.mixed_source(data, input_context, cfg.sentences_split,
-                                        cfg.oversample_sentences)
+    source = self.training_source(data, input_context) if training else None
     return pipeline.build_dataset(data, decode, training=training, input_context=input_context,
                                   dataset=source, transform=transform)
 
@@ -187,39 +161,14 @@ class LanguageModelingTask(Task):
                        input_context: Optional[tf.distribute.InputContext] = None
                        ) -> tf.data.Dataset:
     """Batches of the configured shapes from random ids: no vocabulary or data needed."""
-    cfg = self.config
-    data = self.data_config(split)
-    batch = pipeline.per_replica_batch_size(data, input_context)
-    length = cfg.max_length
-    ids = tf.random.stateless_uniform([length], [3, 7], 3, self._vocab_size(), tf.int32)
+    length = self.config.max_length
     if split == "train":
-      features = {"targets": ids}
-      if cfg.packing:
-        first = tf.range(length) < length // 2
-        features["targets" + text_lib.SEGMENT_SUFFIX] = tf.where(first, 1, 2)
-        features["targets" + text_lib.POSITION_SUFFIX] = tf.where(
-            first, tf.range(length), tf.range(length) - length // 2)
-      return pipeline.synthetic_dataset((features, {"targets": ids}), batch)
-    ids = tf.where(tf.range(length) < length // 2, ids, 0)
-    dataset = pipeline.synthetic_dataset(({"targets": ids}, {"targets": ids}, tf.constant(1.0)),
-                                         batch)
-    count = max(1, (data.num_examples or batch) // batch)
-    padding = tf.nest.map_structure(tf.zeros_like, next(iter(dataset)))
-    return dataset.take(count).concatenate(tf.data.Dataset.from_tensors(padding).repeat())
+      return self.synthetic_train({"targets": self.synthetic_ids(length, 3, length)}, split,
+                                  input_context)
+    ids = self.synthetic_ids(length, 3, length // 2)
+    return self.synthetic_eval(({"targets": ids}, {"targets": ids}), split, input_context)
 
-  # Loss and metrics.
-
-  def loss(self, labels, outputs):
-    """(token cross-entropy summed over real tokens, number of real tokens)."""
-    loss_sum, tokens, _, _ = translation.token_sums(labels["targets"], outputs,
-                                                    self.config.label_smoothing)
-    return loss_sum, tokens
-
-  def metrics(self, labels, outputs, weights):
-    del weights  # Padding examples have all-zero targets: no tokens count.
-    correct, tokens = translation.token_accuracy(labels["targets"], outputs)
-    return {"accuracy": (correct, tokens),
-            "tokens_per_step": translation.tokens_per_step(tokens)}
+  # Loss, accuracy and tokens_per_step come from TextTask.
 
   @tf.autograph.experimental.do_not_convert  # Plain TF inside; see translation.eval_step.
   def eval_step(self, model, features, labels, weights):
@@ -227,7 +176,7 @@ class LanguageModelingTask(Task):
     del weights
     targets = labels["targets"]
     logits = model(features, training=False)
-    loss_sum, tokens, nll_sum, correct = translation.token_sums(
+    loss_sum, tokens, nll_sum, correct = text_task.token_sums(
         targets, logits, self.config.label_smoothing)
     sums = {"loss": (loss_sum, tokens), "accuracy": (correct, tokens)}
     if self.config.label_smoothing:
@@ -270,7 +219,7 @@ class LanguageModelingTask(Task):
   def _count_unigrams(self) -> np.ndarray:
     vocab = self.vocab
     data = self.config.train_data
-    dataset = translation.source_dataset(data, False, None)
+    dataset = text_task.source_dataset(data, False, None)
     if data.num_examples:
       dataset = dataset.take(data.num_examples)
     counts = np.zeros([vocab.vocab_size], np.int64)
