@@ -12,15 +12,13 @@ import tensorflow as tf
 
 from tpu_models import cli
 from tpu_models import config as config_lib
-from tpu_models.data import pasted_objects
-from tpu_models.data import sources
 from tpu_models.errors import ConfigError
 from tpu_models.evaluation import draw
 from tpu_models.tasks.base import create_task
 from tpu_models.training.trainer import Trainer
 
 from conftest import REPO
-from test_detection_task import TINY_MODEL
+from test_detection_task import TINY_MODEL, tiny_pasted_objects
 
 pytest.importorskip("pycocotools")
 pytest.importorskip("skimage")
@@ -30,16 +28,8 @@ STEPS = 20
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-  """12 training and 3 validation images, 64-96 px, 1-2 large objects each."""
-  try:
-    sources.load_fashion_mnist("test[:10]")
-  except FileNotFoundError as e:
-    pytest.skip(f"Fashion-MNIST not installed: {e}")
-  path = str(tmp_path_factory.mktemp("pasted"))
-  pasted_objects.build_pasted_objects(
-      path, num_train=12, num_validation=3, num_test=0, image_size_range=(64, 96),
-      objects_per_image=(1, 2), object_size_range=(0.3, 0.5), num_shards=1, progress=False)
-  return path
+  """12 training and 3 validation images."""
+  return tiny_pasted_objects(tmp_path_factory, 12, 3)
 
 
 def _config_dict(data_dir):

@@ -26,18 +26,24 @@ TINY_MODEL = {"name": "retinanet", "backbone_depth": 18, "backbone_width": 8, "f
               "max_level": 5}
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-  """16 training and 7 validation images, 64-96 px, 1-2 large objects each."""
+def tiny_pasted_objects(tmp_path_factory, num_train: int, num_validation: int) -> str:
+  """A directory of pasted-objects records: 64-96 px images, 1-2 large objects each."""
   try:
     sources.load_fashion_mnist("test[:10]")
   except FileNotFoundError as e:
     pytest.skip(f"Fashion-MNIST not installed: {e}")
   path = str(tmp_path_factory.mktemp("pasted"))
   pasted_objects.build_pasted_objects(
-      path, num_train=16, num_validation=7, num_test=0, image_size_range=(64, 96),
-      objects_per_image=(1, 2), object_size_range=(0.3, 0.5), num_shards=1, progress=False)
+      path, num_train=num_train, num_validation=num_validation, num_test=0,
+      image_size_range=(64, 96), objects_per_image=(1, 2), object_size_range=(0.3, 0.5),
+      num_shards=1, progress=False)
   return path
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  """16 training and 7 validation images."""
+  return tiny_pasted_objects(tmp_path_factory, 16, 7)
 
 
 def _config(data_dir, overrides=()):

@@ -16,13 +16,11 @@ import tensorflow as tf
 from tpu_models import config as config_lib
 from tpu_models import export
 from tpu_models.data import detection as detection_data
-from tpu_models.data import pasted_objects
-from tpu_models.data import sources
 from tpu_models.data import text as text_lib
 from tpu_models.training.trainer import Trainer
 
 import test_translation
-from test_detection_task import TINY_MODEL
+from test_detection_task import TINY_MODEL, tiny_pasted_objects
 
 # Runs in a fresh Python: loads both SavedModels and serves the inputs of a JSON file
 # (base64 strings: the translator's inputs are not all UTF-8), printing one JSON line.
@@ -62,14 +60,7 @@ def detector(tmp_path_factory):
   """(config, model_dir, validation JPEG bytes) of a detector trained for a few steps."""
   pytest.importorskip("pycocotools")
   pytest.importorskip("skimage")
-  try:
-    sources.load_fashion_mnist("test[:10]")
-  except FileNotFoundError as e:
-    pytest.skip(f"Fashion-MNIST not installed: {e}")
-  data_dir = str(tmp_path_factory.mktemp("pasted"))
-  pasted_objects.build_pasted_objects(
-      data_dir, num_train=8, num_validation=2, num_test=0, image_size_range=(64, 96),
-      objects_per_image=(1, 2), object_size_range=(0.3, 0.5), num_shards=1, progress=False)
+  data_dir = tiny_pasted_objects(tmp_path_factory, 8, 2)
   config = config_lib.experiment_from_dict({
       "task": {"name": "detection", "model": dict(TINY_MODEL),
                "train_data": {"path": f"{data_dir}/train-*", "global_batch_size": 2},
