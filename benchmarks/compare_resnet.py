@@ -50,6 +50,7 @@ MG_PYTHON = os.path.join(MG_VENV, "bin", "python")
 SETUP_COMMAND = f"bash {os.path.relpath(os.path.join(HERE, 'model_garden', 'setup_venv.sh'))}"
 
 SIDES = ("ours", "model_garden", "keras_hub", "keras_applications")
+PRECISIONS = ("float32", "bfloat16")
 LABELS = {"ours": "ours (tpu_models, Keras 3)", "model_garden": "Model Garden (tf_keras)",
           "keras_hub": "keras-hub ResNetBackbone (Keras 3)",
           "keras_applications": "keras.applications.ResNet50 (Keras 3)"}
@@ -259,6 +260,37 @@ def keras_hub_version():
   return lines[-1] if done.returncode == 0 and lines else None
 
 
+def comma_list(parser: argparse.ArgumentParser, flag: str, value: str, allowed) -> list:
+  """`value` of `flag` split on commas; an entry not in `allowed` is a parser error."""
+  items = [v.strip() for v in value.split(",") if v.strip()]
+  for item in items:
+    if item not in allowed:
+      parser.error(f"{flag}: unknown value {item!r}; use {', '.join(allowed)}.")
+  return items
+
+
+def peer_versions(args, all_sides, keras_hub_needed: bool):
+  """(Model Garden version, keras-hub version) of the sides in `args.sides`, "not used" for
+  the others; None, after saying how to install it, when a needed peer is missing."""
+  mg_version = kh_version = "not used"
+  if "model_garden" in args.sides:
+    mg_version = model_garden_version(args.mg_python)
+    if mg_version is None:
+      print(f"The Model Garden venv ({args.mg_python}) is missing or cannot import "
+            f"official.vision. Set it up first (~5 minutes, ~3.5 GB):\n\n  {SETUP_COMMAND}\n",
+            file=sys.stderr)
+      return None
+  if "keras_hub" in args.sides and keras_hub_needed:
+    kh_version = keras_hub_version()
+    if kh_version is None:
+      others = ",".join(side for side in all_sides if side != "keras_hub")
+      print("keras-hub does not import in this Python. Install the benchmark extra (it keeps "
+            "TensorFlow and Keras as they are):\n\n  pip install -e \".[bench]\"\n\nor leave it "
+            f"out: --sides {others}", file=sys.stderr)
+      return None
+  return mg_version, kh_version
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(
       description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 2)[2],
@@ -286,32 +318,12 @@ def main(argv=None):
                       help="Python of the Model Garden venv.")
   parser.add_argument("--output", default="", help="Also write the markdown report here.")
   args = parser.parse_args(argv)
-  args.precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
-  args.sides = [s.strip() for s in args.sides.split(",") if s.strip()]
-  for p in args.precisions:
-    if p not in ("float32", "bfloat16"):
-      parser.error(f"--precisions: unknown precision {p!r}; use float32 and/or bfloat16.")
-  for s in args.sides:
-    if s not in SIDES:
-      parser.error(f"--sides: unknown side {s!r}; use {', '.join(SIDES)}.")
-
-  mg_version = "not used"
-  if "model_garden" in args.sides:
-    mg_version = model_garden_version(args.mg_python)
-    if mg_version is None:
-      print(f"The Model Garden venv ({args.mg_python}) is missing or cannot import "
-            f"official.vision. Set it up first (~5 minutes, ~3.5 GB):\n\n  {SETUP_COMMAND}\n",
-            file=sys.stderr)
-      return 2
-
-  kh_version = "not used"
-  if "keras_hub" in args.sides and not args.pipeline_only:
-    kh_version = keras_hub_version()
-    if kh_version is None:
-      print("keras-hub does not import in this Python. Install the benchmark extra (it keeps "
-            "TensorFlow and Keras as they are):\n\n  pip install -e \".[bench]\"\n\nor leave it "
-            "out: --sides ours,model_garden,keras_applications", file=sys.stderr)
-      return 2
+  args.precisions = comma_list(parser, "--precisions", args.precisions, PRECISIONS)
+  args.sides = comma_list(parser, "--sides", args.sides, SIDES)
+  versions = peer_versions(args, SIDES, keras_hub_needed=not args.pipeline_only)
+  if versions is None:
+    return 2
+  mg_version, kh_version = versions
 
   start = time.perf_counter()
   sections = [f"# ResNet-50 comparison\n\n{machine_description(mg_version, kh_version)}. "

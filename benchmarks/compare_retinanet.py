@@ -192,32 +192,15 @@ def main(argv=None):
   parser.add_argument("--mg-python", default=common.MG_PYTHON, help="Python of the Model Garden venv.")
   parser.add_argument("--output", default="", help="Also write the markdown report here.")
   args = parser.parse_args(argv)
-  args.precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
-  args.sides = [s.strip() for s in args.sides.split(",") if s.strip()]
-  for p in args.precisions:
-    if p not in ("float32", "bfloat16"):
-      parser.error(f"--precisions: unknown precision {p!r}; use float32 and/or bfloat16.")
-  for s in args.sides:
-    if s not in SIDES:
-      parser.error(f"--sides: unknown side {s!r}; use {', '.join(SIDES)}.")
+  args.precisions = common.comma_list(parser, "--precisions", args.precisions, common.PRECISIONS)
+  args.sides = common.comma_list(parser, "--sides", args.sides, SIDES)
   if args.image_size % 2**ex.MAX_LEVEL:
     parser.error(f"--image-size must be a multiple of {2**ex.MAX_LEVEL}, got {args.image_size}.")
 
-  mg_version = "not used"
-  if "model_garden" in args.sides:
-    mg_version = common.model_garden_version(args.mg_python)
-    if mg_version is None:
-      print(f"The Model Garden venv ({args.mg_python}) is missing or cannot import "
-            f"official.vision. Set it up first (~5 minutes, ~3.5 GB):\n\n  "
-            f"{common.SETUP_COMMAND}\n", file=sys.stderr)
-      return 2
-  kh_version = "not used"
-  if "keras_hub" in args.sides and not args.pipeline_only:
-    kh_version = common.keras_hub_version()
-    if kh_version is None:
-      print("keras-hub does not import in this Python: pip install -e \".[bench]\", or leave it "
-            "out: --sides ours,model_garden", file=sys.stderr)
-      return 2
+  versions = common.peer_versions(args, SIDES, keras_hub_needed=not args.pipeline_only)
+  if versions is None:
+    return 2
+  mg_version, kh_version = versions
 
   start = time.perf_counter()
   sections = [f"# RetinaNet ResNet-50-FPN comparison\n\n"

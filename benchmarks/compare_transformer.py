@@ -46,9 +46,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 # The process plumbing of the ResNet comparison, reused as it is (imported, not copied).
-from compare_resnet import (MG_PYTHON, SETUP_COMMAND, fmt, keras_hub_version, log,  # pylint: disable=g-import-not-at-top
-                            machine_description, median, model_garden_version, rotated,
-                            run_worker)
+from compare_resnet import (MG_PYTHON, PRECISIONS, comma_list, fmt, log,  # pylint: disable=g-import-not-at-top
+                            machine_description, median, peer_versions, rotated, run_worker)
 import transformer_worker_args as shared  # pylint: disable=g-import-not-at-top
 
 SIDES = ("ours", "model_garden", "keras_hub")
@@ -184,38 +183,17 @@ def main(argv=None):
   parser.add_argument("--mg-python", default=MG_PYTHON, help="Python of the Model Garden venv.")
   parser.add_argument("--output", default="", help="Also write the markdown report here.")
   args = parser.parse_args(argv)
-  args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-  args.precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
-  args.sides = [s.strip() for s in args.sides.split(",") if s.strip()]
-  for m in args.modes:
-    if m not in MODES:
-      parser.error(f"--modes: unknown mode {m!r}; use {', '.join(MODES)}.")
-  for p in args.precisions:
-    if p not in ("float32", "bfloat16"):
-      parser.error(f"--precisions: unknown precision {p!r}; use float32 and/or bfloat16.")
-  for s in args.sides:
-    if s not in SIDES:
-      parser.error(f"--sides: unknown side {s!r}; use {', '.join(SIDES)}.")
+  args.modes = comma_list(parser, "--modes", args.modes, MODES)
+  args.precisions = comma_list(parser, "--precisions", args.precisions, PRECISIONS)
+  args.sides = comma_list(parser, "--sides", args.sides, SIDES)
   # The workers validate the shape flags too; fail here, before any process starts.
   shared.parse_args("check", ["--mode", "decode"] + [
       a for key in SHAPE_FLAGS for a in (f"--{key.replace('_', '-')}", str(getattr(args, key)))])
 
-  mg_version = "not used"
-  if "model_garden" in args.sides:
-    mg_version = model_garden_version(args.mg_python)
-    if mg_version is None:
-      print(f"The Model Garden venv ({args.mg_python}) is missing or cannot import "
-            f"official.vision. Set it up first (~5 minutes, ~3.5 GB):\n\n  {SETUP_COMMAND}\n",
-            file=sys.stderr)
-      return 2
-  kh_version = "not used"
-  if "keras_hub" in args.sides:
-    kh_version = keras_hub_version()
-    if kh_version is None:
-      print("keras-hub does not import in this Python. Install the benchmark extra:\n\n"
-            "  pip install -e \".[bench]\"\n\nor leave it out: --sides ours,model_garden",
-            file=sys.stderr)
-      return 2
+  versions = peer_versions(args, SIDES, keras_hub_needed=True)
+  if versions is None:
+    return 2
+  mg_version, kh_version = versions
 
   start = time.perf_counter()
   results = compare(args)
