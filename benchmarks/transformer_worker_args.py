@@ -107,3 +107,17 @@ def time_calls(run, count: int):
   seconds = time.perf_counter() - start
   faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
   return seconds, value, faults / count
+
+
+def time_train_steps(run_steps, args) -> dict:
+  """`args.warmup` untimed steps (tracing), then `args.steps` timed ones, as one JSON result.
+
+  `run_steps(n)` runs n train steps (in one call, as a host loop would) and
+  returns the last loss as a float.
+  """
+  run_steps(args.warmup)
+  seconds, loss, faults = time_calls(lambda: run_steps(args.steps), 1)
+  tokens = args.batch * args.target_length
+  return {"tokens_per_second": tokens * args.steps / seconds,
+          "step_seconds": seconds / args.steps, "tokens_per_step": tokens,
+          "page_faults_per_step": faults / args.steps, "loss": loss}

@@ -112,13 +112,8 @@ def train_step(args) -> dict:
       loss = step(next(iterator))
     return loss
 
-  loop(tf.constant(args.warmup)).numpy()  # Traces; runs the warm-up steps.
-  seconds, loss, faults = shared.time_calls(lambda: float(loop(tf.constant(args.steps))), 1)
-  tokens = args.batch * args.target_length
-  return {"tokens_per_second": tokens * args.steps / seconds,
-          "step_seconds": seconds / args.steps, "tokens_per_step": tokens,
-          "page_faults_per_step": faults / args.steps, "loss": loss,
-          "params": trainable_parameters(model), "optimizer": type(optimizer).__name__}
+  result = shared.time_train_steps(lambda n: float(loop(tf.constant(n))), args)
+  return dict(result, params=trainable_parameters(model), optimizer=type(optimizer).__name__)
 
 
 def decode(args) -> dict:
