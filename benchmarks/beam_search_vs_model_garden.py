@@ -69,7 +69,7 @@ def run_ours(case_file: str):
   sys.path.insert(0, os.path.dirname(WORKER))
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from beam_search_worker import cases_from_file, table_symbols_to_logits_fn  # pylint: disable=g-import-not-at-top
-  from tpu_models.ops.beam_search import sequence_beam_search  # pylint: disable=g-import-not-at-top
+  from tpu_models.text.beam_search import sequence_beam_search  # pylint: disable=g-import-not-at-top
 
   results = {}
   for name, s, table, history, rows in cases_from_file(case_file):

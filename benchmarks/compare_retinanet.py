@@ -145,7 +145,7 @@ def pipeline_table(results) -> str:
 def write_records(directory: str, num_images: int) -> str:
   """The pasted-objects generator's train split (real photos, COCO schema); returns the glob."""
   code = (
-      "import sys; from tpu_models.data import pasted_objects; "
+      "import sys; from tpu_models.vision.detection import pasted_objects; "
       "pasted_objects.build_pasted_objects(sys.argv[1], num_train=int(sys.argv[2]), "
       "num_validation=0, num_test=0, image_size_range=(480, 640), num_shards=4, "
       "progress=False)")

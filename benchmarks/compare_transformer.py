@@ -6,7 +6,7 @@ Each measurement is a fresh subprocess printing one JSON line:
                 train_step through our real Trainer (`translation` task,
                 `transformer` model at the base size, synthetic batch);
                 decode = `TransformerModel.translate` (key/value cache,
-                tpu_models.ops.beam_search).
+                tpu_models.text.beam_search).
   model_garden  benchmarks/model_garden/transformer_worker.py in
                 benchmarks/.venv-model-garden (tf-models-official, tf_keras):
                 `Seq2SeqTransformer` built as their TranslationTask builds it,

@@ -29,8 +29,9 @@ import tensorflow as tf
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tpu_models.config import DataConfig  # pylint: disable=g-import-not-at-top
-from tpu_models.data import example as example_lib
-from tpu_models.data import image as image_lib
+from tpu_models.data import records
+from tpu_models.vision.classification import example as example_lib
+from tpu_models.vision import image as image_lib
 from tpu_models.data import pipeline
 
 
@@ -75,7 +76,7 @@ def write_temporary_records(directory: str, num_images: int, num_shards: int = 8
   rng = np.random.default_rng(seed)
   photos = _sample_photos()
   sizes = []
-  with example_lib.ShardedRecordWriter(os.path.join(directory, "train"), num_shards) as writer:
+  with records.ShardedRecordWriter(os.path.join(directory, "train"), num_shards) as writer:
     for i in range(num_images):
       height, width = int(rng.integers(300, 450)), int(rng.integers(330, 500))
       if photos:  # A random crop of a real photo, resized to ImageNet-like size.

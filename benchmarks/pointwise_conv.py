@@ -1,6 +1,6 @@
 """1x1 convolutions: Conv2D kernel vs one matmul, forward + backward, per ResNet-50 shape.
 
-Why `PointwiseConv2D` (tpu_models/models/layers.py) computes 1x1 stride-1
+Why `PointwiseConv2D` (tpu_models/vision/layers.py) computes 1x1 stride-1
 convolutions as matmuls in bfloat16 and as convolutions in float32. For each
 1x1 layer shape of ResNet-50 at batch 32, the layer with `as_matmul=False` and
 `as_matmul=True` (same input, same kernel, the run's dtype policy) runs
@@ -21,7 +21,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # pylint: disable=g-import-not-at-top
 import tensorflow as tf
 
-from tpu_models.models.layers import PointwiseConv2D
+from tpu_models.vision.layers import PointwiseConv2D
 
 # (height = width, C_in, C_out) of ResNet-50's 1x1 stride-1 layers at 224 px.
 SHAPES = [(56, 64, 256), (56, 256, 64), (28, 512, 128), (28, 128, 512), (14, 1024, 256),

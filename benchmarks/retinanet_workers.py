@@ -3,7 +3,7 @@
 Run by benchmarks/compare_retinanet.py as a subprocess (one fresh process per
 measurement), in the main Python (TF 2.21, Keras 3, keras-hub 0.32). Modes:
 
-  ours_train_step      our `retinanet_resnet50_fpn` (tpu_models/models/retinanet.py)
+  ours_train_step      our `retinanet_resnet50_fpn` (tpu_models/vision/detection/retinanet.py)
                        through the real Trainer and DetectionTask
                        (`tpu_models.training.benchmark.train_throughput`, the task's
                        synthetic batch: one image, two boxes, anchor targets
@@ -79,7 +79,7 @@ def our_experiment(args, data: str = "") -> dict:
 
 def ours_train_step(args) -> dict:
   from tpu_models import config as config_lib
-  from tpu_models.tasks.base import create_task
+  from tpu_models.task import create_task
   from tpu_models.training import benchmark
   config = config_lib.experiment_from_dict(our_experiment(args))
   result = benchmark.train_throughput(config, steps=args.steps, warmup=args.warmup, peak=True)
@@ -97,7 +97,7 @@ def ours_train_step(args) -> dict:
 
 def input_pipeline(args) -> dict:
   from tpu_models import config as config_lib
-  from tpu_models.tasks.base import create_task
+  from tpu_models.task import create_task
   config = config_lib.experiment_from_dict(our_experiment(args, data=args.data))
   task = create_task(config.task)
   iterator = iter(task.build_inputs("train"))

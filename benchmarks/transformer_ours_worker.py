@@ -10,7 +10,7 @@ measurement), in the main Python environment (TF 2.21, Keras 3). Modes:
               label-smoothed loss summed over real target tokens, the
               Trainer's AdamW with weight decay 0 (= Adam), constant lr.
   decode      `TransformerModel.translate` (encoder once, the decoder with its
-              pre-allocated key/value cache, `tpu_models.ops.beam_search`) in
+              pre-allocated key/value cache, `tpu_models.text.beam_search`) in
               one tf.function (XLA off, as every side) on the fixed source batch.
 
     python benchmarks/transformer_ours_worker.py --mode train_step --precision bfloat16

@@ -4,7 +4,12 @@ import os
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.dirname(os.path.abspath(__file__))
+# The toy task, and the family test modules whose fixtures other tests reuse
+# (tiny detectors, tiny translators), import by module name.
+for _folder in ("", "text", os.path.join("vision", "detection"),
+                os.path.join("vision", "classification"), "reliability"):
+  sys.path.insert(0, os.path.join(TESTS, _folder))
 
 import keras  # noqa: E402
 import pytest  # noqa: E402

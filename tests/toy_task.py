@@ -19,7 +19,7 @@ from tpu_models import config as config_lib
 from tpu_models.config import TaskConfig
 from tpu_models.data import pipeline
 from tpu_models.registry import register_model, register_task
-from tpu_models.tasks.base import Task, weighted_mean
+from tpu_models.task import Task, weighted_mean
 
 NUM_FEATURES = 8
 NUM_CLASSES = 4

@@ -364,7 +364,7 @@ def _sample(args) -> int:
 def _predict(args) -> int:
   from tpu_models import export
   from tpu_models.errors import ConfigError
-  from tpu_models.tasks import base
+  from tpu_models import task as base
   config, model_dir = _load(args)
   task = base.create_task(config.task)
   if type(task).predict_files is base.Task.predict_files:  # Say so before loading weights.
@@ -398,7 +398,7 @@ def _benchmark(args) -> int:
 
 
 def _convert(args) -> int:
-  from tpu_models.data import convert
+  from tpu_models.vision.classification import convert
   if args.source in ("coco", "voc", "csv", "pasted-objects"):
     return _convert_detection(args)
   if args.source == "image-folder":
@@ -412,7 +412,8 @@ def _convert(args) -> int:
 
 
 def _convert_detection(args) -> int:
-  from tpu_models.data import detection_convert, pasted_objects
+  from tpu_models.vision.detection import convert as detection_convert
+  from tpu_models.vision.detection import pasted_objects
   if args.source == "pasted-objects":
     result = pasted_objects.build_pasted_objects(
         args.output_dir, num_train=args.num_train, num_validation=args.num_validation,
@@ -444,7 +445,7 @@ def _convert_detection(args) -> int:
 
 def _vocab(args) -> int:
   from tpu_models.config import DataConfig
-  from tpu_models.data import text
+  from tpu_models.text import inputs as text
   if args.source.endswith((".yaml", ".yml")):
     args.config, args.model_dir = args.source, None
     config, _ = _load(args)

@@ -36,7 +36,7 @@ import tensorflow as tf
 
 from tpu_models import config as config_lib
 from tpu_models.errors import ConfigError
-from tpu_models.tasks.base import create_task
+from tpu_models.task import create_task
 from tpu_models.training import checkpoints
 
 

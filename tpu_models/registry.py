@@ -39,16 +39,17 @@ EXTRA_PACKAGES = {"text": ("sentencepiece", "sacrebleu"), "coco": ("pycocotools"
 
 # Modules not written yet are skipped, so families can be listed before they land.
 BUILTIN_FAMILIES: List[Family] = [
-    Family("tpu_models.models.resnet", models=("resnet*",)),
-    Family("tpu_models.models.transformer", models=("transformer*",)),
-    Family("tpu_models.models.retinanet", models=("retinanet*",)),
-    Family("tpu_models.tasks.classification", tasks=("classification",)),
-    Family("tpu_models.tasks.translation", "text", tasks=("translation",)),
-    Family("tpu_models.tasks.language_modeling", "text", tasks=("language_modeling",)),
-    Family("tpu_models.tasks.detection", "coco", tasks=("detection",)),
+    Family("tpu_models.vision.classification.resnet", models=("resnet*",)),
+    Family("tpu_models.text.transformer", models=("transformer*",)),
+    Family("tpu_models.vision.detection.retinanet", models=("retinanet*",)),
+    Family("tpu_models.vision.classification.task", tasks=("classification",)),
+    Family("tpu_models.text.translation", "text", tasks=("translation",)),
+    Family("tpu_models.text.language_modeling", "text", tasks=("language_modeling",)),
+    Family("tpu_models.vision.detection.task", "coco", tasks=("detection",)),
     Family("tpu_models.data.pipeline", datasets=("tfrecord",)),
-    Family("tpu_models.data.sources", datasets=("fashion_mnist", "tfds")),
-    Family("tpu_models.data.text_sources", "text",
+    Family("tpu_models.vision.classification.fashion_mnist", datasets=("fashion_mnist",)),
+    Family("tpu_models.data.sources", datasets=("tfds",)),
+    Family("tpu_models.text.sources", "text",
            datasets=("de_en_dictionary", "tsv", "text_tfrecord", "wmt14_de_en")),
 ]
 

@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 import yaml
 
-from tpu_models.data import example as example_lib
+from tpu_models.vision.classification import example as example_lib
 from tpu_models.training import progress
 # Re-exported for the tests here.
 from training.test_trainer import _cli, _final_weights, _wait_for  # noqa: F401

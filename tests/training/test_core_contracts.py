@@ -159,7 +159,7 @@ import tpu_models
 from tpu_models import registry
 from tpu_models.errors import MissingExtraError
 model = tpu_models.create_model("resnet18", num_classes=3, input_shape=[32, 32, 3], stem="small")
-assert "tpu_models.models.retinanet" not in sys.modules  # Only the ResNet family was imported.
+assert "tpu_models.vision.detection.retinanet" not in sys.modules  # Only the ResNet family was imported.
 registry.BUILTIN_FAMILIES.append(registry.Family("needs_sentencepiece", "text",
                                                  models=("fake_text_*",)))
 try:

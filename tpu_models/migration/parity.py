@@ -145,8 +145,8 @@ def compare_outputs(family: str, model, arrays: Mapping[str, np.ndarray],
     result["max_abs"] = float(np.abs(arrays["logits"]).max())
     return result
   if family == "retinanet":
-    from tpu_models.ops import anchors as anchor_ops
-    from tpu_models.ops import nms
+    from tpu_models.vision.detection import anchors as anchor_ops
+    from tpu_models.vision.detection import nms
     outputs = model(arrays["images"], training=False)
     class_logits = outputs["class_logits"].numpy()
     box_deltas = outputs["box_deltas"].numpy()
@@ -167,7 +167,7 @@ def compare_outputs(family: str, model, arrays: Mapping[str, np.ndarray],
       start += n
     result["max_abs_diff"] = worst
     their_anchors = np.concatenate([arrays[f"anchors_l{l}"].reshape(-1, 4) for l in levels])
-    from tpu_models.models import retinanet
+    from tpu_models.vision.detection import retinanet
     image_size = arrays["images"].shape[1:3]
     ours_anchors = anchor_ops.multilevel_anchors(**retinanet.anchor_layout(**params)).numpy()
     result["max_abs_diff_anchors"] = float(np.abs(ours_anchors - their_anchors).max())

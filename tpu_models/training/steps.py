@@ -21,7 +21,7 @@ import keras
 import tensorflow as tf
 
 from tpu_models.config import OptimizerConfig
-from tpu_models.tasks.base import MetricSums, Task, is_pair, loss_sums
+from tpu_models.task import MetricSums, Task, is_pair, loss_sums
 from tpu_models.training import optimizers as optimizers_lib
 from tpu_models.training import precision
 

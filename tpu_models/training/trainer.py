@@ -46,7 +46,7 @@ from tpu_models.config import (DataConfig, ExperimentConfig, config_warnings, du
                                to_dict, validate)
 from tpu_models.data import pipeline
 from tpu_models.errors import ConfigError, DataError
-from tpu_models.tasks.base import Task, create_task
+from tpu_models.task import Task, create_task
 from tpu_models.training import checkpoints
 from tpu_models.training import host_memory
 from tpu_models.training import optimizers as optimizers_lib

@@ -1,0 +1,217 @@
+"""Translation end to end on a tiny German->English corpus written here: loss, packing, BLEU, export."""
+
+import itertools
+import os
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import REPO
+from tpu_models import config as config_lib
+from tpu_models import export
+from tpu_models.text import inputs as text_lib
+from tpu_models.registry import register_dataset
+from tpu_models.text import translation
+from tpu_models.task import create_task
+from tpu_models.training import tpu_check
+from tpu_models.training.trainer import Trainer
+
+SUBJECTS = [("Der Hund", "The dog"), ("Die Katze", "The cat"), ("Das Kind", "The child"),
+            ("Der Mann", "The man"), ("Die Frau", "The woman")]
+VERBS = [("sieht", "sees"), ("mag", "likes"), ("hört", "hears"), ("sucht", "looks for")]
+OBJECTS = [("den Ball", "the ball"), ("das Haus", "the house"), ("den Garten", "the garden"),
+           ("die Blume", "the flower"), ("das Auto", "the car")]
+TINY_MODEL = {"name": "transformer", "num_encoder_layers": 1, "num_decoder_layers": 1,
+              "hidden_size": 32, "num_heads": 2, "filter_size": 64, "dropout": 0.0,
+              "attention_dropout": 0.0, "activation_dropout": 0.0, "max_length": 64}
+
+
+def sentence_pairs():
+  """100 (German, English) sentences of a word-for-word grammar, in a fixed shuffled order."""
+  pairs = [(f"{s} {v} {o}.", f"{es} {ev} {eo}.")
+           for (s, es), (v, ev), (o, eo) in itertools.product(SUBJECTS, VERBS, OBJECTS)]
+  random.Random(0).shuffle(pairs)
+  return pairs
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+  """TSV files (train: 3 x 80 pairs, validation: 7 pairs) and a vocabulary trained on train."""
+  root = tmp_path_factory.mktemp("corpus")
+  pairs = sentence_pairs()
+  train, validation = pairs[:80], pairs[80:87]
+  (root / "train.tsv").write_text("".join(f"{de}\t{en}\n" for de, en in train * 3))
+  (root / "validation.tsv").write_text("".join(f"{de}\t{en}\n" for de, en in validation))
+  vocab = text_lib.train_sentencepiece([s for pair in train for s in pair], str(root / "vocab"),
+                                       vocab_size=56, character_coverage=1.0)
+  return {"root": root, "vocab": vocab, "train": train, "validation": validation}
+
+
+def make_config(corpus, extra=(), **task):
+  data = {
+      "task": {"name": "translation", "model": dict(TINY_MODEL), "vocab_path": corpus["vocab"],
+               "max_input_length": 32, "max_target_length": 32, "max_decode_length": 32,
+               "train_data": {"source": "tsv", "path": str(corpus["root"] / "train.tsv"),
+                              "global_batch_size": 8, "seed": 1},
+               "eval_data": {"source": "tsv", "path": str(corpus["root"] / "validation.tsv"),
+                             "global_batch_size": 4}, **task},
+      "trainer": {"train_steps": 150, "steps_per_loop": 50, "checkpoint_every": 150,
+                  "optimizer": {"name": "adamw", "beta_2": 0.98},
+                  "schedule": {"name": "inverse_sqrt", "base_lr": 0.01, "warmup_steps": 10},
+                  "tensorboard": False},
+      "runtime": {"strategy": "cpu", "seed": 3}}
+  return config_lib.experiment_from_dict(data, list(extra))
+
+
+def _encode(vocab, sentences, length):
+  return translation.encode_batch(vocab, tf.constant(sentences), length)
+
+
+def test_loss_is_a_sum_over_real_tokens(corpus):
+  task = create_task(make_config(corpus).task)
+  model = task.build_model()
+  assert model.vocab_size == task.vocab.vocab_size == 56  # Read from the vocabulary.
+  de, en = zip(*corpus["train"][:3])
+  features = {"inputs": _encode(task.vocab, de, 32), "targets": _encode(task.vocab, en, 32)}
+  logits = model(features)
+  loss_sum, tokens = task.loss({"targets": features["targets"]}, logits)
+  assert float(tokens) == float(np.count_nonzero(features["targets"].numpy()))
+
+  # The same by hand: smoothed targets (0.9 on the truth, 0.1 / 55 elsewhere) minus their entropy.
+  log_probs = tf.nn.log_softmax(logits).numpy()
+  targets = features["targets"].numpy()
+  expected = 0.0
+  for b, t in zip(*np.nonzero(targets)):
+    soft = np.full(56, 0.1 / 55)
+    soft[targets[b, t]] = 0.9
+    expected += -(soft * log_probs[b, t]).sum() + (soft * np.log(soft)).sum()
+  np.testing.assert_allclose(float(loss_sum), expected, rtol=1e-5)
+
+  # Extra padding columns and all-padding rows (eval padding) add nothing.
+  padded = {k: tf.pad(v, [[0, 2], [0, 8]]) for k, v in features.items()}
+  padded_sum, padded_tokens = task.loss({"targets": padded["targets"]}, model(padded))
+  assert float(padded_tokens) == float(tokens)
+  np.testing.assert_allclose(float(padded_sum), float(loss_sum), rtol=1e-5)
+
+
+def test_packed_and_unpacked_give_the_same_loss(corpus):
+  task = create_task(make_config(corpus).task)
+  model = task.build_model()
+  vocab = task.vocab
+  pairs = corpus["train"][:6]
+  examples = tf.data.Dataset.from_tensor_slices({
+      "inputs": [de for de, _ in pairs], "targets": [en for _, en in pairs]}).map(
+          lambda e: {k: vocab.encode(v) for k, v in e.items()})
+  lengths = {"inputs": 64, "targets": 64}
+  packed_rows = list(text_lib.pack_dataset(examples, lengths).as_numpy_iterator())
+  assert len(packed_rows) < len(pairs)  # Several pairs per row.
+  packed = {k: tf.constant(np.stack([r[k] for r in packed_rows])) for k in packed_rows[0]}
+  unpacked = {k: tf.constant(np.stack([r[k] for r in text_lib.pad_to_length(
+      examples, lengths).as_numpy_iterator()])) for k in ("inputs", "targets")}
+  packed_sum, packed_tokens = task.loss({"targets": packed["targets"]}, model(packed))
+  sum_, tokens = task.loss({"targets": unpacked["targets"]}, model(unpacked))
+  assert float(packed_tokens) == float(tokens)
+  np.testing.assert_allclose(float(packed_sum), float(sum_), rtol=1e-4)
+
+
+def test_train_evaluate_bleu_and_export(corpus, tmp_path):
+  config = make_config(corpus)
+  model_dir = str(tmp_path / "run")
+  trainer = Trainer(config, model_dir)
+  metrics = trainer.train_and_evaluate()
+  trainer.close()
+  assert metrics["examples"] == 7  # 2 batches of 4, the second padded by one example.
+  assert {"bleu", "chrf", "accuracy", "nll", "perplexity"} <= set(metrics)
+  assert metrics["accuracy"] > 0.6, metrics  # Well above chance over 56 pieces.
+  assert metrics["bleu"] > 10, metrics
+  np.testing.assert_allclose(metrics["perplexity"], np.exp(metrics["nll"]), rtol=1e-6)
+
+  # Eval batches of 1 (no padding) and 4 (one padding example): the same corpus BLEU.
+  one = Trainer(make_config(corpus, ["task.eval_data.global_batch_size=1"]), model_dir)
+  by_one = one.evaluate()
+  one.close()
+  assert by_one["examples"] == 7
+  assert by_one["bleu"] == pytest.approx(metrics["bleu"], abs=1e-9)
+  assert by_one["loss"] == pytest.approx(metrics["loss"], rel=1e-5)
+
+  # Export, then translate in a fresh process (the tokenizer lives in the SavedModel).
+  output = str(tmp_path / "saved")
+  export.export_saved_model(config, model_dir, output)
+  script = (
+      "import sys, tensorflow as tf, tensorflow_text\n"
+      "m = tf.saved_model.load(sys.argv[1])\n"
+      "out = m.signatures['serving_default'](sentences=tf.constant(sys.argv[2:]))\n"
+      "for t in out['translations'].numpy(): print(t.decode())\n")
+  held_out = corpus["validation"][0]
+  inputs = [held_out[0], "", "###  ξξ xyz"]
+  result = subprocess.run([sys.executable, "-c", script, output, *inputs], capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+  assert result.returncode == 0, result.stderr[-2000:]
+  lines = result.stdout.splitlines()
+  assert len(lines) == 3, result.stdout
+  # The same translation as the task's own beam search on the trained weights.
+  task, model = export.load_model(config, model_dir)
+  assert lines[0] == task.translate_texts(model, [held_out[0]])[0]
+  assert lines[0].startswith("The "), lines
+
+
+@register_dataset("tiny_pairs_by_split", overwrite=True)
+def _tiny_pairs_by_split(config, training, input_context):
+  """German->English pairs whose split decides the text: 'train' or 'extra' (all "Ja." -> "Yes.")."""
+  del training, input_context
+  if config.split not in ("train", "extra"):
+    raise ValueError(f"no split {config.split!r}")
+  pairs = sentence_pairs()[:80] if config.split == "train" else [("Ja.", "Yes.")] * 5
+  return tf.data.Dataset.from_tensor_slices({"inputs": [p[0] for p in pairs],
+                                             "targets": [p[1] for p in pairs]})
+
+
+def test_oversampling_draws_the_given_share_from_the_second_split(corpus):
+  config = make_config(corpus, ["task.train_data.source=tiny_pairs_by_split",
+                                "task.oversample_sentences=0.25", "task.sentences_split=extra",
+                                "task.packing=false", "task.train_data.global_batch_size=50"])
+  task = create_task(config.task)
+  yes = translation.encode_batch(task.vocab, tf.constant(["Yes."]), 32).numpy()[0]
+  rows = np.concatenate([f["targets"] for f, _ in
+                         task.build_inputs("train").take(8).as_numpy_iterator()])
+  share = np.mean([np.array_equal(row, yes) for row in rows])
+  assert 0.15 < share < 0.35, share  # 400 rows drawn with p = 0.25.
+  config = config_lib.override(config, ["task.sentences_split=sentences"])
+  with pytest.raises(config_lib.ConfigError, match="sentences_split"):
+    create_task(config.task).build_inputs("train")
+
+
+def test_missing_vocabulary_names_the_command(corpus, tmp_path):
+  config = make_config(corpus, [f"task.vocab_path={tmp_path / 'none.model'}"])
+  task = create_task(config.task)
+  with pytest.raises(FileNotFoundError, match="tpu-models vocab"):
+    task.build_model()
+  with pytest.raises(FileNotFoundError, match="task.vocab_path"):
+    task.build_inputs("train")
+  # With vocab_size in the model config the model builds, and `check` falls back to
+  # synthetic inputs of the configured shapes.
+  config = make_config(corpus, [f"task.vocab_path={tmp_path / 'none.model'}",
+                                "task.model.vocab_size=56"])
+  report = tpu_check.check_config(config)
+  assert report.ready, report.format()
+  assert report.compiled == ["train", "eval"]
+  with pytest.raises(config_lib.ConfigError, match="vocab_size"):
+    create_task(make_config(corpus, ["task.model.vocab_size=57"]).task).build_model()
+
+
+def test_check_compiles_train_and_beam_search_eval(corpus):
+  report = tpu_check.check_config(make_config(corpus))
+  assert report.ready, report.format()
+  assert report.compiled == ["train", "eval"]
+  assert not [f for f in report.findings if f.kind == "input"], report.format()
+
+
+@pytest.mark.parametrize("name", ["wmt14_ende_base", "wmt14_ende_big", "de_en_dictionary"])
+def test_official_configs_load(name):
+  config = config_lib.load_config(os.path.join(REPO, "official", "transformer", f"{name}.yaml"))
+  assert config.task.name == "translation"
+  assert config.task.model.params["vocab_size"] in (8000, 32000)

@@ -1,0 +1,170 @@
+"""Classification end to end on tiny real JPEG TFRecords: train, evaluate, export, serve."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import REPO
+from tpu_models import config as config_lib
+from tpu_models import export
+from tpu_models.vision.classification import example as example_lib
+from tpu_models.training.trainer import Trainer
+
+
+def _jpeg(rng, label, size=40):
+  """A class-dependent picture: label k has a bright horizontal band k of 4.
+
+  Bands, not quadrants: the training augmentation flips left-right, which would make
+  quadrants 0/1 and 2/3 the same class and cap accuracy at 50%.
+  """
+  image = rng.integers(0, 60, size=(size, size, 3), dtype=np.uint8)
+  band = size // 4
+  image[(label % 4) * band:(label % 4 + 1) * band] += 150
+  return tf.io.encode_jpeg(image).numpy()
+
+
+def _write_records(path, n, seed):
+  rng = np.random.default_rng(seed)
+  labels = []
+  with tf.io.TFRecordWriter(path) as writer:
+    for i in range(n):
+      label = i % 4
+      labels.append(label)
+      writer.write(example_lib.image_example(_jpeg(rng, label), label).SerializeToString())
+  return labels
+
+
+def _config(tmp_path, extra=()):
+  train = str(tmp_path / "train.tfrecord")
+  val = str(tmp_path / "val.tfrecord")
+  if not os.path.exists(train):
+    _write_records(train, 64, 0)
+    _write_records(val, 21, 1)
+  base = {
+      "task": {"name": "classification",
+               "model": {"name": "resnet18", "num_classes": 4, "stem": "small", "width": 8,
+                         "input_shape": [32, 32, 3]},
+               "image_size": 32, "augment": "inception_crop", "crop_area_range": [0.5, 1.0],
+               "train_data": {"path": train, "global_batch_size": 16, "shuffle_buffer": 64},
+               "eval_data": {"path": val, "global_batch_size": 8}},
+      "trainer": {"train_steps": 60, "steps_per_loop": 20, "checkpoint_every": 60,
+                  "optimizer": {"name": "adamw"},
+                  "schedule": {"name": "cosine", "base_lr": 0.003, "warmup_steps": 5},
+                  "tensorboard": False},
+      "runtime": {"strategy": "cpu"}}
+  return config_lib.experiment_from_dict(base, list(extra))
+
+
+def test_train_evaluate_export_and_serve(tmp_path):
+  config = _config(tmp_path)
+  model_dir = str(tmp_path / "run")
+  trainer = Trainer(config, model_dir)
+  metrics = trainer.train_and_evaluate()
+  trainer.close()
+  assert metrics["examples"] == 21  # 21 = 2 full batches of 8 + a padded one.
+  assert metrics["top1"] > 0.8, metrics  # 4 classes: chance is 0.25; measured 1.0 (3 seeds).
+
+  output = str(tmp_path / "saved")
+  export.export_saved_model(config, model_dir, output)
+  loaded = tf.saved_model.load(output)
+  rng = np.random.default_rng(7)
+  images = [_jpeg(rng, k) for k in range(4)]
+  served = loaded.signatures["serving_default"](image_bytes=tf.constant(images))
+  # The same preprocessing and weights through Keras directly.
+  task, model = export.load_model(config, model_dir)
+  batch = tf.stack([task.decode({"image/encoded": tf.constant(b), "label": tf.constant(0)},
+                                training=False)[0] for b in images])
+  np.testing.assert_allclose(served["logits"].numpy(), model(batch).numpy(), rtol=1e-4, atol=1e-4)
+  assert served["classes"].dtype == tf.int32
+  np.testing.assert_allclose(served["probabilities"].numpy().sum(-1), 1.0, rtol=1e-5)
+
+  pixels = np.stack([tf.io.decode_jpeg(b).numpy() for b in images])
+  from_pixels = loaded.signatures["serve_images"](images=tf.constant(pixels))
+  # Decoding inside the signature (fused crop) and outside differ only by JPEG rounding.
+  np.testing.assert_allclose(from_pixels["logits"].numpy(), served["logits"].numpy(), atol=0.05)
+
+
+def test_label_out_of_range_is_a_clear_error(tmp_path):
+  config = _config(tmp_path, ["task.model.num_classes=3"])  # Labels go up to 3.
+  trainer = Trainer(config, str(tmp_path / "run"))
+  with pytest.raises(ValueError, match=r"label out of range.*num_classes = 3"):
+    trainer.train()
+
+
+def test_corrupt_jpeg_error_names_the_config_and_skip_counts(tmp_path):
+  path = str(tmp_path / "corrupt.tfrecord")
+  rng = np.random.default_rng(0)
+  with tf.io.TFRecordWriter(path) as writer:
+    for i in range(8):
+      data = _jpeg(rng, i)
+      if i == 3:
+        data = data[:len(data) // 3]  # Truncated JPEG.
+      writer.write(example_lib.image_example(data, i % 4).SerializeToString())
+  config = _config(tmp_path, [f"task.eval_data.path={path}"])
+  trainer = Trainer(config, str(tmp_path / "run"))
+  with pytest.raises(ValueError, match="on_corrupt=skip"):
+    trainer.evaluate()
+  skipping = Trainer(_config(tmp_path, [f"task.eval_data.path={path}",
+                                        "task.eval_data.on_corrupt=skip"]),
+                     str(tmp_path / "run2"))
+  assert skipping.evaluate()["examples"] == 7
+
+
+def test_official_imagenet_lars_recipe_is_tpu_ready():
+  """The pod recipe's train and eval steps (ResNet-50, LARS, bf16) compile with XLA on the CPU.
+
+  There is no ImageNet here, so the check falls back to synthetic batches and says so.
+  """
+  from tpu_models.training import tpu_check
+  config = config_lib.load_config(
+      os.path.join(REPO, "official/resnet/imagenet_resnet50_lars.yaml"),
+      ["task.image_size=64", "task.model.input_shape=[64, 64, 3]",
+       "task.train_data.path=/nonexistent/imagenet/train-*",
+       "task.eval_data.path=/nonexistent/imagenet/validation-*"])
+  report = tpu_check.check_config(config, per_replica_batch=2)
+  assert report.ready, report.format()
+  assert report.compiled == ["train", "eval"]
+  assert any(f.kind == "input" and "/nonexistent/imagenet" in f.message
+             for f in report.findings)
+
+
+def test_fashion_mnist_jpeg_records_decode_like_the_in_memory_images(tmp_path):
+  """The JPEG TFRecord path and the in-memory path give the same images (JPEG rounding aside)."""
+  from tpu_models.vision.classification import convert
+  from tpu_models.vision.classification import fashion_mnist as sources
+  try:
+    images, labels = sources.load_fashion_mnist("test[:24]")
+  except FileNotFoundError as e:
+    pytest.skip(str(e))
+  convert.write_image_arrays(images, labels, str(tmp_path / "test"), num_shards=2)
+  config = config_lib.load_config(
+      os.path.join(REPO, "official/resnet/fashion_mnist_resnet_jpeg.yaml"),
+      [f"task.test_data.path={tmp_path}/test-*", "task.test_data.global_batch_size=8"])
+  from tpu_models.task import create_task
+  task = create_task(config.task)
+  batches = list(task.build_inputs("test").take(3).as_numpy_iterator())
+  decoded = np.concatenate([b[0] for b in batches])
+  # Two shards dealt round-robin and read interleaved, deterministically: the original order.
+  np.testing.assert_array_equal(np.concatenate([b[1] for b in batches]), labels)
+  assert all(b[2].min() == 1.0 for b in batches)  # 24 = 3 full batches: no padding.
+  expected = np.stack([task.decode({"image": tf.constant(im), "label": tf.constant(0)},
+                                   training=False)[0].numpy() for im in images])
+  assert decoded.shape == expected.shape == (24, 28, 28, 1)
+  # Normalized units (std 90 gray levels): JPEG q95 moves pixels by a level or two.
+  assert np.abs(decoded - expected).mean() < 0.05
+
+
+def test_mixup_trains_with_soft_labels(tmp_path):
+  config = _config(tmp_path, ["task.mixup_alpha=0.4", "trainer.train_steps=20",
+                              "task.train_data.global_batch_size=8"])
+  from tpu_models.task import create_task
+  task = create_task(config.task)
+  images, labels = next(iter(task.build_inputs("train")))
+  assert labels.shape == (8, 4) and labels.dtype == tf.float32
+  np.testing.assert_allclose(labels.numpy().sum(-1), 1.0, rtol=1e-5)
+  trainer = Trainer(config, str(tmp_path / "run"))
+  assert np.isfinite(trainer.train()["loss"])

@@ -1,0 +1,278 @@
+"""Image classification: softmax cross-entropy, top-1/top-5, every eval image counted.
+
+Inputs may be ImageNet-convention TFRecords (`image/encoded`,
+`image/class/label`), decoded images from memory or TFDS (`{"image", "label"}`),
+or synthetic data for throughput runs. Two augmentations:
+
+    inception_crop   random-resized crop (area 0.08-1, aspect 3/4-4/3) + flip;
+                     eval: center crop 0.875. The ImageNet recipe.
+    pad_crop_flip    pad by `pad` pixels and crop back, + flip; eval: as is.
+                     For 28-32 px images (Fashion-MNIST, CIFAR).
+"""
+
+import dataclasses
+import inspect
+from typing import List, Optional
+
+import keras
+import tensorflow as tf
+
+from tpu_models.config import DataConfig, ModelConfig, TaskConfig
+from tpu_models.vision.classification import example as example_lib
+from tpu_models.vision import image as image_lib
+from tpu_models.data import pipeline
+from tpu_models.errors import ConfigError
+from tpu_models.registry import model_signature, register_task
+from tpu_models.task import Task, weighted_mean
+
+
+@dataclasses.dataclass
+class ClassificationConfig(TaskConfig):
+  name: str = "classification"
+  model: ModelConfig = dataclasses.field(default_factory=lambda: ModelConfig("resnet50"))
+  train_data: DataConfig = dataclasses.field(default_factory=DataConfig)
+  eval_data: DataConfig = dataclasses.field(
+      default_factory=lambda: DataConfig(split="validation", shuffle_buffer=0))
+  # Evaluated once after training (`tpu-models train`), never for model selection.
+  test_data: Optional[DataConfig] = None
+  image_size: int = 224
+  channels: int = 3
+  augment: str = "inception_crop"  # inception_crop | pad_crop_flip | none
+  crop_area_range: List[float] = dataclasses.field(default_factory=lambda: [0.08, 1.0])
+  eval_crop_fraction: float = 0.875
+  pad: int = 4  # pad_crop_flip
+  flip: bool = True
+  mean: List[float] = dataclasses.field(default_factory=lambda: list(image_lib.IMAGENET_MEAN_RGB))
+  std: List[float] = dataclasses.field(default_factory=lambda: list(image_lib.IMAGENET_STD_RGB))
+  label_smoothing: float = 0.0
+  label_offset: int = 0  # Added to stored labels (ImageNet TFRecords from tensorflow/tpu: -1).
+  host_bfloat16: bool = False  # Cast images to bfloat16 on the host: half the infeed bytes.
+  mixup_alpha: float = 0.0  # > 0: mixup of each training batch (labels become soft).
+
+
+_AUGMENTATIONS = ("inception_crop", "pad_crop_flip", "none")
+
+
+@register_task("classification")
+class ClassificationTask(Task):
+  """Softmax classification over `num_classes` (taken from the model config)."""
+
+  config_class = ClassificationConfig
+
+  def __init__(self, config: ClassificationConfig):
+    super().__init__(config)
+    if config.augment not in _AUGMENTATIONS:
+      raise ConfigError(f"task.augment must be one of {', '.join(_AUGMENTATIONS)}, "
+                       f"got {config.augment!r}.")
+    if len(config.mean) != config.channels or len(config.std) != config.channels:
+      raise ConfigError(f"task.mean and task.std need {config.channels} values (task.channels), "
+                       f"got {len(config.mean)} and {len(config.std)}.")
+    self.num_classes = _num_classes(config.model)
+
+  # Inputs.
+
+  def build_inputs(self, split: str,
+                   input_context: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
+    training = split == "train"
+    data = self.data_config(split)
+    if data.source == "synthetic":
+      return self._synthetic(data, training, input_context)
+    dataset = pipeline.build_dataset(data, lambda e: self.decode(e, training),
+                                     training=training, input_context=input_context,
+                                     validate=self._check_label)
+    if training and self.config.mixup_alpha > 0:
+      dataset = dataset.map(self._mixup, num_parallel_calls=tf.data.AUTOTUNE)
+    return dataset
+
+  def synthetic_inputs(self, split: str,
+                       input_context: Optional[tf.distribute.InputContext] = None
+                       ) -> tf.data.Dataset:
+    """Generated images of the configured size: no data needed (ImageNet-sized checks)."""
+    return self._synthetic(self.data_config(split), split == "train", input_context)
+
+  def _mixup(self, images, labels):
+    """Batch-level mixup on the host; labels become float32 [batch, num_classes]."""
+    one_hot = tf.one_hot(labels, self.num_classes)
+    mixed, soft = image_lib.mixup(tf.cast(images, tf.float32), one_hot, self.config.mixup_alpha)
+    return tf.cast(mixed, images.dtype), soft
+
+  def decode(self, element, training: bool):
+    """One raw element -> (image float32/bfloat16 [size, size, C], label int32 []).
+
+    The label is not range-checked here: `_check_label` runs after the reader's
+    `on_corrupt=skip` stage, so a label out of range is never skipped as corrupt.
+    """
+    cfg = self.config
+    if isinstance(element, tf.Tensor) and element.dtype == tf.string:
+      element = example_lib.parse_image_example(element)
+    label = tf.cast(element["label"], tf.int32) + cfg.label_offset
+    if "image/encoded" in element:
+      image = self._from_bytes(element["image/encoded"], training)
+    else:
+      image = self._from_pixels(element["image"], training)
+    image = image_lib.normalize(image, cfg.mean, cfg.std)
+    image = tf.ensure_shape(image, [cfg.image_size, cfg.image_size, cfg.channels])
+    if cfg.host_bfloat16:
+      image = tf.cast(image, tf.bfloat16)
+    return image, label
+
+  def _check_label(self, image: tf.Tensor, label: tf.Tensor):
+    """A label outside [0, num_classes) is a config error (num_classes, label_offset), always."""
+    in_range = tf.logical_and(label >= 0, label < self.num_classes)
+    check = pipeline.assert_allowed(
+        in_range, f"label out of range: expected 0 <= label < num_classes = {self.num_classes} "
+                  f"(task.model.num_classes, after task.label_offset = "
+                  f"{self.config.label_offset}); got", label)
+    with tf.control_dependencies([check]):
+      return image, tf.identity(label)
+
+  def eval_metric_names(self) -> List[str]:
+    return ["loss", "top1"] + (["top5"] if self.num_classes > 5 else []) + ["examples"]
+
+  def _from_bytes(self, image_bytes, training: bool):
+    cfg = self.config
+    if cfg.augment == "inception_crop" and training:
+      image = image_lib.decode_and_random_crop(
+          image_bytes, cfg.image_size, channels=cfg.channels,
+          area_range=tuple(cfg.crop_area_range))
+    elif cfg.augment == "inception_crop":
+      image = image_lib.decode_and_center_crop(image_bytes, cfg.image_size, channels=cfg.channels,
+                                               crop_fraction=cfg.eval_crop_fraction)
+    else:
+      image = tf.io.decode_image(image_bytes, channels=cfg.channels, expand_animations=False)
+      return self._from_pixels(image, training)
+    if training and cfg.flip:
+      image = image_lib.random_flip(image)
+    return image
+
+  def _from_pixels(self, image, training: bool):
+    cfg = self.config
+    image.set_shape([None, None, cfg.channels])
+    if cfg.augment == "inception_crop":
+      if training:
+        image = image_lib.random_resized_crop(image, cfg.image_size,
+                                              area_range=tuple(cfg.crop_area_range))
+      else:
+        image = image_lib.center_crop(image, cfg.image_size, crop_fraction=cfg.eval_crop_fraction)
+    else:
+      image = tf.cast(image, tf.float32)
+      if image.shape[0] != cfg.image_size or image.shape[1] != cfg.image_size:
+        image = tf.image.resize(image, [cfg.image_size, cfg.image_size])
+      if training and cfg.augment == "pad_crop_flip":
+        image = image_lib.pad_and_random_crop(image, cfg.pad)
+    if training and cfg.flip:
+      image = image_lib.random_flip(image)
+    return image
+
+  def _synthetic(self, data: DataConfig, training: bool, input_context):
+    cfg = self.config
+    batch = pipeline.per_replica_batch_size(data, input_context)
+    dtype = tf.bfloat16 if cfg.host_bfloat16 else tf.float32
+    image = tf.random.stateless_normal([cfg.image_size, cfg.image_size, cfg.channels], [1, 2],
+                                       dtype=tf.float32)
+    label = tf.constant(1 % self.num_classes, tf.int32)
+    element = (tf.cast(image, dtype), label) if training else (tf.cast(image, dtype), label,
+                                                               tf.constant(1.0))
+    dataset = pipeline.synthetic_dataset(element, batch)
+    if not training:  # A fixed-size eval set, then padding (mask 0) as usual.
+      count = max(1, (data.num_examples or batch) // batch)
+      pad = tf.nest.map_structure(tf.zeros_like, next(iter(dataset)))
+      dataset = dataset.take(count).concatenate(tf.data.Dataset.from_tensors(pad).repeat())
+    return dataset
+
+  # Serving.
+
+  def serving_signatures(self, model: keras.Model):
+    """Encoded bytes and uint8 pixels in; logits, probabilities, classes and valid out.
+
+    One image that cannot be decoded does not fail its batch: its row has
+    `valid` False, logits and probabilities 0 and class -1. An empty batch, or
+    pixels of the wrong rank, channel count or size, is an InvalidArgumentError
+    saying what was expected (a wrong dtype is refused by the signature).
+    """
+    cfg = self.config
+    image_spec = tf.TensorSpec([cfg.image_size, cfg.image_size, cfg.channels], tf.float32)
+    blank = tf.zeros(image_spec.shape, tf.float32)
+
+    def predict(images, valid):
+      logits = tf.cast(model(images, training=False), tf.float32)
+      logits = tf.where(valid[:, None], logits, 0.0)
+      return {"logits": logits,
+              "probabilities": tf.where(valid[:, None], tf.nn.softmax(logits), 0.0),
+              "classes": tf.where(valid, tf.argmax(logits, axis=-1, output_type=tf.int32), -1),
+              "valid": valid}
+
+    def from_bytes(image_bytes):
+      image = self._from_bytes(image_bytes, training=False)
+      return image_lib.normalize(image, cfg.mean, cfg.std)
+
+    def from_pixels(image):
+      return image_lib.normalize(self._from_pixels(image, training=False), cfg.mean, cfg.std)
+
+    def not_empty(batch, name):
+      return tf.debugging.assert_positive(
+          tf.shape(batch)[0], message=f"{name}: the batch is empty (0 images); send at least one")
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")])
+    def serving_default(image_bytes):
+      with tf.control_dependencies([not_empty(image_bytes, "serving_default")]):
+        images, valid = tf.map_fn(
+            lambda b: pipeline.try_map(from_bytes, b, blank), image_bytes,
+            fn_output_signature=(image_spec, tf.TensorSpec([], tf.bool)))
+      return predict(images, valid)
+
+    # The signature takes any shape: a SavedModel's signature does not check the shape
+    # it declares, and a declared (static) rank would let TensorFlow drop the checks below.
+    @tf.function(input_signature=[tf.TensorSpec(None, tf.uint8, name="images")])
+    def serve_images(images):
+      expected = f"serve_images: images must be uint8 [N, H, W, {cfg.channels}]"
+      rank = tf.debugging.assert_equal(tf.rank(images), 4,
+                                       message=f"{expected}; got another rank")
+      with tf.control_dependencies([rank]):
+        shape = tf.shape(images)
+        checks = [
+            not_empty(images, "serve_images"),
+            tf.debugging.assert_equal(shape[3], cfg.channels,
+                                      message=f"{expected}; got another number of channels "
+                                              f"(task.channels is {cfg.channels})"),
+            tf.debugging.assert_positive(shape[1:3],
+                                         message=f"{expected} with height and width >= 1"),
+        ]
+      with tf.control_dependencies(checks):
+        images = tf.identity(images)
+      valid = tf.ones([tf.shape(images)[0]], tf.bool)
+      return predict(tf.map_fn(from_pixels, images, fn_output_signature=image_spec), valid)
+
+    return {"serving_default": serving_default.get_concrete_function(),
+            "serve_images": serve_images.get_concrete_function()}
+
+  # Loss and metrics.
+
+  def loss(self, labels, outputs):
+    """Cross-entropy per example; `labels` are int32 [B] or soft float32 [B, K] (mixup)."""
+    logits = tf.cast(outputs, tf.float32)
+    soft = labels.dtype.is_floating
+    if self.config.label_smoothing or soft:
+      targets = labels if soft else tf.one_hot(labels, self.num_classes)
+      return keras.losses.categorical_crossentropy(
+          targets, logits, from_logits=True, label_smoothing=self.config.label_smoothing)
+    return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+
+  def metrics(self, labels, outputs, weights):
+    logits = tf.cast(outputs, tf.float32)
+    if labels.dtype.is_floating:  # Mixed labels: score against the dominant class.
+      labels = tf.argmax(labels, axis=-1, output_type=tf.int32)
+    sums = {"top1": weighted_mean(tf.math.in_top_k(labels, logits, 1), weights)}
+    if self.num_classes > 5:
+      sums["top5"] = weighted_mean(tf.math.in_top_k(labels, logits, 5), weights)
+    return sums
+
+
+def _num_classes(model: ModelConfig) -> int:
+  if "num_classes" in model.params:
+    return int(model.params["num_classes"])
+  parameter = model_signature(model.name).parameters.get("num_classes")
+  if parameter is None or parameter.default is inspect.Parameter.empty:
+    raise ConfigError(f"task.model {model.name!r} has no num_classes argument; classification "
+                     f"needs one.")
+  return int(parameter.default)

@@ -1,0 +1,878 @@
+"""Object detection inputs: the COCO-style tf.Example schema, augmentation, anchor labels.
+
+The record schema (the one of the TF Object Detection API and Model Garden, so
+their COCO shards read unchanged):
+
+    image/encoded                 bytes    JPEG (or PNG)
+    image/format                  bytes    "JPEG" / "PNG"
+    image/source_id               bytes    the image id ("397133"); numeric for COCO
+    image/filename                bytes    optional
+    image/height, image/width     int64    pixel size
+    image/object/bbox/xmin        float[]  normalised to 0..1 by the width
+    image/object/bbox/ymin        float[]  ... by the height
+    image/object/bbox/xmax        float[]
+    image/object/bbox/ymax        float[]
+    image/object/class/label      int64[]  0..K-1 (tpu_models converters; see label_map.json)
+    image/object/class/text       bytes[]  optional, the class names
+    image/object/is_crowd         int64[]  optional, 1 = a crowd region (ignored)
+
+One training example goes
+
+    serialized -> parse_example -> decode a crop window (fused for JPEG) -> resize
+      (aspect kept, random scale) -> normalise -> random flip -> pad to [S, S, 3]
+      -> boxes in output pixels -> pad to max_instances -> label_anchors
+
+and leaves with static shapes only. Boxes inside the pipeline are
+[ymin, xmin, ymax, xmax] in absolute pixels of the resized, padded image;
+`image_info` records the geometry so `to_original_pixels` maps detections back.
+
+Crowd boxes never become positives: they are taken out of matching, and the
+anchors they cover (intersection over the anchor's area above
+`crowd_ignore_threshold`, as Detectron does) are marked "ignore" (-2) instead of
+negative, so the model is not taught that a crowd of people is background.
+
+    anchors = anchors_lib.multilevel_anchors(640)
+    decode_fn = build_decode_fn(640, anchors, training=True)
+    dataset = pipeline.build_dataset(data_config, decode_fn, training=True)
+"""
+
+import json
+import math
+import os
+import sys
+from typing import Callable, Dict, Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from tpu_models.vision import image as image_lib
+from tpu_models.vision.detection import anchors as anchors_lib
+
+ENCODED = "image/encoded"
+FORMAT = "image/format"
+SOURCE_ID = "image/source_id"
+FILENAME = "image/filename"
+HEIGHT = "image/height"
+WIDTH = "image/width"
+XMIN = "image/object/bbox/xmin"
+YMIN = "image/object/bbox/ymin"
+XMAX = "image/object/bbox/xmax"
+YMAX = "image/object/bbox/ymax"
+CLASS_LABEL = "image/object/class/label"
+CLASS_TEXT = "image/object/class/text"
+IS_CROWD = "image/object/is_crowd"
+
+PADDING_CLASS = -1  # Class id of the padding rows of the ground truth.
+IGNORE = anchors_lib.IGNORE  # class_targets of anchors that are neither positive nor negative.
+
+# image_info rows ([4, 2] float32):
+INFO_ORIGINAL_SIZE = 0  # [height, width] of the decoded original image.
+INFO_CONTENT_SIZE = 1  # [height, width] of the image inside the padded square.
+INFO_SCALE = 2  # [y, x]: output pixels per original pixel.
+INFO_OFFSET = 3  # [y, x]: the crop's top-left corner, in original pixels.
+
+
+# ----------------------------------------------------------------------------
+# Writing records.
+
+
+def _float_list(values) -> tf.train.Feature:
+  return tf.train.Feature(float_list=tf.train.FloatList(value=[float(v) for v in values]))
+
+
+def _int64_list(values) -> tf.train.Feature:
+  return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(v) for v in values]))
+
+
+def _bytes_list(values) -> tf.train.Feature:
+  values = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in values]
+  return tf.train.Feature(bytes_list=tf.train.BytesList(value=values))
+
+
+def detection_example(encoded: bytes,
+                      *,
+                      height: int,
+                      width: int,
+                      boxes: np.ndarray,
+                      classes: Sequence[int],
+                      source_id: str,
+                      is_crowd: Optional[Sequence[int]] = None,
+                      class_texts: Optional[Sequence[str]] = None,
+                      filename: str = "",
+                      image_format: str = "JPEG") -> tf.train.Example:
+  """One image and its boxes as a COCO-style record (see the module docstring).
+
+  Args:
+    encoded: the encoded image bytes.
+    height, width: the image size in pixels.
+    boxes: float [M, 4], [ymin, xmin, ymax, xmax] normalised to 0..1.
+    classes: int [M], label ids 0..K-1.
+    source_id: the image id, e.g. the COCO image id as a string.
+    is_crowd: int [M] 0/1, default all 0.
+    class_texts: [M] class names, optional.
+    filename: where the image came from.
+    image_format: "JPEG" or "PNG".
+
+  Returns:
+    A `tf.train.Example`.
+  """
+  boxes = np.asarray(boxes, np.float32).reshape(-1, 4)
+  num = len(boxes)
+  if len(classes) != num or (is_crowd is not None and len(is_crowd) != num):
+    raise ValueError(f"Image {source_id!r}: {num} boxes but {len(classes)} classes"
+                     + (f" and {len(is_crowd)} is_crowd flags" if is_crowd is not None else "")
+                     + "; expected one of each per box.")
+  feature = {
+      ENCODED: _bytes_list([encoded]),
+      FORMAT: _bytes_list([image_format]),
+      SOURCE_ID: _bytes_list([str(source_id)]),
+      FILENAME: _bytes_list([filename]),
+      HEIGHT: _int64_list([height]),
+      WIDTH: _int64_list([width]),
+      YMIN: _float_list(boxes[:, 0]),
+      XMIN: _float_list(boxes[:, 1]),
+      YMAX: _float_list(boxes[:, 2]),
+      XMAX: _float_list(boxes[:, 3]),
+      CLASS_LABEL: _int64_list(classes),
+      IS_CROWD: _int64_list(is_crowd if is_crowd is not None else [0] * num),
+  }
+  if class_texts is not None:
+    feature[CLASS_TEXT] = _bytes_list(class_texts)
+  return tf.train.Example(features=tf.train.Features(feature=feature))
+
+
+# ----------------------------------------------------------------------------
+# Parsing.
+
+
+def _source_id_to_int(source_id: tf.Tensor) -> tf.Tensor:
+  """Numeric ids ("397133") as themselves, anything else hashed into 0..2^31-2."""
+  numeric = tf.strings.regex_full_match(source_id, r"[0-9]{1,9}")
+  return tf.cond(
+      numeric,
+      lambda: tf.strings.to_number(source_id, tf.int32),
+      lambda: tf.cast(tf.strings.to_hash_bucket_fast(source_id, 2**31 - 1), tf.int32))
+
+
+def parse_example(serialized: tf.Tensor) -> Dict[str, tf.Tensor]:
+  """Parses one serialized detection record; graph mode (tf.data map).
+
+  Args:
+    serialized: tf.string [], a `tf.train.Example` in the schema above.
+
+  Returns:
+    {"image/encoded": tf.string [],
+     "source_id": int32 [] (the numeric image id; non-numeric ids are hashed),
+     "height", "width": int32 [] as recorded (0 if absent),
+     "boxes": float32 [M, 4] normalised [ymin, xmin, ymax, xmax],
+     "classes": int32 [M], "is_crowd": bool [M]}.
+    A record whose per-object lists differ in length fails with an error
+    naming the keys.
+  """
+  features = {
+      ENCODED: tf.io.FixedLenFeature([], tf.string),
+      SOURCE_ID: tf.io.FixedLenFeature([], tf.string, default_value=""),
+      HEIGHT: tf.io.FixedLenFeature([], tf.int64, default_value=0),
+      WIDTH: tf.io.FixedLenFeature([], tf.int64, default_value=0),
+      YMIN: tf.io.VarLenFeature(tf.float32),
+      XMIN: tf.io.VarLenFeature(tf.float32),
+      YMAX: tf.io.VarLenFeature(tf.float32),
+      XMAX: tf.io.VarLenFeature(tf.float32),
+      CLASS_LABEL: tf.io.VarLenFeature(tf.int64),
+      IS_CROWD: tf.io.VarLenFeature(tf.int64),
+  }
+  parsed = tf.io.parse_single_example(serialized, features)
+  coords = [tf.sparse.to_dense(parsed[k]) for k in (YMIN, XMIN, YMAX, XMAX)]
+  classes = tf.sparse.to_dense(parsed[CLASS_LABEL])
+  is_crowd = tf.sparse.to_dense(parsed[IS_CROWD])
+  num = tf.shape(classes)[0]
+  checks = [
+      tf.debugging.assert_equal(
+          tf.stack([tf.shape(c)[0] for c in coords]), tf.fill([4], num),
+          message=f"{YMIN}/{XMIN}/{YMAX}/{XMAX} and {CLASS_LABEL} must have one value per "
+                  f"object; the record's lists differ in length"),
+      tf.debugging.assert_equal(
+          tf.logical_or(tf.equal(tf.shape(is_crowd)[0], 0), tf.equal(tf.shape(is_crowd)[0], num)),
+          True, message=f"{IS_CROWD} must be absent or have one value per object"),
+  ]
+  with tf.control_dependencies(checks):
+    boxes = tf.stack(coords, axis=-1)
+  is_crowd = tf.cond(tf.equal(tf.shape(is_crowd)[0], 0),
+                     lambda: tf.zeros([num], tf.bool), lambda: tf.cast(is_crowd, tf.bool))
+  return {
+      ENCODED: parsed[ENCODED],
+      "source_id": _source_id_to_int(parsed[SOURCE_ID]),
+      "height": tf.cast(parsed[HEIGHT], tf.int32),
+      "width": tf.cast(parsed[WIDTH], tf.int32),
+      "boxes": tf.reshape(boxes, [-1, 4]),
+      "classes": tf.cast(classes, tf.int32),
+      "is_crowd": is_crowd,
+  }
+
+
+# ----------------------------------------------------------------------------
+# Geometry: decode a window, resize keeping the aspect ratio, flip, pad.
+
+
+def _resize_window(image_hw: tf.Tensor, image_size: int, scale_factor: tf.Tensor,
+                   offset_fraction: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
+  """The part of the original that lands in the output, and the size it is resized to.
+
+  The image is scaled so its longer side is `image_size * scale_factor`; where
+  the scaled image is larger than the output square, a window of it is cut,
+  placed by `offset_fraction` (0 = top/left, 1 = bottom/right).
+
+  Returns:
+    window: int32 [4] [offset_y, offset_x, height, width] in original pixels.
+    resized_hw: int32 [2], the window's size after resizing (can exceed
+      image_size by a pixel; the caller slices).
+  """
+  hw = tf.cast(image_hw, tf.float32)
+  scale = image_size * scale_factor / tf.reduce_max(hw)
+  crop_hw = tf.minimum(hw, tf.math.ceil(image_size / scale - 1e-3))
+  offset = tf.floor((hw - crop_hw) * offset_fraction)
+  resized_hw = tf.maximum(tf.round(crop_hw * scale), 1.0)
+  window = tf.cast(tf.concat([offset, crop_hw], 0), tf.int32)
+  return window, tf.cast(resized_hw, tf.int32)
+
+
+def _decode_window(image_bytes: tf.Tensor, window_fn: Callable):
+  """(pixels of window_fn(shape) as uint8 [h, w, 3], the full image's [H, W], the window).
+
+  JPEG takes the fused decode-and-crop (only the window's rows and columns are
+  decoded); other formats are decoded whole and sliced.
+  """
+
+  def jpeg():
+    shape = tf.image.extract_jpeg_shape(image_bytes)
+    window = window_fn(shape[:2])
+    return tf.image.decode_and_crop_jpeg(image_bytes, window, channels=3), shape[:2], window
+
+  def other():
+    image = tf.io.decode_image(image_bytes, channels=3, expand_animations=False)
+    shape = tf.shape(image)[:2]
+    window = window_fn(shape)
+    crop = tf.slice(image, tf.stack([window[0], window[1], 0]), tf.stack([window[2], window[3], -1]))
+    return crop, shape, window
+
+  pixels, image_hw, window = tf.cond(tf.io.is_jpeg(image_bytes), jpeg, other)
+  pixels.set_shape([None, None, 3])
+  return pixels, image_hw, window
+
+
+def resize_and_pad(image_bytes: tf.Tensor,
+                   boxes: tf.Tensor,
+                   image_size: int,
+                   *,
+                   scale_factor=1.0,
+                   offset_fraction=(0.0, 0.0),
+                   flip=False,
+                   mean: Sequence[float] = image_lib.IMAGENET_MEAN_RGB,
+                   std: Sequence[float] = image_lib.IMAGENET_STD_RGB,
+                   method: str = "bilinear",
+                   antialias: bool = False):
+  """Decodes, scales (aspect kept), crops, flips and pads one image with its boxes.
+
+  Deterministic given its arguments: `augment` draws them at random. With the
+  defaults (evaluation) the whole image is resized so its longer side is
+  `image_size` and padded at the bottom/right.
+
+  Args:
+    image_bytes: tf.string [], an encoded JPEG (fused crop-decode) or PNG/GIF/BMP.
+    boxes: float32 [M, 4], [ymin, xmin, ymax, xmax] normalised to the original.
+    image_size: S, the output height and width.
+    scale_factor: float [], the longer side becomes S * scale_factor; above 1
+      the image is larger than the output and a window of it is kept (crop).
+    offset_fraction: float [2], where the window sits (0 = top/left).
+    flip: bool [], mirror left-right (image and boxes).
+    mean, std: per-channel normalisation on the 0..255 scale; the padding is
+      0 after normalisation (the mean colour).
+    method: resize method ("bilinear", "bicubic", ...).
+    antialias: antialiased downscaling (slower; worth it for big reductions).
+
+  Returns:
+    image: float32 [S, S, 3], normalised.
+    boxes: float32 [M, 4] in output pixels, clipped to the visible content.
+    box_visible: bool [M], False for boxes with no area left after the crop.
+    image_info: float32 [4, 2]: rows original [h, w], content [h, w] inside the
+      square, scale [y, x] (output per original pixel), offset [y, x] of the
+      window in original pixels. Flips are not recorded (training only).
+  """
+  scale_factor = tf.cast(scale_factor, tf.float32)
+  offset_fraction = tf.cast(offset_fraction, tf.float32)
+  window_fn = lambda hw: _resize_window(hw, image_size, scale_factor, offset_fraction)[0]
+  pixels, image_hw, window = _decode_window(image_bytes, window_fn)
+  _, resized_hw = _resize_window(image_hw, image_size, scale_factor, offset_fraction)
+  image = tf.image.resize(pixels, resized_hw, method=method, antialias=antialias)
+  image = image[:image_size, :image_size, :]
+  content_hw = tf.shape(image)[:2]
+  image = image_lib.normalize(image, mean, std)
+  flip = tf.convert_to_tensor(flip, tf.bool)
+  image = tf.cond(flip, lambda: tf.reverse(image, [1]), lambda: image)
+  image = tf.pad(image, [[0, image_size - content_hw[0]], [0, image_size - content_hw[1]], [0, 0]])
+  image.set_shape([image_size, image_size, 3])
+
+  original = tf.cast(image_hw, tf.float32)
+  offset = tf.cast(window[:2], tf.float32)
+  # Per-axis scale of the resize that was actually done (rounding makes y and x differ).
+  scale = tf.cast(resized_hw, tf.float32) / tf.cast(window[2:], tf.float32)
+  content = tf.cast(content_hw, tf.float32)
+  boxes = tf.reshape(tf.cast(boxes, tf.float32), [-1, 4])
+  pixel_boxes = (boxes * tf.tile(original, [2]) - tf.tile(offset, [2])) * tf.tile(scale, [2])
+  pixel_boxes = tf.clip_by_value(pixel_boxes, 0.0, tf.tile(content, [2]))
+  ymin, xmin, ymax, xmax = tf.unstack(pixel_boxes, axis=-1)
+  flipped = tf.stack([ymin, content[1] - xmax, ymax, content[1] - xmin], axis=-1)
+  pixel_boxes = tf.where(flip, flipped, pixel_boxes)
+  box_visible = tf.logical_and(ymax > ymin, xmax > xmin)
+  image_info = tf.stack([original, content, scale, offset])
+  return image, pixel_boxes, box_visible, image_info
+
+
+def random_augmentation(scale_range: Tuple[float, float] = (0.8, 1.25),
+                        flip: bool = True,
+                        seed: Optional[int] = None) -> Dict[str, tf.Tensor]:
+  """Random `resize_and_pad` arguments: scale jitter, crop placement, flip.
+
+  Returns:
+    {"scale_factor": float32 [] uniform in scale_range,
+     "offset_fraction": float32 [2] uniform in 0..1, "flip": bool [] (p = 1/2
+     when `flip`)}.
+  """
+  lo, hi = scale_range
+  if not 0 < lo <= hi:
+    raise ValueError(f"scale_range must satisfy 0 < min <= max, got {scale_range}.")
+  draws = tf.random.uniform([4], seed=seed)
+  return {
+      "scale_factor": lo + (hi - lo) * draws[0],
+      "offset_fraction": draws[1:3],
+      "flip": tf.logical_and(tf.constant(flip), draws[3] < 0.5),
+  }
+
+
+def to_original_pixels(boxes, image_info):
+  """Maps boxes from output pixels back to the original image (numpy or tf).
+
+  Args:
+    boxes: [..., K, 4] [ymin, xmin, ymax, xmax] in resized+padded pixels.
+    image_info: [..., 4, 2] from `resize_and_pad` (batched alike).
+
+  Returns:
+    [..., K, 4] in original image pixels, clipped to the image; a numpy array
+    for numpy inputs, else a tf.Tensor.
+  """
+  if isinstance(boxes, np.ndarray) and isinstance(image_info, np.ndarray):
+    concat, minimum, maximum, where = np.concatenate, np.minimum, np.maximum, np.where
+  else:
+    boxes, image_info = tf.convert_to_tensor(boxes), tf.convert_to_tensor(image_info)
+    concat, minimum, maximum, where = tf.concat, tf.minimum, tf.maximum, tf.where
+  tile = lambda row: concat([image_info[..., row, :], image_info[..., row, :]], -1)[..., None, :]
+  original = tile(INFO_ORIGINAL_SIZE)
+  scale = tile(INFO_SCALE)
+  scale = where(scale > 0, scale, 1.0)  # All-zero image_info of evaluation padding examples.
+  result = boxes / scale + tile(INFO_OFFSET)
+  return minimum(maximum(result, 0.0), original)
+
+
+# ----------------------------------------------------------------------------
+# Ground truth of fixed size, and anchor targets.
+
+
+def pad_instances(boxes: tf.Tensor, classes: tf.Tensor, is_crowd: tf.Tensor,
+                  max_instances: int) -> Dict[str, tf.Tensor]:
+  """Pads (or truncates) the ground truth to exactly `max_instances` rows.
+
+  Args:
+    boxes: float32 [M, 4]; classes: int32 [M]; is_crowd: bool [M].
+    max_instances: K.
+
+  Returns:
+    {"boxes": float32 [K, 4] (zeros in padding rows),
+     "classes": int32 [K] (PADDING_CLASS = -1 in padding rows),
+     "is_crowd": int32 [K] 0/1, "num_instances": int32 [] = min(M, K),
+     "num_truncated": int32 [] = max(M - K, 0), the rows dropped from the end}.
+  """
+  num = tf.shape(classes)[0]
+  kept = tf.minimum(num, max_instances)
+  pad = max_instances - kept
+
+  def fit(values, fill):
+    values = values[:max_instances]
+    paddings = [[0, pad]] + [[0, 0]] * (len(values.shape) - 1)
+    return tf.pad(values, paddings, constant_values=fill)
+
+  result = {
+      "boxes": fit(tf.reshape(tf.cast(boxes, tf.float32), [-1, 4]), 0.0),
+      "classes": fit(tf.cast(classes, tf.int32), PADDING_CLASS),
+      "is_crowd": fit(tf.cast(is_crowd, tf.int32), 0),
+      "num_instances": kept,
+      "num_truncated": num - kept,
+  }
+  result["boxes"].set_shape([max_instances, 4])
+  result["classes"].set_shape([max_instances])
+  result["is_crowd"].set_shape([max_instances])
+  return result
+
+
+def _intersection_over_first(first: tf.Tensor, second: tf.Tensor) -> tf.Tensor:
+  """[N, 4] x [C, 4] -> [N, C]: intersection area / area of the `first` box."""
+  y0 = tf.maximum(first[:, None, 0], second[None, :, 0])
+  x0 = tf.maximum(first[:, None, 1], second[None, :, 1])
+  y1 = tf.minimum(first[:, None, 2], second[None, :, 2])
+  x1 = tf.minimum(first[:, None, 3], second[None, :, 3])
+  intersection = tf.maximum(y1 - y0, 0.0) * tf.maximum(x1 - x0, 0.0)
+  area = (first[:, 2] - first[:, 0]) * (first[:, 3] - first[:, 1])
+  return intersection / tf.maximum(area, 1e-8)[:, None]
+
+
+def label_anchors_with_crowd(boxes: tf.Tensor,
+                             classes: tf.Tensor,
+                             is_crowd: tf.Tensor,
+                             anchors: tf.Tensor,
+                             *,
+                             crowd_ignore_threshold: float = 0.7,
+                             **matcher_kwargs) -> Dict[str, tf.Tensor]:
+  """`ops.anchors.label_anchors` with crowd boxes turned into ignore regions.
+
+  Args:
+    boxes: float32 [K, 4] ground truth in pixels (padding rows allowed).
+    classes: int32 [K], PADDING_CLASS in padding rows.
+    is_crowd: int32/bool [K].
+    anchors: float32 [N, 4] in the same pixels.
+    crowd_ignore_threshold: anchors whose area lies inside crowd boxes by more
+      than this fraction, and that matched no ordinary box, become IGNORE (-2).
+    **matcher_kwargs: matched_threshold, unmatched_threshold, force_match,
+      box_weights, passed to label_anchors.
+
+  Returns:
+    {"class_targets": int32 [N] (>= 0 positive, -1 negative, -2 ignore),
+     "box_targets": float32 [N, 4], "num_positives": float32 []}.
+  """
+  is_crowd = tf.cast(is_crowd, tf.bool)
+  classes = tf.cast(classes, tf.int32)
+  boxes = tf.reshape(tf.cast(boxes, tf.float32), [-1, 4])
+  anchors = tf.cast(anchors, tf.float32)
+  real = classes >= 0
+  # Only the real, non-crowd rows are matched: padding never matches anyway, and
+  # the [N, M] IoU matrix of a handful of boxes is far cheaper than of max_instances.
+  ordinary = tf.logical_and(real, tf.logical_not(is_crowd))
+  targets = anchors_lib.label_anchors(tf.boolean_mask(boxes, ordinary),
+                                      tf.boolean_mask(classes, ordinary), anchors,
+                                      **matcher_kwargs)
+  crowd_boxes = tf.boolean_mask(boxes, tf.logical_and(real, is_crowd))
+  ioa = _intersection_over_first(anchors, crowd_boxes)  # [N, C]; C is usually 0.
+  covered = tf.reduce_any(ioa > crowd_ignore_threshold, axis=1)
+  class_targets = targets["class_targets"]
+  class_targets = tf.where(tf.logical_and(covered, class_targets == anchors_lib.NEGATIVE),
+                           IGNORE, class_targets)
+  return {"class_targets": class_targets, "box_targets": targets["box_targets"],
+          "num_positives": targets["num_positives"]}
+
+
+# ----------------------------------------------------------------------------
+# The decode_fn of the shared reader.
+
+
+def build_decode_fn(image_size: int,
+                    anchors,
+                    *,
+                    training: bool,
+                    max_instances: int = 100,
+                    scale_range: Tuple[float, float] = (0.8, 1.25),
+                    flip: bool = True,
+                    matched_threshold: float = 0.5,
+                    unmatched_threshold: float = 0.4,
+                    force_match: bool = True,
+                    box_weights: Optional[Sequence[float]] = None,
+                    crowd_ignore_threshold: float = 0.7,
+                    mean: Sequence[float] = image_lib.IMAGENET_MEAN_RGB,
+                    std: Sequence[float] = image_lib.IMAGENET_STD_RGB,
+                    dtype: tf.DType = tf.float32,
+                    method: str = "bilinear",
+                    antialias: bool = False,
+                    with_anchor_targets: bool = True,
+                    seed: Optional[int] = None) -> Callable:
+  """serialized record -> (features, labels) with static shapes, for `build_dataset`.
+
+  Args:
+    image_size: S, the square side of the model input.
+    anchors: float32 [N, 4] from `ops.anchors.multilevel_anchors(S, ...)`, the
+      same anchors the model decodes its outputs with.
+    training: random scale jitter, crop and flip; evaluation resizes only.
+    max_instances: K, ground-truth rows per image; extra boxes are dropped
+      with a warning on stderr naming the image.
+    scale_range: training scale jitter of the longer side relative to S.
+    flip: training left-right flips.
+    matched_threshold, unmatched_threshold, force_match, box_weights: the
+      matcher and box coder, see `ops.anchors.label_anchors` (box_weights
+      None: the coder's default, ops.boxes.RETINANET_BOX_WEIGHTS).
+    crowd_ignore_threshold: see `label_anchors_with_crowd`.
+    mean, std: normalisation on the 0..255 scale.
+    dtype: image dtype, tf.float32 or tf.bfloat16 (half the host->TPU bytes).
+    method, antialias: resizing.
+    with_anchor_targets: False leaves out the per-anchor targets (an
+      evaluation that needs no loss saves the matching).
+    seed: op seed of the augmentation draws.
+
+  Returns:
+    decode_fn(serialized) -> (features, labels):
+      features {"image": dtype [S, S, 3], "image_info": float32 [4, 2],
+                "source_id": int32 []}
+      labels {"boxes": float32 [K, 4] output pixels, "classes": int32 [K]
+              (-1 padding), "is_crowd": int32 [K], "num_instances": int32 [],
+              and with_anchor_targets: "class_targets": int32 [N],
+              "box_targets": float32 [N, 4], "num_positives": float32 []}.
+  """
+  anchors = tf.constant(np.asarray(anchors, np.float32))  # A constant of the map function.
+  if len(anchors.shape) != 2 or anchors.shape[-1] != 4:
+    raise ValueError(f"anchors must be float32 [N, 4], got shape {anchors.shape}.")
+  matcher_kwargs = dict(matched_threshold=matched_threshold,
+                        unmatched_threshold=unmatched_threshold, force_match=force_match)
+  if box_weights is not None:  # Else the box coder's default, which post-processing also uses.
+    matcher_kwargs["box_weights"] = tuple(box_weights)
+
+  def decode_fn(serialized):
+    record = parse_example(serialized)
+    if training:
+      geometry = random_augmentation(scale_range, flip, seed)
+    else:
+      geometry = {}
+    image, boxes, visible, image_info = resize_and_pad(
+        record[ENCODED], record["boxes"], image_size, mean=mean, std=std, method=method,
+        antialias=antialias, **geometry)
+    ground_truth = pad_instances(tf.boolean_mask(boxes, visible),
+                                 tf.boolean_mask(record["classes"], visible),
+                                 tf.boolean_mask(record["is_crowd"], visible), max_instances)
+    truncated = ground_truth.pop("num_truncated")
+
+    def warn():
+      tf.print("Warning: image/source_id", record["source_id"], "has", truncated + max_instances,
+               f"boxes; kept the first {max_instances} (max_instances), dropped", truncated,
+               output_stream=sys.stderr)
+      return tf.constant(0)
+
+    with tf.control_dependencies([tf.cond(truncated > 0, warn, lambda: tf.constant(0))]):
+      ground_truth["num_instances"] = tf.identity(ground_truth["num_instances"])
+    labels = dict(ground_truth)
+    if with_anchor_targets:
+      labels.update(label_anchors_with_crowd(
+          ground_truth["boxes"], ground_truth["classes"], ground_truth["is_crowd"], anchors,
+          crowd_ignore_threshold=crowd_ignore_threshold, **matcher_kwargs))
+    features = {"image": tf.cast(image, dtype), "image_info": image_info,
+                "source_id": record["source_id"]}
+    return features, labels
+
+  return decode_fn
+
+
+def decode_image_and_boxes(serialized: tf.Tensor) -> Dict[str, tf.Tensor]:
+  """A record with its image decoded at full size (inspection, drawing, coverage checks).
+
+  Returns:
+    parse_example's dict plus "image": uint8 [H, W, 3] and "pixel_boxes":
+    float32 [M, 4] in the image's pixels.
+  """
+  record = parse_example(serialized)
+  image = tf.io.decode_image(record[ENCODED], channels=3, expand_animations=False)
+  hw = tf.cast(tf.shape(image)[:2], tf.float32)
+  record["image"] = image
+  record["pixel_boxes"] = record["boxes"] * tf.tile(hw, [2])
+  return record
+
+
+
+# ----------------------------------------------------------------------------
+# Anchor coverage: do the anchors fit the boxes?
+
+SIZE_BUCKETS = ("small", "medium", "large")  # COCO: area < 32^2, < 96^2, larger.
+
+
+def _size_bucket(area: np.ndarray) -> np.ndarray:
+  return np.digitize(area, [32.0**2, 96.0**2])  # 0 small, 1 medium, 2 large.
+
+
+def best_anchor_iou(boxes: np.ndarray,
+                    image_size: int,
+                    *,
+                    min_level: int = 3,
+                    max_level: int = 7,
+                    num_scales: int = 3,
+                    aspect_ratios: Sequence[float] = anchors_lib.DEFAULT_ASPECT_RATIOS,
+                    anchor_size: float = 4.0) -> np.ndarray:
+  """Each box's highest IoU with any anchor of `ops.anchors.multilevel_anchors`.
+
+  Exact without building the [N, B] IoU matrix: for anchors of one shape the
+  IoU with a box only falls as the anchor centre moves away from the box's
+  centre along either axis, so the best anchor of each (level, scale, aspect
+  ratio) sits at the grid centre nearest the box's centre.
+
+  Args:
+    boxes: float [B, 4] [ymin, xmin, ymax, xmax] in model-input pixels.
+    image_size, min_level, ...: the anchor layout (see ops/anchors.py).
+
+  Returns:
+    float64 [B].
+  """
+  boxes = np.asarray(boxes, np.float64).reshape(-1, 4)
+  best = np.zeros(len(boxes))
+  if not len(boxes):
+    return best
+  area = np.maximum(boxes[:, 2] - boxes[:, 0], 0) * np.maximum(boxes[:, 3] - boxes[:, 1], 0)
+  center_y, center_x = (boxes[:, 0] + boxes[:, 2]) / 2, (boxes[:, 1] + boxes[:, 3]) / 2
+  for level, (grid_h, grid_w) in anchors_lib.feature_sizes(image_size, min_level,
+                                                            max_level).items():
+    stride = 2.0**level
+    anchor_y = (np.clip(np.floor(center_y / stride), 0, grid_h - 1) + 0.5) * stride
+    anchor_x = (np.clip(np.floor(center_x / stride), 0, grid_w - 1) + 0.5) * stride
+    for scale in range(num_scales):
+      side = anchor_size * stride * 2.0**(scale / num_scales)
+      for ratio in aspect_ratios:
+        half_h, half_w = side / np.sqrt(ratio) / 2, side * np.sqrt(ratio) / 2
+        inter_h = np.maximum(np.minimum(boxes[:, 2], anchor_y + half_h) -
+                             np.maximum(boxes[:, 0], anchor_y - half_h), 0)
+        inter_w = np.maximum(np.minimum(boxes[:, 3], anchor_x + half_w) -
+                             np.maximum(boxes[:, 1], anchor_x - half_w), 0)
+        inter = inter_h * inter_w
+        union = area + 4 * half_h * half_w - inter
+        best = np.maximum(best, inter / np.maximum(union, 1e-12))
+  return best
+
+
+class CoverageReport:
+  """Share of ground-truth boxes with at least one anchor at IoU >= matched_threshold.
+
+  Attributes:
+    num_boxes, covered: totals; by_bucket / by_class: {name: (boxes, share)};
+    warnings: one line per bucket below the target share, with suggestions;
+    ok: no warnings.
+  """
+
+  def __init__(self, image_size, anchor_params, matched_threshold, target, num_images,
+               num_boxes, covered, by_bucket, by_class, warnings):
+    self.image_size, self.anchor_params = image_size, anchor_params
+    self.matched_threshold, self.target = matched_threshold, target
+    self.num_images, self.num_boxes, self.covered = num_images, num_boxes, covered
+    self.by_bucket, self.by_class, self.warnings = by_bucket, by_class, warnings
+
+  @property
+  def ok(self) -> bool:
+    return not self.warnings
+
+  @property
+  def share(self) -> float:
+    return self.covered / self.num_boxes if self.num_boxes else 1.0
+
+  def format(self) -> str:
+    params = ", ".join(f"{k}={v}" for k, v in self.anchor_params.items())
+    lines = [f"Anchor coverage at image_size {self.image_size} ({params}): "
+             f"{self.share:.1%} of {self.num_boxes} boxes in {self.num_images} images have an "
+             f"anchor with IoU >= {self.matched_threshold} (boxes below only get the single "
+             f"force-matched anchor)."]
+    lines.append("  by size (COCO buckets, model-input pixels): " + ", ".join(
+        f"{name} {share:.1%} of {n}" for name, (n, share) in self.by_bucket.items() if n))
+    lines.append("  by class: " + ", ".join(
+        f"{name} {share:.1%} of {n}" for name, (n, share) in self.by_class.items() if n))
+    lines += [f"  WARNING: {w}" for w in self.warnings]
+    return "\n".join(lines)
+
+  def __str__(self) -> str:
+    return self.format()
+
+
+def _coverage_by(values: np.ndarray, covered: np.ndarray, names: Sequence[str]):
+  return {name: (int((values == i).sum()),
+                 float(covered[values == i].mean()) if (values == i).any() else 1.0)
+          for i, name in enumerate(names)}
+
+
+def box_coverage(boxes: np.ndarray,
+                 classes: np.ndarray,
+                 image_size: int,
+                 *,
+                 min_level: int = 3,
+                 max_level: int = 7,
+                 num_scales: int = 3,
+                 aspect_ratios: Sequence[float] = anchors_lib.DEFAULT_ASPECT_RATIOS,
+                 anchor_size: float = 4.0,
+                 matched_threshold: float = 0.5,
+                 target: float = 0.9,
+                 class_names: Optional[Sequence[str]] = None,
+                 num_images: int = 0) -> CoverageReport:
+  """Anchor coverage of boxes already in model-input pixels (see `anchor_coverage`).
+
+  Args:
+    boxes: float [B, 4] [ymin, xmin, ymax, xmax], the images resized as for
+      evaluation (longer side = image_size).
+    classes: int [B] labels.
+    image_size, min_level, max_level, num_scales, aspect_ratios, anchor_size:
+      the anchor layout.
+    matched_threshold: the matcher's positive IoU.
+    target: a size bucket below this share gets a warning with suggestions.
+    class_names: names of the labels (default "class_<i>").
+    num_images: for the report.
+
+  Returns:
+    A CoverageReport.
+  """
+  boxes = np.asarray(boxes, np.float64).reshape(-1, 4)
+  classes = np.asarray(classes, np.int64).reshape(-1)
+  params = dict(min_level=min_level, max_level=max_level, num_scales=num_scales,
+                aspect_ratios=tuple(aspect_ratios), anchor_size=anchor_size)
+  area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+  buckets = _size_bucket(area)
+  covered = best_anchor_iou(boxes, image_size, **params) >= matched_threshold
+  num_classes = int(classes.max()) + 1 if len(classes) else 0
+  if class_names is None or len(class_names) < num_classes:
+    class_names = [f"class_{i}" for i in range(num_classes)]
+  by_bucket = _coverage_by(buckets, covered, SIZE_BUCKETS)
+  by_class = _coverage_by(classes, covered, class_names)
+  warnings = []
+  for index, name in enumerate(SIZE_BUCKETS):
+    count, share = by_bucket[name]
+    if count and share < target:
+      selected = buckets == index
+      warnings.append(
+          f"only {share:.1%} of the {count} {name} boxes have an anchor with IoU >= "
+          f"{matched_threshold}. " + _suggest(boxes, selected, image_size, params,
+                                              matched_threshold, target))
+  return CoverageReport(image_size, params, matched_threshold, target, num_images,
+                        len(boxes), int(covered.sum()), by_bucket, by_class, warnings)
+
+
+def _suggest(boxes, selected, image_size, params, matched_threshold, target) -> str:
+  """Tries concrete changes of the anchor layout on the failing boxes; names what helps."""
+  failing = boxes[selected]
+  uncovered = failing[best_anchor_iou(failing, image_size, **params) < matched_threshold]
+  heights = uncovered[:, 2] - uncovered[:, 0]
+  widths = uncovered[:, 3] - uncovered[:, 1]
+  side = float(np.median(np.sqrt(heights * widths)))
+  aspect = float(np.median(widths / np.maximum(heights, 1e-6)))
+  smallest = params["anchor_size"] * 2.0**params["min_level"]
+  largest = params["anchor_size"] * 2.0**params["max_level"] * 2.0**(
+      (params["num_scales"] - 1) / params["num_scales"])
+  ratios = params["aspect_ratios"]
+  # In order of cost: anchor shapes are free, more anchors cost head compute, a
+  # finer level or a larger input cost the whole network.
+  candidates = []
+  if side < smallest:
+    for factor in (0.75, 0.5):
+      candidates.append((f"anchor_size={params['anchor_size'] * factor:g}",
+                         dict(params, anchor_size=params["anchor_size"] * factor), 1.0))
+  if aspect < min(ratios) / 1.5 or aspect > max(ratios) * 1.5:
+    extra = float(2.0**np.round(np.log2(aspect)))
+    new_ratios = tuple(sorted(set(ratios) | {extra}))
+    candidates.append((f"aspect_ratios={list(new_ratios)}",
+                       dict(params, aspect_ratios=new_ratios), 1.0))
+  candidates.append((f"num_scales={params['num_scales'] + 1}",
+                     dict(params, num_scales=params["num_scales"] + 1), 1.0))
+  if side > largest:
+    candidates.append((f"max_level={params['max_level'] + 1}",
+                       dict(params, max_level=params["max_level"] + 1), 1.0))
+  if side < smallest:
+    level = params["min_level"]
+    fitted = round(side / 2.0**level, 2)  # The scale-0 anchor as large as the median box.
+    if fitted < params["anchor_size"] * 0.5:
+      candidates.append((f"anchor_size={fitted:g}", dict(params, anchor_size=fitted), 1.0))
+    if level > 1:
+      candidates.append((f"min_level={level - 1}", dict(params, min_level=level - 1), 1.0))
+      finer = round(side / 2.0**(level - 1), 2)
+      if finer < params["anchor_size"]:
+        candidates.append((f"min_level={level - 1} with anchor_size={finer:g}",
+                           dict(params, min_level=level - 1, anchor_size=finer), 1.0))
+    stride = 2**params["max_level"]
+    needed = min(4.0, math.ceil(2 * smallest / side) / 2)  # Upscale making the median fit.
+    for factor in sorted({1.5, 2.0, needed}):
+      size = int(math.ceil(image_size * factor / stride) * stride)
+      candidates.append((f"image_size={size}", params, size / image_size))
+  results = []
+  for text, new_params, factor in candidates:
+    size = int(round(image_size * factor))
+    share = float(np.mean(best_anchor_iou(failing * factor, size, **new_params)
+                          >= matched_threshold))
+    results.append((share, text))
+  good = [f"{text} ({share:.0%})" for share, text in results if share >= target]
+  best = sorted(results, key=lambda r: -r[0])[:3]
+  tried = ", ".join(f"{text} {share:.0%}" for share, text in best)
+  description = (f"The uncovered ones are {side:.0f} px on median (sqrt of area; anchors span "
+                 f"{smallest:.0f}-{largest:.0f} px) with median width/height {aspect:.2f} "
+                 f"(anchor ratios {list(ratios)}).")
+  if good:
+    return (f"{description} Suggested (cheapest first, share of these boxes then covered): "
+            f"{' or '.join(good[:2])}.")
+  return (f"{description} No single change reaches {target:.0%}; best tried: {tried}. "
+          f"Lower matched_threshold or combine changes.")
+
+
+def anchor_coverage(records_pattern: str,
+                    image_size: int,
+                    *,
+                    min_level: int = 3,
+                    max_level: int = 7,
+                    num_scales: int = 3,
+                    aspect_ratios: Sequence[float] = anchors_lib.DEFAULT_ASPECT_RATIOS,
+                    anchor_size: float = 4.0,
+                    matched_threshold: float = 0.5,
+                    target: float = 0.9,
+                    max_images: Optional[int] = 5000,
+                    class_names: Optional[Sequence[str]] = None) -> CoverageReport:
+  """How many ground-truth boxes of a record set the anchors can match.
+
+  The first reason a detector trains to nothing on custom data is anchors
+  that fit none of its boxes (tiny or elongated objects get only their one
+  force-matched anchor). Boxes are taken as evaluation sees them (the image
+  resized so its longer side is image_size), crowd boxes left out.
+
+  Args:
+    records_pattern: TFRecord files (glob, comma-separated globs or a folder).
+    image_size: the model input side.
+    min_level, max_level, num_scales, aspect_ratios, anchor_size: the anchors.
+    matched_threshold: the matcher's positive IoU.
+    target: size buckets below this share get a warning with suggestions
+      (each suggestion re-measured on the failing boxes).
+    max_images: read at most this many images (None: all).
+    class_names: label names; default: label_map.json beside the records.
+
+  Returns:
+    A CoverageReport; `print(report)` for the table, `report.ok`.
+  """
+  from tpu_models.data import pipeline  # The shared file matcher.
+
+  files = pipeline.match_files(records_pattern)
+  if not files:
+    raise FileNotFoundError(f"No TFRecord files match {records_pattern!r}.")
+  if class_names is None:
+    label_map = os.path.join(os.path.dirname(files[0]), "label_map.json")
+    if os.path.exists(label_map):
+      with open(label_map) as f:
+        class_names = [entry["name"] for entry in json.load(f)]
+
+  def boxes_in_input_pixels(serialized):
+    record = parse_example(serialized)
+    image_bytes = record[ENCODED]
+    hw = tf.cond(tf.logical_and(record["height"] > 0, record["width"] > 0),
+                 lambda: tf.stack([record["height"], record["width"]]),
+                 lambda: tf.cond(tf.io.is_jpeg(image_bytes),
+                                 lambda: tf.image.extract_jpeg_shape(image_bytes)[:2],
+                                 lambda: tf.shape(tf.io.decode_image(
+                                     image_bytes, channels=3, expand_animations=False))[:2]))
+    hw = tf.cast(hw, tf.float32)
+    scale = image_size / tf.reduce_max(hw)
+    keep = tf.logical_not(record["is_crowd"])
+    boxes = tf.boolean_mask(record["boxes"], keep) * tf.tile(hw * scale, [2])
+    return boxes, tf.boolean_mask(record["classes"], keep)
+
+  dataset = tf.data.TFRecordDataset(files)
+  if max_images:
+    dataset = dataset.take(max_images)
+  dataset = dataset.map(boxes_in_input_pixels, num_parallel_calls=tf.data.AUTOTUNE)
+  all_boxes, all_classes, num_images = [], [], 0
+  for boxes, classes in dataset.as_numpy_iterator():
+    all_boxes.append(boxes)
+    all_classes.append(classes)
+    num_images += 1
+  boxes = np.concatenate(all_boxes) if all_boxes else np.zeros([0, 4])
+  classes = np.concatenate(all_classes) if all_classes else np.zeros([0], np.int64)
+  valid = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+  return box_coverage(boxes[valid], classes[valid], image_size, min_level=min_level,
+                      max_level=max_level, num_scales=num_scales, aspect_ratios=aspect_ratios,
+                      anchor_size=anchor_size, matched_threshold=matched_threshold,
+                      target=target, class_names=class_names, num_images=num_images)

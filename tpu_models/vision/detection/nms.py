@@ -1,0 +1,190 @@
+"""RetinaNet post-processing with fixed output shapes: top-k, score threshold, per-class NMS.
+
+Everything here has static shapes and no data-dependent-shape op (no
+one-argument tf.where, boolean_mask or NonMaxSuppressionV3/V5), so it compiles
+with XLA and runs inside a TPU eval step:
+
+    detections = postprocess(outputs["class_logits"], outputs["box_deltas"], anchors,
+                             image_size=512)
+    detections["boxes"]           # float32 [B, 100, 4], zeros past num_detections
+    detections["num_detections"]  # int32 [B]
+
+Greedy NMS is computed as the fixed point of "a candidate is kept iff it is
+valid and no kept candidate of the same class before it (higher score)
+overlaps it by more than iou_threshold": starting from all valid candidates,
+each iteration (one [k, k] matrix-vector product) fixes at least one more
+candidate in score order, and the loop stops when nothing changes, usually
+after a handful of iterations. The result is exactly greedy NMS.
+"""
+
+from typing import Dict, Optional, Sequence
+
+import tensorflow as tf
+
+from tpu_models.vision.detection import boxes as box_ops
+
+
+def _suppression_matrix(boxes: tf.Tensor, classes: Optional[tf.Tensor],
+                        iou_threshold: float) -> tf.Tensor:
+  """float32 [B, k, k]: entry [b, j, i] = 1 if candidate j (earlier) may suppress i."""
+  k = boxes.shape[1]
+  overlaps = box_ops.iou(boxes, boxes)  # [B, k, k]
+  suppresses = overlaps > iou_threshold
+  if classes is not None:
+    suppresses &= tf.equal(classes[:, :, None], classes[:, None, :])
+  # Only an earlier (higher-scored) candidate suppresses: strictly upper triangle.
+  earlier = tf.range(k)[:, None] < tf.range(k)[None, :]
+  return tf.cast(suppresses & earlier, tf.float32)
+
+
+def nms_keep_mask(boxes, valid, classes=None, *, iou_threshold: float = 0.5) -> tf.Tensor:
+  """Greedy NMS over candidates already sorted by decreasing score.
+
+  Args:
+    boxes: float [B, k, 4] candidates in decreasing score order.
+    valid: bool [B, k]; invalid candidates are neither kept nor suppress others.
+    classes: optional int [B, k]; given, only candidates of the same class
+      suppress each other (per-class NMS in one pass).
+    iou_threshold: a candidate overlapping a kept earlier one by more than
+      this (IoU > threshold) is suppressed.
+
+  Returns:
+    bool [B, k]: the kept candidates.
+  """
+  boxes = tf.cast(tf.convert_to_tensor(boxes), tf.float32)
+  valid = tf.convert_to_tensor(valid)
+  suppression = _suppression_matrix(boxes, classes, iou_threshold)
+  k = boxes.shape[1] if boxes.shape[1] is not None else tf.shape(boxes)[1]
+
+  def step(keep, changed, iteration):
+    del changed
+    suppressed = tf.einsum("bj,bji->bi", tf.cast(keep, tf.float32), suppression) > 0.0
+    new_keep = valid & ~suppressed
+    return new_keep, tf.reduce_any(new_keep != keep), iteration + 1
+
+  # Entry i depends only on entries before it, so after t iterations the first
+  # t are final: at most k + 1 iterations reach the (unique) fixed point.
+  keep, _, _ = tf.while_loop(
+      lambda keep, changed, iteration: changed & (iteration <= k),
+      step, (valid, tf.constant(True), tf.constant(0)))
+  return keep
+
+
+def batched_nms(boxes, scores, classes, *, iou_threshold: float = 0.5,
+                score_threshold: float = 0.05, max_detections: int = 100
+                ) -> Dict[str, tf.Tensor]:
+  """Per-class NMS of candidate boxes into a fixed number of padded detections.
+
+  Args:
+    boxes: float [B, C, 4] candidate boxes [ymin, xmin, ymax, xmax].
+    scores: float [B, C] their scores (in any order).
+    classes: int [B, C] their class ids.
+    iou_threshold: suppress same-class boxes with IoU > this.
+    score_threshold: only candidates scoring > this are considered.
+    max_detections: D, the fixed output length.
+
+  Returns:
+    dict of boxes float32 [B, D, 4], scores float32 [B, D], classes int32
+    [B, D] sorted by decreasing score, and num_detections int32 [B]; entries
+    past num_detections are padding (boxes 0, score 0, class -1).
+  """
+  boxes = tf.cast(tf.convert_to_tensor(boxes), tf.float32)
+  scores = tf.cast(tf.convert_to_tensor(scores), tf.float32)
+  classes = tf.cast(tf.convert_to_tensor(classes), tf.int32)
+  num_candidates = boxes.shape[1]
+  if num_candidates is None:
+    raise ValueError(f"batched_nms needs a static number of candidates, got boxes of "
+                     f"shape {boxes.shape}.")
+  scores, order = tf.math.top_k(scores, k=num_candidates, sorted=True)
+  boxes = tf.gather(boxes, order, batch_dims=1)
+  classes = tf.gather(classes, order, batch_dims=1)
+  keep = nms_keep_mask(boxes, scores > score_threshold, classes, iou_threshold=iou_threshold)
+
+  # Kept candidates are still in score order: take the first D of them.
+  take = min(max_detections, num_candidates)
+  ranked = tf.where(keep, scores, scores.dtype.min)
+  _, picked = tf.math.top_k(ranked, k=take, sorted=True)
+  num_detections = tf.minimum(tf.reduce_sum(tf.cast(keep, tf.int32), axis=1), take)
+  is_real = tf.range(take)[None, :] < num_detections[:, None]  # [B, take]
+  out = {
+      "boxes": tf.where(is_real[..., None], tf.gather(boxes, picked, batch_dims=1), 0.0),
+      "scores": tf.where(is_real, tf.gather(scores, picked, batch_dims=1), 0.0),
+      "classes": tf.where(is_real, tf.gather(classes, picked, batch_dims=1), -1),
+  }
+  if take < max_detections:  # Fewer candidates than outputs: pad.
+    pad = max_detections - take
+    out = {
+        "boxes": tf.pad(out["boxes"], [[0, 0], [0, pad], [0, 0]]),
+        "scores": tf.pad(out["scores"], [[0, 0], [0, pad]]),
+        "classes": tf.pad(out["classes"], [[0, 0], [0, pad]], constant_values=-1),
+    }
+  out["num_detections"] = num_detections
+  return out
+
+
+def postprocess(class_logits, box_deltas, anchors, *, pre_nms_top_k: int = 1000,
+                score_threshold: float = 0.05, iou_threshold: float = 0.5,
+                max_detections: int = 100,
+                box_weights: Sequence[float] = box_ops.RETINANET_BOX_WEIGHTS,
+                image_size: Optional[box_ops.ImageSize] = None) -> Dict[str, tf.Tensor]:
+  """RetinaNet outputs -> padded detections (fixed shapes; XLA-compilable).
+
+  1. Scores are sigmoid(class_logits); the pre_nms_top_k highest
+     (anchor, class) pairs over ALL anchors, levels and classes are kept (as
+     tensorflow/tpu does; computed exactly in two cheap stages). Model
+     Garden's generator takes the top k of each class instead; the two agree
+     whenever at most pre_nms_top_k pairs score above score_threshold.
+  2. Their anchors' deltas are decoded (`boxes.decode_boxes`) and, given
+     image_size, clipped to the image.
+  3. Pairs scoring <= score_threshold are dropped; per-class greedy NMS
+     (IoU > iou_threshold suppresses) runs on the rest.
+  4. The max_detections best survivors are returned, padded.
+
+  Args:
+    class_logits: float [B, N, K] (the model's "class_logits").
+    box_deltas: float [B, N, 4] (the model's "box_deltas").
+    anchors: float [N, 4] from `anchors.multilevel_anchors`.
+    pre_nms_top_k: candidates entering NMS per image (capped at N * K).
+    score_threshold: minimum score (exclusive).
+    iou_threshold: NMS threshold.
+    max_detections: D, the output length.
+    box_weights: the box coder weights the targets were encoded with.
+    image_size: int or [height, width] of the model input to clip boxes to;
+      None leaves them unclipped.
+
+  Returns:
+    dict: boxes float32 [B, D, 4] (pixels of the model input, [ymin, xmin,
+    ymax, xmax]), scores float32 [B, D], classes int32 [B, D] (0-based class
+    ids), num_detections int32 [B]; sorted by decreasing score, padded past
+    num_detections with boxes 0, scores 0 and classes -1.
+  """
+  class_logits = tf.cast(tf.convert_to_tensor(class_logits), tf.float32)
+  box_deltas = tf.cast(tf.convert_to_tensor(box_deltas), tf.float32)
+  anchors = tf.cast(tf.convert_to_tensor(anchors), tf.float32)
+  _, num_anchors, num_classes = class_logits.shape
+  if num_anchors is None or num_classes is None:
+    raise ValueError(f"postprocess needs static anchor and class dimensions, got "
+                     f"class_logits of shape {class_logits.shape}.")
+  if anchors.shape[0] != num_anchors or box_deltas.shape[1] != num_anchors:
+    raise ValueError(f"class_logits {class_logits.shape}, box_deltas {box_deltas.shape} "
+                     f"and anchors {anchors.shape} must have the same number of anchors.")
+  batch = tf.shape(class_logits)[0]
+  k = min(int(pre_nms_top_k), num_anchors * num_classes)
+  # The top k (anchor, class) pairs in two exact stages: the anchors of the
+  # top k pairs are among the k anchors with the highest best-class logit, so
+  # a top-k over N anchors, then over their k * K pairs, replaces one over
+  # N * K (XLA's CPU top-k over 6M COCO pairs takes seconds, these two ms).
+  top_anchors = tf.math.top_k(tf.reduce_max(class_logits, axis=-1),
+                              k=min(k, num_anchors), sorted=False).indices  # [B, k_a]
+  candidate_logits = tf.reshape(tf.gather(class_logits, top_anchors, batch_dims=1),
+                                [batch, -1])  # [B, k_a * K]
+  top_logits, pair_index = tf.math.top_k(candidate_logits, k=k, sorted=True)
+  scores = tf.sigmoid(top_logits)
+  anchor_index = tf.gather(top_anchors, pair_index // num_classes, batch_dims=1)
+  classes = pair_index % num_classes
+  boxes = box_ops.decode_boxes(tf.gather(box_deltas, anchor_index, batch_dims=1),
+                               tf.gather(anchors, anchor_index), box_weights)
+  if image_size is not None:
+    boxes = box_ops.clip_boxes(boxes, image_size)
+  return batched_nms(boxes, scores, classes, iou_threshold=iou_threshold,
+                     score_threshold=score_threshold, max_detections=max_detections)

@@ -1,0 +1,287 @@
+"""RetinaNet (Lin et al. 2017): ResNet backbone, FPN P3-P7, shared class and box subnets.
+
+Registered builders: `retinanet` (any registered ResNet depth through
+`backbone_depth`) and `retinanet_resnet50_fpn`. Their keyword arguments are the
+model config:
+
+    model = create_model("retinanet_resnet50_fpn", num_classes=80, image_size=640)
+    outputs = model(images, training=True)
+    outputs["class_logits"]  # float32 [B, N, num_classes]
+    outputs["box_deltas"]    # float32 [B, N, 4]
+    anchors = multilevel_anchors(**anchor_layout(num_classes=80, image_size=640))  # [N, 4]
+
+The N outputs are in exactly the order of `tpu_models.vision.detection.anchors`
+(level, row, column, scale, aspect ratio), so the labeler's targets, the
+losses and `tpu_models.vision.detection.nms.postprocess` line up with them. Both outputs are
+float32 under any mixed-precision policy. Images are [B, H, W, 3] float,
+normalised as the backbone expects, with (H, W) = image_size (static: the
+anchor count depends on it).
+
+Architecture (as the Model Garden's RetinaNet, so its checkpoints map 1:1):
+  backbone  ResNet v1.5 (tpu_models.vision.classification.resnet, include_top=False): C3-C5.
+  fpn       lateral 1x1 convs on C3..C5, top-down sum with nearest 2x
+            upsampling, a 3x3 output conv per level; P6 = 3x3/2 conv of P5
+            (before its BN; p67_input="c5" takes C5 as in the paper), P7 = 3x3/2
+            conv of ReLU(P6); then one BN per level.
+  head      class and box subnets of head_convs 3x3 convs + BN + ReLU each; the
+            convolutions are shared across levels, the BNs are per level (their
+            statistics differ by level); a final 3x3 conv predicts
+            A x num_classes logits (bias -log((1 - pi) / pi)) and A x 4 deltas.
+
+Variable paths (stable; checkpoints and warm starts restore by path):
+  backbone/conv1/kernel, backbone/bn1/{gamma,beta,moving_mean,moving_variance},
+  backbone/stage{2..5}_block{b}_{conv1,bn1,conv2,...,shortcut_conv,shortcut_bn}/...
+      (the ResNet classifier's own paths under "backbone/": warm-start from a
+      classifier with trainer.init_checkpoint_map {"^backbone/": ""})
+  fpn/lateral_p{3..5}/{kernel,bias}, fpn/output_p{3..5}/{kernel,bias},
+  fpn/coarser_p{6,7}/{kernel,bias}, fpn/bn_p{3..7}/...
+  head/class_conv{i}/{kernel,bias}, head/class_bn{i}_p{level}/...,
+  head/class_logits/{kernel,bias}, and the same with box_ / box_deltas.
+"""
+
+import inspect
+import math
+from typing import Dict, List, Optional, Union
+
+import keras
+
+from tpu_models.errors import ConfigError
+from tpu_models.vision.classification import resnet as resnet_lib
+from tpu_models.vision.layers import FusedBatchNormalization
+from tpu_models.vision.detection import anchors as anchor_ops
+from tpu_models.vision.detection import boxes as box_ops
+from tpu_models.registry import register_model
+
+_BACKBONE_MAX_LEVEL = 5  # ResNet's last stage, C5: stride 32.
+_BACKBONE_STEMS = ("imagenet", "space_to_depth")  # Stride-4 stems: C_l has stride 2^l.
+_ANCHOR_KEYS = ("image_size", "min_level", "max_level", "num_scales", "aspect_ratios",
+                "anchor_size")
+
+
+def _head_conv(filters: int, name: str, bias: float = 0.0) -> keras.layers.Conv2D:
+  # Gaussian sigma 0.01 for every head conv (the paper); the class output's
+  # bias carries the prior.
+  return keras.layers.Conv2D(
+      filters, 3, padding="same", name=name,
+      kernel_initializer=keras.initializers.RandomNormal(stddev=0.01),
+      bias_initializer=keras.initializers.Constant(bias))
+
+
+def _fpn_conv(filters: int, kernel_size: int, strides: int, name: str) -> keras.layers.Conv2D:
+  return keras.layers.Conv2D(filters, kernel_size, strides=strides, padding="same", name=name,
+                             kernel_initializer=keras.initializers.VarianceScaling())
+
+
+@register_model("retinanet")
+def retinanet(*,
+              backbone_depth: int = 50,
+              num_classes: int = 80,
+              image_size: Union[int, List[int]] = 640,
+              min_level: int = 3,
+              max_level: int = 7,
+              num_scales: int = 3,
+              aspect_ratios: List[float] = anchor_ops.DEFAULT_ASPECT_RATIOS,
+              anchor_size: float = 4.0,
+              fpn_channels: int = 256,
+              head_channels: Optional[int] = None,
+              head_convs: int = 4,
+              p67_input: str = "p5",
+              prior_probability: float = 0.01,
+              use_batch_norm: bool = True,
+              bn_momentum: float = 0.99,
+              bn_epsilon: float = 1e-3,
+              fused_bn: bool = True,
+              backbone_stem: str = "imagenet",
+              backbone_width: int = 64,
+              backbone_trainable: bool = True,
+              backbone_frozen_bn: bool = False,
+              backbone_pointwise_matmul: Optional[bool] = None,
+              backbone_project_first_shortcut: bool = False,
+              name: Optional[str] = None) -> keras.Model:
+  """Builds a RetinaNet with a ResNet-FPN backbone.
+
+  Args:
+    backbone_depth: a registered ResNet depth (18, 34, 50, 101, 152, 200).
+    num_classes: K, the number of real classes (no background slot).
+    image_size: int (square) or [height, width] of the model input, pixels;
+      a multiple of 2^min(max_level, 5) (the FPN's top-down sums need
+      matching grids).
+    min_level, max_level: pyramid levels, 3 <= min_level <= 5 and
+      max_level >= min_level (levels above 5 come from stride-2 convs).
+    num_scales, aspect_ratios, anchor_size: the anchor layout
+      (`tpu_models.vision.detection.anchors`); the model needs num_scales * len(aspect_ratios)
+      anchors per position, the others are kept for `anchor_layout`.
+    fpn_channels: channels of every pyramid level (256).
+    head_channels: channels of the subnet convs; None = fpn_channels.
+    head_convs: 3x3 convs in each subnet before its output conv (4).
+    p67_input: "p5" (Model Garden, tensorflow/tpu) or "c5" (the paper): the
+      input of the P6 conv.
+    prior_probability: pi, the initial foreground probability of every class.
+    use_batch_norm: BN after the FPN outputs and after each subnet conv.
+    bn_momentum, bn_epsilon: of every BN, the backbone's included (Keras
+      convention; 0.99 / 1e-3 as the Model Garden).
+    fused_bn: use `FusedBatchNormalization` (same variables, faster).
+    backbone_stem: "imagenet" or "space_to_depth" (see resnet.py).
+    backbone_width: ResNet stage-2 width (64 = the paper's ResNets).
+    backbone_trainable: False freezes the whole backbone (BN in inference mode).
+    backbone_frozen_bn: keep the backbone's BN layers in inference mode with
+      frozen statistics and affine parameters (small per-replica batches).
+    backbone_pointwise_matmul: see resnet.py (`pointwise_matmul`).
+    backbone_project_first_shortcut: see resnet.py (`project_first_shortcut`;
+      Model Garden's ResNet-18/34 backbones).
+    name: model name, default "retinanet".
+
+  Returns:
+    A functional `keras.Model` mapping images [B, H, W, 3] to
+    {"class_logits": float32 [B, N, K], "box_deltas": float32 [B, N, 4]}.
+  """
+  height, width = box_ops.image_hw(image_size)
+  min_level, max_level = int(min_level), int(max_level)
+  if not 3 <= min_level <= _BACKBONE_MAX_LEVEL or max_level < min_level:
+    raise ConfigError(f"RetinaNet needs 3 <= min_level <= {_BACKBONE_MAX_LEVEL} and "
+                      f"max_level >= min_level; got min_level={min_level}, "
+                      f"max_level={max_level}.")
+  multiple = 2**min(max_level, _BACKBONE_MAX_LEVEL)
+  if height % multiple or width % multiple or height <= 0 or width <= 0:
+    raise ConfigError(f"RetinaNet image_size must be a multiple of {multiple} (2^"
+                      f"{min(max_level, _BACKBONE_MAX_LEVEL)}) for levels {min_level}-"
+                      f"{max_level}; got {image_size!r}.")
+  if p67_input not in ("p5", "c5"):
+    raise ConfigError(f"p67_input must be 'p5' or 'c5', got {p67_input!r}.")
+  if backbone_stem not in _BACKBONE_STEMS:
+    raise ConfigError(f"RetinaNet backbone_stem must be one of {', '.join(_BACKBONE_STEMS)} "
+                      f"(C_l at stride 2^l), got {backbone_stem!r}.")
+  if num_classes < 1 or head_convs < 0 or not 0.0 < prior_probability < 1.0:
+    raise ConfigError(f"Expected num_classes >= 1, head_convs >= 0 and 0 < "
+                      f"prior_probability < 1; got {num_classes}, {head_convs}, "
+                      f"{prior_probability}.")
+  per_location = anchor_ops.anchors_per_location(num_scales, aspect_ratios)
+  anchor_ops.multilevel_anchors((height, width), min_level, max_level, num_scales,
+                                aspect_ratios, anchor_size)  # Validates the layout.
+  head_channels = head_channels or fpn_channels
+
+  inputs = keras.Input(shape=(height, width, 3), name="image")
+  with keras.name_scope("backbone"):
+    backbone = resnet_lib.resnet(
+        depth=backbone_depth, include_top=False, input_shape=[height, width, 3],
+        stem=backbone_stem, bn_momentum=bn_momentum, bn_epsilon=bn_epsilon,
+        fused_bn=fused_bn, pointwise_matmul=backbone_pointwise_matmul,
+        width=backbone_width, project_first_shortcut=backbone_project_first_shortcut,
+        name="backbone")
+  backbone.trainable = backbone_trainable
+  if backbone_frozen_bn:
+    for layer in backbone.layers:
+      if isinstance(layer, keras.layers.BatchNormalization):
+        layer.trainable = False
+  stages = backbone(inputs)
+
+  bn_class = FusedBatchNormalization if fused_bn else keras.layers.BatchNormalization
+
+  def batch_norm(name: str) -> keras.layers.Layer:
+    return bn_class(axis=-1, momentum=bn_momentum, epsilon=bn_epsilon, name=name)
+
+  with keras.name_scope("fpn"):
+    pyramid = _fpn(stages, min_level, max_level, fpn_channels, p67_input, use_batch_norm,
+                   batch_norm)
+  with keras.name_scope("head"):
+    class_outputs = _subnet(pyramid, "class", head_convs, head_channels, per_location,
+                            num_classes, use_batch_norm, batch_norm,
+                            bias=-math.log((1.0 - prior_probability) / prior_probability))
+    box_outputs = _subnet(pyramid, "box", head_convs, head_channels, per_location, 4,
+                          use_batch_norm, batch_norm)
+  # The flat outputs and everything after them (losses, NMS) are float32.
+  outputs = {
+      "class_logits": keras.layers.Concatenate(axis=1, name="class_logits_all",
+                                               dtype="float32")(class_outputs),
+      "box_deltas": keras.layers.Concatenate(axis=1, name="box_deltas_all",
+                                             dtype="float32")(box_outputs),
+  }
+  model = keras.Model(inputs, outputs, name=name or "retinanet")
+  return model
+
+
+def _fpn(stages: Dict[str, keras.KerasTensor], min_level: int, max_level: int,
+         channels: int, p67_input: str, use_batch_norm: bool, batch_norm
+         ) -> Dict[int, keras.KerasTensor]:
+  """{level: [B, H_l, W_l, channels]} for min_level..max_level."""
+  top = min(max_level, _BACKBONE_MAX_LEVEL)
+  laterals = {level: _fpn_conv(channels, 1, 1, f"lateral_p{level}")(stages[f"C{level}"])
+              for level in range(min_level, top + 1)}
+  merged = {top: laterals[top]}
+  for level in range(top - 1, min_level - 1, -1):
+    upsampled = keras.layers.UpSampling2D(2, interpolation="nearest",
+                                          name=f"upsample_p{level + 1}")(merged[level + 1])
+    merged[level] = keras.layers.Add(name=f"merge_p{level}")([upsampled, laterals[level]])
+  pyramid = {level: _fpn_conv(channels, 3, 1, f"output_p{level}")(merged[level])
+             for level in range(min_level, top + 1)}
+  for level in range(top + 1, max_level + 1):
+    if level == _BACKBONE_MAX_LEVEL + 1:
+      x = stages["C5"] if p67_input == "c5" else pyramid[level - 1]
+    else:
+      x = keras.layers.ReLU(name=f"relu_p{level - 1}")(pyramid[level - 1])
+    pyramid[level] = _fpn_conv(channels, 3, 2, f"coarser_p{level}")(x)
+  if use_batch_norm:
+    pyramid = {level: batch_norm(f"bn_p{level}")(x) for level, x in pyramid.items()}
+  return pyramid
+
+
+def _subnet(pyramid: Dict[int, keras.KerasTensor], kind: str, num_convs: int, channels: int,
+            per_location: int, outputs_per_anchor: int, use_batch_norm: bool, batch_norm,
+            bias: float = 0.0) -> List[keras.KerasTensor]:
+  """One subnet applied to every level: [B, H_l * W_l * A, outputs_per_anchor] per level."""
+  convs = [_head_conv(channels, f"{kind}_conv{i}") for i in range(num_convs)]
+  output_name = "class_logits" if kind == "class" else "box_deltas"
+  predictor = _head_conv(per_location * outputs_per_anchor, output_name, bias)
+  flat = []
+  for level, x in pyramid.items():
+    for i, conv in enumerate(convs):
+      x = conv(x)
+      if use_batch_norm:
+        x = batch_norm(f"{kind}_bn{i}_p{level}")(x)
+      x = keras.layers.ReLU(name=f"{kind}_relu{i}_p{level}")(x)
+    x = predictor(x)
+    # [B, H, W, A * C] -> [B, H * W * A, C]: the anchor order of ops/anchors.py.
+    h, w = x.shape[1], x.shape[2]
+    flat.append(keras.layers.Reshape((h * w * per_location, outputs_per_anchor),
+                                     name=f"{output_name}_p{level}")(x))
+  return flat
+
+
+def anchor_layout(**model_params) -> Dict[str, object]:
+  """The anchor layout of a RetinaNet config: keyword arguments of `multilevel_anchors`.
+
+  Args:
+    **model_params: the model's config (builder keyword arguments; others are
+      ignored, missing ones take the builder's defaults).
+
+  Returns:
+    {"image_size", "min_level", "max_level", "num_scales", "aspect_ratios",
+    "anchor_size"}, e.g. `anchors.multilevel_anchors(**anchor_layout(**params))`.
+  """
+  defaults = inspect.signature(retinanet).parameters
+  layout = {key: model_params.get(key, defaults[key].default) for key in _ANCHOR_KEYS}
+  layout["aspect_ratios"] = tuple(float(r) for r in layout["aspect_ratios"])
+  if not isinstance(layout["image_size"], int):
+    layout["image_size"] = tuple(int(s) for s in layout["image_size"])
+  return layout
+
+
+def _fixed_backbone(depth: int):
+  """`retinanet` with backbone_depth fixed; signature and annotations are the config schema."""
+
+  def builder(**kwargs) -> keras.Model:
+    kwargs.setdefault("name", f"retinanet_resnet{depth}_fpn")
+    return retinanet(backbone_depth=depth, **kwargs)
+
+  signature = inspect.signature(retinanet)
+  builder.__signature__ = signature.replace(
+      parameters=[p for n, p in signature.parameters.items() if n != "backbone_depth"])
+  builder.__annotations__ = {
+      k: v for k, v in retinanet.__annotations__.items() if k != "backbone_depth"}
+  builder.__name__ = builder.__qualname__ = f"retinanet_resnet{depth}_fpn"
+  builder.__doc__ = (f"Builds RetinaNet with a ResNet-{depth}-FPN backbone; arguments as "
+                     f"`retinanet` (without `backbone_depth`).")
+  return builder
+
+
+retinanet_resnet50_fpn = register_model("retinanet_resnet50_fpn")(_fixed_backbone(50))
