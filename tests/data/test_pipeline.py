@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from tpu_models.config import DataConfig
-from tpu_models.data import records
+from tpu_models.data import records as records_lib
 from tpu_models.vision.classification import example as example_lib
 from tpu_models.vision import image as image_lib
 from tpu_models.data import pipeline
@@ -29,7 +29,7 @@ def _photo(height, width, seed=0):
 
 def _write_records(prefix, num_examples, num_shards, corrupt_ids=()):
   """Record i holds a JPEG of varying size and label i (a unique id)."""
-  with records.ShardedRecordWriter(prefix, num_shards) as writer:
+  with records_lib.ShardedRecordWriter(prefix, num_shards) as writer:
     for i in range(num_examples):
       encoded = tf.io.encode_jpeg(_photo(30 + i % 7, 40 + i % 5, seed=i)).numpy()
       if i in corrupt_ids:
