@@ -77,12 +77,10 @@ class ClassificationTask(Task):
     data = self.data_config(split)
     if data.source == "synthetic":
       return self._synthetic(data, training, input_context)
-    dataset = pipeline.build_dataset(data, lambda e: self.decode(e, training),
-                                     training=training, input_context=input_context,
-                                     validate=self._check_label)
-    if training and self.config.mixup_alpha > 0:
-      dataset = dataset.map(self._mixup, num_parallel_calls=tf.data.AUTOTUNE)
-    return dataset
+    mixup = self._mixup if training and self.config.mixup_alpha > 0 else None
+    return pipeline.build_dataset(data, lambda e: self.decode(e, training),
+                                  training=training, input_context=input_context,
+                                  validate=self._check_label, post_batch=mixup)
 
   def synthetic_inputs(self, split: str,
                        input_context: Optional[tf.distribute.InputContext] = None
