@@ -183,10 +183,16 @@ class ClassificationTask(Task):
   def serving_signatures(self, model: keras.Model):
     """Encoded bytes and uint8 pixels in; logits, probabilities, classes and valid out.
 
-    One image that cannot be decoded does not fail its batch: its row has
-    `valid` False, logits and probabilities 0 and class -1. An empty batch, or
-    pixels of the wrong rank, channel count or size, is an InvalidArgumentError
-    saying what was expected (a wrong dtype is refused by the signature).
+        serving_default(image_bytes: tf.string [N])   encoded JPEG/PNG/GIF/BMP
+        serve_images(images: uint8 [N, H, W, C])       decoded pixels, H = W = image_size
+
+    both returning {"logits": float32 [N, K], "probabilities": float32 [N, K],
+    "classes": int32 [N], "valid": bool [N]}; decoding, resizing and
+    normalisation run inside the graph. One image that cannot be decoded does
+    not fail its batch: its row has `valid` False, logits and probabilities 0
+    and class -1. An empty batch, or pixels of the wrong rank, channel count or
+    size, is an InvalidArgumentError saying what was expected (a wrong dtype is
+    refused by the signature). See docs/predict.md.
     """
     cfg = self.config
     image_spec = tf.TensorSpec([cfg.image_size, cfg.image_size, cfg.channels], tf.float32)
