@@ -493,8 +493,7 @@ def tfrecord_source(config: DataConfig, training: bool,
   """Serialized records from TFRecord files, files sharded per input pipeline."""
   return read_tfrecords(
       config, training=training, input_context=input_context,
-      expected="TFRecord files such as /data/train-* (write them with `tpu-models convert`, "
-               "or point the path at existing shards)")
+      expected="TFRecord files such as /data/train-*, written by `tpu-models convert`")
 
 
 def _read_counting_damage(path: tf.Tensor, size: tf.Tensor, report: SkipReport
