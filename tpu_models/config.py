@@ -9,7 +9,7 @@ negative steps) is an error naming the field; `validate` checks values that
 must agree, and `config_warnings` names legal but doubtful ones (warmup_steps
 > train_steps).
 
-    config = load_config("official/resnet/fashion_mnist_resnet.yaml",
+    config = load_config("official/<model>/<experiment>.yaml",
                          overrides=["trainer.train_steps=100"])
     dump_config(config, "/tmp/run/config.yaml")
 """
@@ -34,7 +34,7 @@ from tpu_models.errors import ConfigError  # noqa: F401  (re-exported: config.Co
 class ModelConfig:
   """A registered model and the keyword arguments of its builder.
 
-  In YAML the params sit beside the name: `model: {name: resnet50, num_classes: 10}`.
+  In YAML the params sit beside the name: `model: {name: my_model, width: 64}`.
   """
   name: str = ""
   params: Dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -43,7 +43,7 @@ class ModelConfig:
 @dataclasses.dataclass
 class DataConfig:
   """Where examples come from and how the shared reader batches them."""
-  source: str = "tfrecord"  # A registered dataset: tfrecord | fashion_mnist | tfds | synthetic
+  source: str = "tfrecord"  # A registered dataset (`tpu-models list datasets`)
   path: str = ""  # Files (glob or comma-separated globs) or a data directory.
   tfds_name: str = ""  # With source tfds: the TFDS builder name, read from `path` (data_dir).
   split: str = "train"
@@ -77,7 +77,7 @@ class OptimizerConfig:
   epsilon: float = 1e-7
   # Decoupled weight decay (AdamW, LARS, SGD's `weight_decay`): w -= lr * wd * w.
   weight_decay: float = 0.0
-  # Coupled L2 penalty added to the loss: l2 * sum(w**2) / 2 (the ResNet recipe).
+  # Coupled L2 penalty added to the loss: l2 * sum(w**2) / 2 (as some reference recipes do).
   l2_regularization: float = 0.0
   # Variables whose name contains one of these skip weight decay, L2 and the
   # LARS trust ratio. Vectors (biases, BN gamma/beta) are always skipped.
@@ -114,12 +114,12 @@ class TrainerConfig:
   # float16: a loss-scale overflow skips the step and halves the scale; only this
   # many in a row (the gradient is Inf at any scale) stop the run.
   max_consecutive_overflows: int = 25
-  target_metric: Optional[str] = None  # e.g. "top1"; its time-to-accuracy is logged
+  target_metric: Optional[str] = None  # An eval metric; its time-to-accuracy is logged
   target_value: Optional[float] = None
   stop_at_target: bool = False
   init_checkpoint: Optional[str] = None  # Warm start (fine-tuning) from here.
   # Regex -> replacement applied to our variable paths to find them in
-  # init_checkpoint, e.g. {"^retinanet/backbone/": "resnet50/"}.
+  # init_checkpoint, e.g. {"^my_model/backbone/": "backbone/"}.
   init_checkpoint_map: Dict[str, str] = dataclasses.field(default_factory=dict)
   tensorboard: bool = True
 
@@ -145,7 +145,7 @@ class ExpectConfig:
   run's metrics.jsonl against the one bound that is set, and the wall time of
   the whole run (start-up, training, evaluations, test) against `minutes`.
   """
-  metric: str = ""  # An eval metric of the task, e.g. top1, loss, bleu.
+  metric: str = ""  # An eval metric of the task, e.g. loss.
   at_least: Optional[float] = None  # Exactly one of at_least / at_most.
   at_most: Optional[float] = None
   minutes: Optional[float] = None  # Wall-time bound of the whole run on `hardware`.
@@ -154,7 +154,7 @@ class ExpectConfig:
 
   def __post_init__(self):
     if not self.metric:
-      raise ConfigError("Config key 'expect.metric' must name the metric to check, e.g. top1.")
+      raise ConfigError("Config key 'expect.metric' must name the metric to check, e.g. loss.")
     if (self.at_least is None) == (self.at_most is None):
       raise ConfigError(
           f"Config section 'expect' needs exactly one of 'at_least' and 'at_most'; got "
@@ -517,7 +517,7 @@ def _read_yaml(path: str) -> dict:
   if not isinstance(data, dict):
     raise ConfigError(f"{path} must hold a mapping at the top level.")
   base = data.pop("base", None)
-  if base:  # A file may extend another: `base: fashion_mnist_resnet.yaml`.
+  if base:  # A file may extend another: `base: my_experiment.yaml`.
     parent = _read_yaml(os.path.join(os.path.dirname(path), base))
     data = _deep_merge(parent, data)
   return data

@@ -10,22 +10,13 @@ step, is printed and kept in `assets.extra/export.json` beside the config. An
 existing non-empty output directory is refused unless `overwrite`; then the new
 export is written beside it first and replaces it only once complete.
 
-Each task says what its signatures take; classification serves
-
-    serving_default(image_bytes: tf.string [N])          encoded JPEG/PNG/GIF/BMP
-    serve_images(images: uint8 [N, H, W, C])              decoded pixels
-
-both returning {"logits": float32 [N, K], "probabilities": float32 [N, K],
-"classes": int32 [N], "valid": bool [N]}. An image that cannot be decoded does
-not fail the batch: its row has valid False, zero logits and probabilities and
-class -1. An empty batch, or pixels of the wrong rank, channels or size, is an
-InvalidArgumentError that says what was expected.
-
-Detection follows the same contract: {"detection_boxes", "detection_scores",
-"detection_classes", "num_detections", "valid"}, an undecodable image's row
-valid False with no detections. Translation serves `sentences: tf.string [N]`
--> {"translations", "scores"}: no string fails the batch (blank in, "" out;
-too long: cut; not UTF-8: read as U+FFFD). See docs/predict.md.
+The signatures are the task's: `task.serving_signatures(model)` returns them by
+name (`serving_default` among them), preprocessing and postprocessing inside
+the graph, and each task's method documents what they take and return. The
+tasks here keep one rule where an input can be bad: it does not fail its batch
+(its row says so, e.g. a `valid` output), while an empty batch or a tensor of
+the wrong rank or size is an InvalidArgumentError saying what was expected. See
+docs/predict.md.
 """
 
 import json

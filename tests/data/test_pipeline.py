@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 from tpu_models.config import DataConfig
+from tpu_models.errors import ConfigError, DataError
 from tpu_models.data import records as records_lib
 from tpu_models.vision.classification import example as example_lib
 from tpu_models.vision import image as image_lib
@@ -238,3 +239,69 @@ def test_transform_and_batch_fn_hooks_run_between_decode_and_batch():
   for ids, n, mask in dataset.take(3).as_numpy_iterator():
     real += [int(x) for x, m in zip(n, mask) if m]
   assert real == [1, 5, 2, 3, 4, 6]  # The length-7 example was filtered out, the rest kept.
+
+
+def _stages(dataset):
+  """The dataset classes from the last stage back to the source: ["OptionsDataset", ...]."""
+  names = []
+  while dataset is not None:
+    names.append(type(dataset).__name__.lstrip("_"))
+    dataset = getattr(dataset, "_input_dataset", None)
+  return names
+
+
+def test_post_batch_hook_maps_whole_batches_before_prefetch(records):
+  config = DataConfig(source="tfrecord", path=records, split="validation", global_batch_size=4)
+  seen = []
+
+  def post_batch(images, labels, mask):
+    seen.append((images.shape.as_list(), labels.shape.as_list(), mask.shape.as_list()))
+    return images, labels + 100 * tf.cast(tf.shape(labels)[0], labels.dtype), mask
+
+  dataset = pipeline.build_dataset(config, _decode_eval, training=False, post_batch=post_batch)
+  assert seen == [([4, IMAGE_SIZE, IMAGE_SIZE, 3], [4], [4])]  # Batched, static.
+  # Runs after the batching, and the prefetch comes after it.
+  stages = _stages(dataset)
+  assert stages[1:4] == ["PrefetchDataset", "MapDataset", "BatchDataset"], stages
+  assert sorted(_real_labels(dataset)) == [400 + i for i in range(NUM_EXAMPLES)]
+
+
+def test_read_files_lists_shards_and_interleaves_with_a_per_file_reader(tmp_path):
+  for i in range(4):
+    (tmp_path / f"part-{i}.txt").write_text(f"{i}a\n{i}b\n", encoding="utf-8")
+  config = DataConfig(source="my_lines", path=str(tmp_path / "part-*.txt"), seed=3)
+  read = lambda f: tf.data.TextLineDataset(f)
+  lines = lambda ds: [x.decode() for x in ds.as_numpy_iterator()]
+  # One file at a time in file order when cycle_length is 1 and nothing is shuffled.
+  config_one = DataConfig(source="my_lines", path=str(tmp_path), cycle_length=1)
+  assert lines(pipeline.read_files(config_one, read, training=False, input_context=None,
+                                   expected="text")) == ["0a", "0b", "1a", "1b", "2a", "2b",
+                                                         "3a", "3b"]
+  # Each of 2 pipelines reads every other whole file; training shuffles the file order.
+  shards = [lines(pipeline.read_files(config, read, training=True, input_context=c,
+                                      expected="text"))
+            for c in (tf.distribute.InputContext(2, i, 2) for i in range(2))]
+  assert sorted(shards[0]) == ["0a", "0b", "2a", "2b"]
+  assert sorted(shards[1]) == ["1a", "1b", "3a", "3b"]
+  # A list of patterns is one more way to name the files.
+  listed = pipeline.read_files(config_one, read, training=False, input_context=None,
+                               expected="text", path=[str(tmp_path / "part-3.txt"),
+                                                      str(tmp_path / "part-1.txt")])
+  assert lines(listed) == ["1a", "1b", "3a", "3b"]
+
+
+def test_read_files_errors_name_the_source_split_and_what_was_expected(tmp_path):
+  read = tf.data.TextLineDataset
+  with pytest.raises(ConfigError, match=r"Data source 'my_lines' needs a path \(split 'train'\)"
+                                        r".*to text files of one kind"):
+    pipeline.read_files(DataConfig(source="my_lines"), read, training=True, input_context=None,
+                        expected="text files of one kind")
+  with pytest.raises(FileNotFoundError, match=r"No files match .*none-\*.* for data source "
+                                              r"'my_lines' \(split 'train'\); expected text"):
+    pipeline.read_files(DataConfig(source="my_lines", path=str(tmp_path / "none-*")), read,
+                        training=True, input_context=None, expected="text")
+  (tmp_path / "a.txt").write_bytes(b"")
+  (tmp_path / "b.txt").write_bytes(b"")
+  with pytest.raises(DataError, match=r"All 2 file\(s\) matching .* are empty \(0 bytes\)"):
+    pipeline.read_files(DataConfig(source="my_lines", path=str(tmp_path / "*.txt")), read,
+                        training=True, input_context=None, expected="text")

@@ -250,6 +250,22 @@ def test_text_tfrecord_source_and_sharding(tmp_path):
     _pairs(ts.text_tfrecord_source(broken, False, None))
 
 
+def test_text_tfrecord_damaged_file_counted_with_on_corrupt_skip(tmp_path):
+  """The shared TFRecord reader: a truncated file stops the run, or is counted and cut short."""
+  from tpu_models.data import pipeline
+  pairs = [(f"Satz {i}", f"sentence {i}") for i in range(6)]
+  (path,) = ts.write_text_tfrecords(pairs, str(tmp_path / "train"), num_shards=1)
+  os.truncate(path, os.path.getsize(path) - 10)  # Cuts the last record.
+  config = DataConfig(source="text_tfrecord", path=path)
+  with pytest.raises(tf.errors.DataLossError):
+    _pairs(ts.text_tfrecord_source(config, False, None))
+  skip = DataConfig(source="text_tfrecord", path=path, on_corrupt="skip")
+  with pipeline.collect_skips() as report:
+    dataset = ts.text_tfrecord_source(skip, False, None)
+  assert _pairs(dataset) == pairs[:5]
+  assert report.counts() == {"skipped_records": 0, "damaged_files": 1}
+
+
 def test_sources_are_registered():
   from tpu_models.registry import DATASETS
   for name in ("de_en_dictionary", "tsv", "text_tfrecord", "wmt14_de_en"):

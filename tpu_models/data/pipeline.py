@@ -1,12 +1,18 @@
 """The shared tf.data reader every task feeds through.
 
     source (sharded per input pipeline) -> [cache] -> [shuffle, repeat] -> decode
-      -> [transform] -> batch(drop_remainder=True) -> prefetch
+      -> [validate] -> [transform] -> batch(drop_remainder=True) -> [post_batch]
+      -> prefetch
 
 `transform` is the task's hook between decode and batch: it maps the dataset of
-decoded examples to a dataset of fixed-shape examples (sequence packing,
-length filtering, ...). `batch_fn` replaces the plain batching when a task
-batches in its own way.
+decoded examples to a dataset of fixed-shape examples (packing, length
+filtering, ...). `batch_fn` replaces the plain batching when a task batches in
+its own way. `post_batch` maps each batch (e.g. mixing examples within a batch)
+before prefetching, so its work overlaps the training step like the rest.
+
+File-backed sources list, shard and interleave their files through one reader,
+`read_files(config, read_fn, ...)`, with a per-file `read_fn` (a TFRecord or a
+text-line reader, ...); `read_tfrecords` is that reader for TFRecord files.
 
 Training batches are `(features, labels)`. Evaluation batches are
 `(features, labels, mask)`: the examples are followed by an endless stream of
@@ -44,7 +50,7 @@ import os
 import re
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -255,7 +261,8 @@ def build_dataset(config: DataConfig,
                   dataset: Optional[tf.data.Dataset] = None,
                   transform: Optional[Callable[[tf.data.Dataset], tf.data.Dataset]] = None,
                   batch_fn: Optional[Callable[[tf.data.Dataset, int], tf.data.Dataset]] = None,
-                  validate: Optional[Callable] = None
+                  validate: Optional[Callable] = None,
+                  post_batch: Optional[Callable] = None
                   ) -> tf.data.Dataset:
   """Reads, decodes and batches one input pipeline's share of `config`.
 
@@ -274,6 +281,11 @@ def build_dataset(config: DataConfig,
     validate: decoded element -> the same element, with `assert_allowed` checks of
       values the config must allow (labels < num_classes). Applied after the
       `on_corrupt=skip` skipping: its failures are always errors.
+    post_batch: one per-replica batch -> a batch, mapped after batching and
+      before prefetching: `(features, labels)` in training, `(features, labels,
+      mask)` in evaluation (the padding rows included). Shapes must stay static.
+      With `config.deterministic` (and in evaluation) batches are mapped in order,
+      one at a time, so random draws in it repeat with the same seeds.
 
   Returns:
     A dataset of per-replica batches, see the module docstring.
@@ -311,6 +323,11 @@ def build_dataset(config: DataConfig,
     dataset = batch_fn(dataset, batch_size)
   else:
     dataset = dataset.batch(batch_size, drop_remainder=True)
+  if post_batch is not None:
+    # A stateful random op in `post_batch` (a mixing ratio) draws in batch order only when
+    # batches are mapped one at a time: a deterministic pipeline gives up the parallelism.
+    deterministic = config.deterministic or not training
+    dataset = dataset.map(post_batch, num_parallel_calls=None if deterministic else AUTOTUNE)
   dataset = dataset.prefetch(AUTOTUNE if config.prefetch < 0 else config.prefetch)
   options = tf.data.Options()
   options.deterministic = bool(config.deterministic or not training)
@@ -366,46 +383,117 @@ def shard_files(files: List[str],
   return files[i::n]
 
 
-@register_dataset("tfrecord")
-def tfrecord_source(config: DataConfig, training: bool,
-                    input_context: Optional[tf.distribute.InputContext]) -> tf.data.Dataset:
-  """Serialized records from TFRecord files, files sharded per input pipeline."""
-  if not config.path:
-    raise ConfigError(f"Data source 'tfrecord' needs a path (split {config.split!r}): set "
-                     f"task.<split>_data.path to a file pattern such as /data/train-*.")
-  files = match_files(config.path)
-  if not files:
-    raise FileNotFoundError(
-        f"No TFRecord files match {config.path!r} (split {config.split!r}). Convert "
-        f"images with `tpu-models convert` or point the path at existing shards.")
-  _check_not_all_empty(files, config)
-  files = shard_files(files, input_context)
-  if config.on_corrupt == "skip":
-    report = _skip_report()
+def read_files(config: DataConfig,
+               read_fn: Callable[..., tf.data.Dataset],
+               *,
+               training: bool,
+               input_context: Optional[tf.distribute.InputContext],
+               expected: str,
+               path: Union[str, Sequence[str], None] = None,
+               with_sizes: bool = False) -> tf.data.Dataset:
+  """The one file reader: list -> shard per input pipeline -> [shuffle files] -> interleave.
+
+  Every file-backed source calls this with a per-file read function, e.g.
+  `lambda f: tf.data.TFRecordDataset(f)` or `tf.data.TextLineDataset`.
+
+  Args:
+    config: `config.path` (unless `path` is given), `split`, `seed`,
+      `cycle_length`, `deterministic`; `config.source` names the source in errors.
+    read_fn: path (tf.string []) -> dataset of one file's elements; with
+      `with_sizes`, (path, size in bytes tf.int64 []) -> dataset.
+    training: shuffle the file order (seeded by `config.seed`, reshuffled each epoch).
+    input_context: from `distribute_datasets_from_function`; None = one pipeline.
+    expected: what the files hold, for errors ("TFRecord files of tf.Examples").
+    path: a glob, comma-separated globs, a directory, or a list of those;
+      default `config.path`.
+    with_sizes: also pass each file's size to `read_fn` (to tell a damaged file
+      from a whole one).
+
+  Returns:
+    The elements of this input pipeline's files, interleaved `config.cycle_length`
+    files at a time.
+
+  Raises:
+    ConfigError: no path is configured.
+    FileNotFoundError: nothing matches the path (or it cannot be listed).
+    DataError: every matching file is empty (0 bytes), or there are fewer files
+      than input pipelines.
+  """
+  files = list_files(config, input_context, expected=expected, path=path)
+  if with_sizes:
     sizes = np.array([tf.io.gfile.stat(f).length for f in files], np.int64)
     dataset = tf.data.Dataset.from_tensor_slices((files, sizes))
-    read = lambda f, size: _read_counting_damage(f, size, report)
   else:
     dataset = tf.data.Dataset.from_tensor_slices(files)
-    read = lambda f: tf.data.TFRecordDataset(f, buffer_size=8 << 20)
   if training:
     dataset = dataset.shuffle(len(files), seed=config.seed, reshuffle_each_iteration=True)
   return dataset.interleave(
-      read,
+      read_fn,
       cycle_length=max(1, min(config.cycle_length, len(files))),
       num_parallel_calls=AUTOTUNE,
       deterministic=config.deterministic or not training)
 
 
-def _check_not_all_empty(files: List[str], config: DataConfig) -> None:
+def list_files(config: DataConfig,
+               input_context: Optional[tf.distribute.InputContext],
+               *,
+               expected: str,
+               path: Union[str, Sequence[str], None] = None) -> List[str]:
+  """This input pipeline's share of the files at `path` (default `config.path`), checked.
+
+  See `read_files` for the arguments and errors.
+  """
+  if path is None:
+    path = config.path
+  if not isinstance(path, str):
+    path = ",".join(path)
+  if not path:
+    raise ConfigError(f"Data source {config.source!r} needs a path (split {config.split!r}): "
+                      f"set task.<split>_data.path to {expected} (a glob, comma-separated "
+                      f"globs or a directory).")
+  files = match_files(path)
+  if not files:
+    raise FileNotFoundError(f"No files match {path!r} for data source {config.source!r} "
+                            f"(split {config.split!r}); expected {expected}.")
+  _check_not_all_empty(files, path, config)
+  return shard_files(files, input_context)
+
+
+def _check_not_all_empty(files: List[str], path: str, config: DataConfig) -> None:
   """An input whose files are all empty (0 bytes) is an error before anything runs."""
   for f in files:
     if tf.io.gfile.stat(f).length > 0:
       return
   raise DataError(
-      f"All {len(files)} file(s) matching {config.path!r} (split {config.split!r}) are empty "
+      f"All {len(files)} file(s) matching {path!r} (split {config.split!r}) are empty "
       f"(0 bytes), e.g. {files[0]}: there is nothing to read. Were they converted from empty "
       f"folders?")
+
+
+def read_tfrecords(config: DataConfig, *, training: bool,
+                   input_context: Optional[tf.distribute.InputContext],
+                   expected: str = "TFRecord files") -> tf.data.Dataset:
+  """Serialized records of the TFRecord files at `config.path`, via `read_files`.
+
+  With `on_corrupt=skip`, a file that a damaged record ends early is counted in
+  the `SkipReport` (see `_read_counting_damage`) instead of stopping the run.
+  """
+  if config.on_corrupt == "skip":
+    report = _skip_report()
+    return read_files(config, lambda f, size: _read_counting_damage(f, size, report),
+                      training=training, input_context=input_context, expected=expected,
+                      with_sizes=True)
+  return read_files(config, lambda f: tf.data.TFRecordDataset(f, buffer_size=8 << 20),
+                    training=training, input_context=input_context, expected=expected)
+
+
+@register_dataset("tfrecord")
+def tfrecord_source(config: DataConfig, training: bool,
+                    input_context: Optional[tf.distribute.InputContext]) -> tf.data.Dataset:
+  """Serialized records from TFRecord files, files sharded per input pipeline."""
+  return read_tfrecords(
+      config, training=training, input_context=input_context,
+      expected="TFRecord files such as /data/train-*, written by `tpu-models convert`")
 
 
 def _read_counting_damage(path: tf.Tensor, size: tf.Tensor, report: SkipReport

@@ -20,14 +20,14 @@ def tfds_source(config: DataConfig, training: bool,
                 input_context: Optional[tf.distribute.InputContext]) -> tf.data.Dataset:
   """A prepared TFDS builder's split: dict elements as TFDS decodes them.
 
-  `config.tfds_name` names the builder (e.g. "imagenet2012", "cifar10:3.0.2"),
+  `config.tfds_name` names the builder (e.g. "cifar10", "my_dataset:1.0.2"),
   `config.path` is the TFDS data_dir (default ~/tensorflow_datasets), and
   `config.split` any TFDS split string ("train[:90%]"). Files are sharded per
   input pipeline by TFDS (`ReadConfig.input_context`).
   """
   if not config.tfds_name:
     raise DataError(f"Data source 'tfds' needs data.tfds_name (split {config.split!r}), the "
-                     f"TFDS builder name such as 'cifar10' or 'imagenet2012'.")
+                     f"TFDS builder name such as 'cifar10' or 'my_dataset:1.0.2'.")
   import tensorflow_datasets as tfds  # Heavy: only when this source is used.
 
   data_dir = config.path or None
@@ -43,7 +43,7 @@ def tfds_source(config: DataConfig, training: bool,
         f"TFDS dataset {config.tfds_name!r} is not prepared in {builder.data_dir}. Data is "
         f"never downloaded at run time: on a machine with internet run\n"
         f"  tfds build {config.tfds_name} --data_dir {data_dir or '~/tensorflow_datasets'}\n"
-        f"(manual-download datasets such as imagenet2012 also need --manual_dir), then copy "
+        f"(datasets that need a manual download also need --manual_dir), then copy "
         f"the data_dir here or point data.path at it.")
   read_config = tfds.ReadConfig(
       input_context=input_context,

@@ -84,23 +84,9 @@ def text_lines_source(config: DataConfig, training: bool,
 
   Files are sharded per input pipeline (every n-th file).
   """
-  if not config.path:
-    raise ConfigError(f"Data source 'text_lines' needs a path (split {config.split!r}): set "
-                      f"task.<split>_data.path to text files (a glob, comma-separated globs or "
-                      f"a directory).")
-  files = pipeline.match_files(config.path)
-  if not files:
-    raise FileNotFoundError(f"No files match {config.path!r} for data source 'text_lines' "
-                            f"(split {config.split!r}); expected UTF-8 text files, one text a "
-                            f"line.")
-  files = pipeline.shard_files(files, input_context)
-  dataset = tf.data.Dataset.from_tensor_slices(files)
-  if training:
-    dataset = dataset.shuffle(len(files), seed=config.seed, reshuffle_each_iteration=True)
-  lines = dataset.interleave(
-      lambda f: tf.data.TextLineDataset(f, buffer_size=1 << 20),
-      cycle_length=max(1, min(config.cycle_length, len(files))),
-      num_parallel_calls=pipeline.AUTOTUNE, deterministic=config.deterministic or not training)
+  lines = pipeline.read_files(
+      config, lambda f: tf.data.TextLineDataset(f, buffer_size=1 << 20), training=training,
+      input_context=input_context, expected="UTF-8 text files, one text a line")
   lines = lines.filter(lambda line: tf.strings.length(tf.strings.strip(line)) > 0)
   return lines.map(lambda line: {"text": line})
 

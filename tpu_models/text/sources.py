@@ -34,7 +34,8 @@ import numpy as np
 import tensorflow as tf
 
 from tpu_models.config import DataConfig
-from tpu_models.data.pipeline import AUTOTUNE, match_files, shard_files
+from tpu_models.data import pipeline
+from tpu_models.data.pipeline import AUTOTUNE
 from tpu_models.data.sources import DATA_ENV
 from tpu_models.errors import ConfigError, DataError, MissingExtraError
 from tpu_models.registry import register_dataset
@@ -358,29 +359,6 @@ def de_en_dictionary_source(config: DataConfig, training: bool,
 # Files: TSV and TFRecord.
 
 
-def _sharded_files(config: DataConfig, source: str, what: str,
-                   input_context: Optional[tf.distribute.InputContext]) -> List[str]:
-  if not config.path:
-    raise ConfigError(f"Data source {source!r} needs a path (split {config.split!r}): set "
-                     f"task.<split>_data.path to {what} (a glob, comma-separated globs or a "
-                     f"directory).")
-  files = match_files(config.path)
-  if not files:
-    raise FileNotFoundError(f"No files match {config.path!r} for data source {source!r} "
-                            f"(split {config.split!r}); expected {what}.")
-  return shard_files(files, input_context)
-
-
-def _interleave(files: List[str], read_fn, config: DataConfig,
-                training: bool) -> tf.data.Dataset:
-  dataset = tf.data.Dataset.from_tensor_slices(files)
-  if training:
-    dataset = dataset.shuffle(len(files), seed=config.seed, reshuffle_each_iteration=True)
-  return dataset.interleave(
-      read_fn, cycle_length=max(1, min(config.cycle_length, len(files))),
-      num_parallel_calls=AUTOTUNE, deterministic=config.deterministic or not training)
-
-
 def _read_tsv(filename: tf.Tensor) -> tf.data.Dataset:
   """One TSV file -> {"inputs", "targets"}; a line without exactly one tab is an error."""
   lines = tf.data.TextLineDataset(filename, buffer_size=1 << 20)
@@ -405,12 +383,12 @@ def tsv_source(config: DataConfig, training: bool,
                input_context: Optional[tf.distribute.InputContext]) -> tf.data.Dataset:
   """{"inputs", "targets"} from UTF-8 lines `source<TAB>target` in the files at `config.path`.
 
-  Files are sharded per input pipeline (every n-th file; see `shard_files`).
+  Files are sharded per input pipeline (every n-th file; see `pipeline.read_files`).
   Blank lines are skipped; a line with no tab or more than one is an error
   naming the file and line (or skipped and logged with data.on_corrupt=skip).
   """
-  files = _sharded_files(config, "tsv", "text files of source<TAB>target lines", input_context)
-  return _interleave(files, _read_tsv, config, training)
+  return pipeline.read_files(config, _read_tsv, training=training, input_context=input_context,
+                             expected="text files of source<TAB>target lines")
 
 
 TEXT_FEATURES = ("inputs", "targets")
@@ -450,11 +428,10 @@ def text_tfrecord_source(config: DataConfig, training: bool,
   Files at `config.path` are sharded per input pipeline. A record missing
   either feature is an error naming it (see `write_text_tfrecords`).
   """
-  files = _sharded_files(config, "text_tfrecord",
-                         "TFRecord files of tf.Examples with bytes features 'inputs' and "
-                         "'targets' (see text_sources.write_text_tfrecords)", input_context)
-  records = _interleave(files, lambda f: tf.data.TFRecordDataset(f, buffer_size=8 << 20),
-                        config, training)
+  records = pipeline.read_tfrecords(
+      config, training=training, input_context=input_context,
+      expected="TFRecord files of tf.Examples with bytes features 'inputs' and 'targets' "
+               "(see tpu_models.text.sources.write_text_tfrecords)")
   return records.map(_parse_text_example, num_parallel_calls=AUTOTUNE,
                      deterministic=config.deterministic or not training)
 

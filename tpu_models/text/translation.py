@@ -304,7 +304,7 @@ class TranslationTask(TextTask):
     whitespace-only sentence translates to "" (score 0); bytes that are not
     UTF-8 are read as U+FFFD, and garbage (emoji, punctuation only) gets a
     best-effort translation. Translations are always valid UTF-8. An empty
-    batch returns empty outputs.
+    batch returns empty outputs. See docs/predict.md.
     """
     model.serving_vocab = self.vocab  # Tracked with the model: the SavedModel carries it.
     return {"serving_default": self._translate_fn(model).get_concrete_function()}

@@ -20,8 +20,8 @@ previous checkpoint intact, and at worst a partial `ckpt-N` that
 
 Warm starts. The Trainer saves every model variable twice-reachable: through
 the model's object graph (for resuming) and by its variable path under
-"weights/" (for warm starts into a model that differs, e.g. a new head or a
-detector's backbone).
+"weights/" (for warm starts into a model that differs, e.g. a new head, or a
+backbone inside a larger model).
 """
 
 import dataclasses
@@ -266,8 +266,8 @@ def warm_start(model, path: str, mapping: Optional[Dict[str, str]] = None,
   """Loads `model`'s weights by variable path from the checkpoint at `path`.
 
   `mapping` maps regexes over our variable paths to their names in the source
-  (e.g. {"^retinanet/backbone/": ""}). Variables missing from the source or of
-  another shape (a new classifier head) keep their initial values; both are
+  (e.g. {"^my_model/backbone/": ""}). Variables missing from the source or of
+  another shape (a new output head) keep their initial values; both are
   reported through `say`. Optimizer state and the step are not loaded.
 
   Returns: {"restored": [...], "missing": [...], "shape_mismatch": [...]} paths.
@@ -299,7 +299,7 @@ def warm_start(model, path: str, mapping: Optional[Dict[str, str]] = None,
     raise ConfigError(
         f"trainer.init_checkpoint {path!r} has none of this model's variables "
         f"(e.g. {model.variables[0].path!r}); it holds e.g. "
-        f"{sorted(available)[:3]}. Set trainer.init_checkpoint_map to translate names.")
+        f"{sorted(available)[:3]}. Set trainer.init_checkpoint_map to map our names to its names.")
   tf.train.Checkpoint(weights=tf.train.Checkpoint(**targets)).restore(path).expect_partial()
   say(f"Warm start from {path}: restored {len(report['restored'])} variables; "
       f"{len(report['shape_mismatch'])} of another shape and "

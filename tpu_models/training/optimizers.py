@@ -3,7 +3,7 @@
 SGD (momentum, Nesterov), LARS, AdamW and Adafactor. Vectors (biases, batch-norm
 gamma/beta) and variables whose path contains an `exclude_from_weight_decay`
 substring are excluded from weight decay, the coupled L2 penalty and LARS'
-layer-wise trust ratio, as in the large-batch ResNet recipes.
+layer-wise trust ratio, as in the published large-batch recipes.
 """
 
 from typing import List, Sequence
@@ -56,8 +56,8 @@ class SGD(keras.optimizers.SGD):
 class LARS(keras.optimizers.Optimizer):
   """Layer-wise Adaptive Rate Scaling (You et al. 2017) with momentum.
 
-  For each decayed variable w with gradient g (the formulation of the TPU
-  ResNet reference's LARSOptimizer):
+  For each decayed variable w with gradient g (the formulation of the
+  LARSOptimizer in the tensorflow/tpu reference models):
     trust = eta * |w| / (|g| + wd * |w|)     (1 where either norm is 0)
     v = momentum * v + lr * trust * (g + wd * w)
     w = w - v                  (Nesterov: w - (momentum * v + lr * trust * (g + wd * w)))

@@ -3,7 +3,7 @@
     constant      base_lr
     cosine        base_lr -> end_lr along a half cosine over decay_steps
     step          base_lr * multipliers[i] once step >= boundaries[i]
-    inverse_sqrt  base_lr * sqrt(warmup_steps / step)  (the Transformer recipe)
+    inverse_sqrt  base_lr * sqrt(warmup_steps / step)  (Vaswani et al. 2017)
     polynomial    (base_lr - end_lr) * (1 - t)^power + end_lr
 
 Decays count from the end of warmup, so `warmup_steps` never shortens them.

@@ -2,7 +2,7 @@
 
 Compiles a task's real train step (the Trainer's: forward, loss normalisation,
 backward, clipping, loss scaling, optimizer update) and its eval step (where
-beam search and NMS live) with XLA (`jit_compile=True`) on a tiny batch, and
+search loops and data-dependent post-processing live) with XLA (`jit_compile=True`) on a tiny batch, and
 reports what a TPU would reject or run slowly:
 
   - dynamic dimensions in the input pipeline's element_spec (XLA recompiles,
@@ -11,13 +11,13 @@ reports what a TPU would reject or run slowly:
   - float64 tensors (no float64 on TPU);
   - `tf.py_function` / `tf.numpy_function` in the model (cannot run on a TPU)
     or in the input pipeline (runs in Python on the host, holding the GIL);
-  - whatever the task's `data_report()` finds in its data (e.g. anchors that
-    do not fit a detector's boxes).
+  - whatever the task's `data_report()` finds in its data (e.g. targets that
+    the model's fixed output layout cannot represent).
 
 Inputs come from the task (`build_inputs`, or `synthetic_inputs` when the data
 is not on this machine), so any task, a user's included, can be checked.
 
-    report = check_config(load_config("official/resnet/imagenet_resnet50.yaml"))
+    report = check_config(load_config("official/<model>/<experiment>.yaml"))
     print(report.format()); assert report.ready
 """
 
@@ -36,7 +36,7 @@ from tpu_models.training.trainer import Trainer
 _PY_FUNC_OPS = {"PyFunc", "PyFuncStateless", "EagerPyFunc"}
 # Ops whose output shape depends on the data. XLA's CPU/GPU backends can pad
 # some of them to a bound, but on a TPU they recompile, fail, or run padded to
-# the worst case: use fixed-size equivalents (masks, top_k, padded NMS).
+# the worst case: use fixed-size equivalents (masks, top_k, tf.image.non_max_suppression_padded).
 _DATA_DEPENDENT_SHAPE_OPS = {
     "Where": "tf.where(cond) / tf.boolean_mask",
     "Unique": "tf.unique", "UniqueV2": "tf.unique", "UniqueWithCounts": "tf.unique_with_counts",

@@ -168,3 +168,49 @@ def test_mixup_trains_with_soft_labels(tmp_path):
   np.testing.assert_allclose(labels.numpy().sum(-1), 1.0, rtol=1e-5)
   trainer = Trainer(config, str(tmp_path / "run"))
   assert np.isfinite(trainer.train()["loss"])
+
+
+def test_mixup_runs_in_the_readers_post_batch_hook_and_changes_no_number(tmp_path):
+  """Mixup moved from after the prefetch into `post_batch`: same seeds, same batches.
+
+  Flips off: the stateful random flip in the parallel decode would differ between
+  runs; mixup's ratio is drawn batch by batch in order (`deterministic=true`).
+  """
+  from tpu_models.data import pipeline
+  from tpu_models.task import create_task
+  config = _config(tmp_path, ["task.mixup_alpha=0.4", "task.augment=none", "task.flip=false",
+                              "task.train_data.global_batch_size=8",
+                              "task.train_data.seed=3", "task.train_data.deterministic=true"])
+  task = create_task(config.task)
+  data = task.data_config("train")
+
+  def batches(build):
+    tf.random.set_seed(11)
+    return [(images.numpy(), labels.numpy()) for images, labels in build().take(5)]
+
+  def mixup_after_prefetch():  # Where mixup ran before the hook existed.
+    plain = pipeline.build_dataset(data, lambda e: task.decode(e, True), training=True,
+                                   validate=task._check_label)
+    return plain.map(task._mixup)
+
+  def plain():
+    return pipeline.build_dataset(data, lambda e: task.decode(e, True), training=True,
+                                  validate=task._check_label)
+
+  hooked = batches(lambda: task.build_inputs("train"))
+  for reference in (batches(lambda: task.build_inputs("train")), batches(mixup_after_prefetch)):
+    for (images, labels), (ref_images, ref_labels) in zip(hooked, reference):
+      np.testing.assert_array_equal(images, ref_images)
+      np.testing.assert_array_equal(labels, ref_labels)
+  # Each batch is the plain batch mixed with itself reversed, by one ratio per batch.
+  checked = 0
+  for (images, labels), (plain_images, plain_labels) in zip(hooked, batches(plain)):
+    one_hot = np.eye(4, dtype=np.float32)[plain_labels]
+    ratio = labels[0] @ one_hot[0] if plain_labels[0] != plain_labels[-1] else None
+    if ratio is None:
+      continue
+    np.testing.assert_allclose(labels, ratio * one_hot + (1 - ratio) * one_hot[::-1], atol=1e-6)
+    np.testing.assert_allclose(images, ratio * plain_images + (1 - ratio) * plain_images[::-1],
+                               atol=1e-5)
+    checked += 1
+  assert checked >= 3

@@ -77,12 +77,10 @@ class ClassificationTask(Task):
     data = self.data_config(split)
     if data.source == "synthetic":
       return self._synthetic(data, training, input_context)
-    dataset = pipeline.build_dataset(data, lambda e: self.decode(e, training),
-                                     training=training, input_context=input_context,
-                                     validate=self._check_label)
-    if training and self.config.mixup_alpha > 0:
-      dataset = dataset.map(self._mixup, num_parallel_calls=tf.data.AUTOTUNE)
-    return dataset
+    mixup = self._mixup if training and self.config.mixup_alpha > 0 else None
+    return pipeline.build_dataset(data, lambda e: self.decode(e, training),
+                                  training=training, input_context=input_context,
+                                  validate=self._check_label, post_batch=mixup)
 
   def synthetic_inputs(self, split: str,
                        input_context: Optional[tf.distribute.InputContext] = None
@@ -185,10 +183,16 @@ class ClassificationTask(Task):
   def serving_signatures(self, model: keras.Model):
     """Encoded bytes and uint8 pixels in; logits, probabilities, classes and valid out.
 
-    One image that cannot be decoded does not fail its batch: its row has
-    `valid` False, logits and probabilities 0 and class -1. An empty batch, or
-    pixels of the wrong rank, channel count or size, is an InvalidArgumentError
-    saying what was expected (a wrong dtype is refused by the signature).
+        serving_default(image_bytes: tf.string [N])   encoded JPEG/PNG/GIF/BMP
+        serve_images(images: uint8 [N, H, W, C])       decoded pixels, H = W = image_size
+
+    both returning {"logits": float32 [N, K], "probabilities": float32 [N, K],
+    "classes": int32 [N], "valid": bool [N]}; decoding, resizing and
+    normalisation run inside the graph. One image that cannot be decoded does
+    not fail its batch: its row has `valid` False, logits and probabilities 0
+    and class -1. An empty batch, or pixels of the wrong rank, channel count or
+    size, is an InvalidArgumentError saying what was expected (a wrong dtype is
+    refused by the signature). See docs/predict.md.
     """
     cfg = self.config
     image_spec = tf.TensorSpec([cfg.image_size, cfg.image_size, cfg.channels], tf.float32)

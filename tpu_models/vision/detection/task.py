@@ -587,6 +587,9 @@ class DetectionTask(Task):
   def serving_signatures(self, model: keras.Model):
     """Encoded bytes or uint8 pixels in; detections in the input image's pixels out.
 
+        serving_default(image_bytes: tf.string [B])   encoded JPEG/PNG/GIF/BMP
+        serve_images(images: uint8 [B, H, W, 3])       decoded pixels, any H, W
+
     Both return {"detection_boxes": float32 [B, D, 4] [ymin, xmin, ymax, xmax]
     in pixels of each input image, "detection_scores": float32 [B, D],
     "detection_classes": int32 [B, D] labels 0..K-1 (-1 past the count; the
@@ -596,7 +599,8 @@ class DetectionTask(Task):
     As in classification, an image that cannot be decoded does not fail its
     batch: its row has `valid` False and no detections (count 0, boxes and
     scores 0, classes -1). An empty batch, or pixels of the wrong rank or
-    channel count, is an InvalidArgumentError saying what was expected.
+    channel count, is an InvalidArgumentError saying what was expected. See
+    docs/predict.md.
     """
     cfg = self.config
     size = self.image_size
