@@ -7,14 +7,14 @@ flags on every side. This module is standard library only at import time (it
 imports TensorFlow inside the functions that need it): the Model Garden
 workers import it too, inside benchmarks/.venv-model-garden.
 
-  drivers   driver_parser, add_pipeline_flags, parse_driver_args, comma_list,
-            peer_versions, peers_and_machine, measure (fresh process per run, rotated order),
-            run_worker, failed, fmt, median, per_round_ratios, ratio,
-            mfu_per_round, train_rows, peak_note, parameter_counts, machine_description,
-            run_comparison, write_report
-  workers   worker_parser, parse_worker_args, require_keras_hub, timed_steps,
-            time_calls, time_iterator, host_loop, trainable_parameters,
-            our_experiment, our_train_throughput, print_result
+  drivers   driver_parser, add_pipeline_flags, parse_driver_args, comma_list;
+            peer_versions, peers_and_machine, machine_description; measure (a fresh
+            process per run, the order rotating), run_worker, failed; fmt, median,
+            per_round_ratios, ratio, mfu_per_round, train_rows, peak_note, train_flops,
+            parameter_counts; run_comparison, write_report
+  workers   worker_parser, add_input_pipeline_flags, parse_worker_args,
+            require_keras_hub; time_calls, timed_steps, time_iterator, host_loop;
+            trainable_parameters; our_experiment, our_train_throughput; print_result
 """
 
 import argparse

@@ -39,7 +39,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 import harness  # pylint: disable=g-import-not-at-top
-from harness import fmt, log, median  # pylint: disable=g-import-not-at-top
+from harness import fmt, median  # pylint: disable=g-import-not-at-top
 
 SIDES = ("ours", "model_garden", "keras_hub", "keras_applications")
 LABELS = {"ours": "ours (tpu_models, Keras 3)", "model_garden": "Model Garden (tf_keras)",
