@@ -17,8 +17,10 @@ EXTRAS = {
     "dev": ["pytest>=8", "pytest-timeout>=2.3", "scikit-image>=0.22"],
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
-# Peers for benchmarks/compare_resnet.py only; not in "all" (CI does not install it).
-# keras-hub runs on the same TensorFlow and Keras 3, beside us.
+# The keras-hub peer of the benchmark comparisons (benchmarks/classification, detection and
+# text: compare_*.py); not in "all" (CI does not install it). keras-hub runs on the same
+# TensorFlow and Keras 3, beside us. The Model Garden peer has its own venv
+# (benchmarks/model_garden/setup_venv.sh).
 EXTRAS["bench"] = ["keras-hub>=0.32"]
 
 setup(

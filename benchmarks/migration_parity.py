@@ -29,9 +29,9 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-MG_PYTHON = os.path.join(HERE, ".venv-model-garden", "bin", "python")
-WORKER = os.path.join(HERE, "model_garden", "migration_worker.py")
+import harness  # pylint: disable=g-import-not-at-top  (benchmarks/, this script's folder)
+
+WORKER = os.path.join(harness.BENCHMARKS, "model_garden", "migration_worker.py")
 ATOL = 1e-4
 
 FULL = {
@@ -52,10 +52,9 @@ SMALL = {  # The sizes of tests/data/model_garden (make_test_fixtures.sh).
 
 def run_worker(family: str, output: str, extra) -> float:
   """Runs the Model Garden worker; returns its wall time in seconds."""
-  if not os.path.exists(MG_PYTHON):
-    sys.exit(f"No Model Garden venv at {MG_PYTHON}: bash benchmarks/model_garden/setup_venv.sh")
+  harness.require_model_garden(harness.MG_PYTHON)
   start = time.perf_counter()
-  command = [MG_PYTHON, WORKER, "--family", family, "--output", output] + extra
+  command = [harness.MG_PYTHON, WORKER, "--family", family, "--output", output] + extra
   done = subprocess.run(command, capture_output=True, text=True, check=False)
   if done.returncode:
     sys.exit(f"Model Garden worker failed ({' '.join(command)}):\n{done.stderr[-3000:]}")

@@ -1,7 +1,7 @@
 """Model Garden's `sequence_beam_search` on deterministic table models; prints ONE JSON line.
 
 Runs INSIDE benchmarks/.venv-model-garden (see setup_venv.sh), driven by
-benchmarks/beam_search_vs_model_garden.py, which also imports
+benchmarks/text/beam_search_vs_model_garden.py, which also imports
 `table_symbols_to_logits_fn` from here so both sides search the very same
 function (this module needs only TensorFlow at import time).
 

@@ -85,15 +85,24 @@ def images(batch: int, size: int, seed: int) -> np.ndarray:
   return ((pixels - 128.0) / 64.0).astype(np.float32)
 
 
-def run_resnet(args) -> dict:
-  params = exp_factory.get_exp_config("resnet_imagenet")
-  model_config = params.task.model
+def vision_model_config(experiment: str, args):
+  """The model config of a registered vision experiment at the flags' classes, input size
+  and ResNet backbone (`--depth`, `--width` = 64 x Model Garden's depth_multiplier)."""
+  model_config = exp_factory.get_exp_config(experiment).task.model
   model_config.num_classes = args.num_classes
   model_config.input_size = [args.image_size, args.image_size, 3]
   model_config.backbone.resnet.model_id = args.depth
   model_config.backbone.resnet.depth_multiplier = args.width / 64.0
-  model = factory.build_classification_model(
-      tf_keras.layers.InputSpec(shape=[None, args.image_size, args.image_size, 3]), model_config)
+  return model_config
+
+
+def input_spec(args):
+  return tf_keras.layers.InputSpec(shape=[None, args.image_size, args.image_size, 3])
+
+
+def run_resnet(args) -> dict:
+  model_config = vision_model_config("resnet_imagenet", args)
+  model = factory.build_classification_model(input_spec(args), model_config)
   randomize(model, args.seed)
   x = images(args.batch, args.image_size, args.seed + 1)
   logits = model(x, training=False).numpy()
@@ -103,17 +112,11 @@ def run_resnet(args) -> dict:
 
 
 def run_retinanet(args) -> dict:
-  params = exp_factory.get_exp_config("retinanet_resnetfpn_coco")
-  mc = params.task.model
-  mc.num_classes = args.num_classes
-  mc.input_size = [args.image_size, args.image_size, 3]
-  mc.backbone.resnet.model_id = args.depth
-  mc.backbone.resnet.depth_multiplier = args.width / 64.0
+  mc = vision_model_config("retinanet_resnetfpn_coco", args)
   mc.decoder.fpn.num_filters = args.fpn_channels
   mc.head.num_filters = args.fpn_channels
   mc.head.num_convs = args.head_convs
-  model = factory.build_retinanet(
-      tf_keras.layers.InputSpec(shape=[None, args.image_size, args.image_size, 3]), mc)
+  model = factory.build_retinanet(input_spec(args), mc)
   # Classifier biases near -2 (score ~0.12) so that detections pass the 0.05 threshold.
   # Every kernel LeCun-normal: with Model Garden's initialisers and random BN statistics
   # the activations of a ResNet-50 backbone grow so large that the boxes degenerate and
@@ -201,17 +204,13 @@ def main() -> None:
                       help="Model Garden num_classes (RetinaNet: including background 0)")
   parser.add_argument("--fpn-channels", type=int, default=256)
   parser.add_argument("--head-convs", type=int, default=4)
-  # Transformer.
-  parser.add_argument("--vocab-size", type=int, default=33708)
-  parser.add_argument("--hidden-size", type=int, default=512)
-  parser.add_argument("--num-layers", type=int, default=6)
-  parser.add_argument("--num-heads", type=int, default=8)
-  parser.add_argument("--filter-size", type=int, default=2048)
-  parser.add_argument("--source-length", type=int, default=12)
-  parser.add_argument("--target-length", type=int, default=10)
-  parser.add_argument("--beam-size", type=int, default=4)
+  # Transformer (Transformer-base; the inputs' lengths and the beam search).
+  for flag, default in (("--vocab-size", 33708), ("--hidden-size", 512), ("--num-layers", 6),
+                        ("--num-heads", 8), ("--filter-size", 2048), ("--source-length", 12),
+                        ("--target-length", 10), ("--beam-size", 4),
+                        ("--extra-decode-length", 8)):
+    parser.add_argument(flag, type=int, default=default)
   parser.add_argument("--alpha", type=float, default=0.6)
-  parser.add_argument("--extra-decode-length", type=int, default=8)
   args = parser.parse_args()
 
   os.makedirs(args.output, exist_ok=True)

@@ -2,7 +2,8 @@
 # Creates benchmarks/.venv-model-garden: an isolated venv with TF Model Garden
 # (tf-models-official), which pins its own tensorflow + tf-keras (Keras 2).
 # It lives in its own venv so Keras 2 never leaks into the main environment
-# (tpu_models is Keras 3 only). Used only by benchmarks/compare_resnet.py.
+# (tpu_models is Keras 3 only). Used by the benchmarks' Model Garden workers
+# (benchmarks/model_garden/*_worker.py, run by the drivers in each family folder).
 #
 # Usage:
 #   bash benchmarks/model_garden/setup_venv.sh                # newest that installs

@@ -5,7 +5,7 @@ needs Keras 2 (`tf_keras`). The model is what their `TranslationTask.build_model
 builds (`official.nlp.modeling.models.Seq2SeqTransformer` around their
 `TransformerEncoder` / `TransformerDecoder`: pre-LN, attention without biases,
 one shared embedding for both sides and the softmax, sinusoidal positions),
-with the sizes and dropout of the comparison (benchmarks/transformer_worker_args.py).
+with the sizes and dropout of the comparison (benchmarks/text/experiment.py).
 Their task itself needs a SentencePiece model of the vocabulary size, so the
 steps are written out here, following `TranslationTask.train_step`:
 
@@ -25,16 +25,17 @@ steps are written out here, following `TranslationTask.train_step`:
         --mode train_step --precision bfloat16
 """
 
-import json
 import math
 import os
 import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# The shared worker flags live one folder up (standard library + NumPy only).
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import transformer_worker_args as shared  # pylint: disable=g-import-not-at-top
+# The shared flags and batch live in benchmarks/text (standard library + NumPy only).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "text"))
+import experiment as shared  # pylint: disable=g-import-not-at-top
+import harness
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 import tf_keras
@@ -82,17 +83,13 @@ def padded_cross_entropy_loss(logits, labels, smoothing, vocab_size):
   return (xentropy - entropy) * weights, weights
 
 
-def trainable_parameters(model) -> int:
-  return int(sum(int(tf.size(v)) for v in model.trainable_variables))
-
-
 def train_step(args) -> dict:
   model = seq2seq_transformer(args, eos_id=1)
   optimizer = tf_keras.optimizers.Adam(shared.LEARNING_RATE, beta_1=shared.ADAM_BETA_1,
                                        beta_2=shared.ADAM_BETA_2, epsilon=shared.ADAM_EPSILON)
   sources, targets = shared.sources_and_targets(args)
-  iterator = iter(tf.data.Dataset.from_tensors(
-      {"inputs": tf.constant(sources), "targets": tf.constant(targets)}).repeat())
+  dataset = tf.data.Dataset.from_tensors(
+      {"inputs": tf.constant(sources), "targets": tf.constant(targets)}).repeat()
 
   def step(inputs):
     # TranslationTask.train_step (one replica, bfloat16 needs no loss scaling).
@@ -105,15 +102,10 @@ def train_step(args) -> dict:
     optimizer.apply_gradients(list(zip(grads, model.trainable_variables)))
     return loss
 
-  @tf.function  # Several steps per call, like their orbit trainer and our Trainer.
-  def loop(n):
-    loss = tf.constant(0.0)
-    for _ in tf.range(n):
-      loss = step(next(iterator))
-    return loss
-
-  result = shared.time_train_steps(lambda n: float(loop(tf.constant(n))), args)
-  return dict(result, params=trainable_parameters(model), optimizer=type(optimizer).__name__)
+  # Several steps per call, like their orbit trainer and our Trainer.
+  result = shared.time_train_steps(harness.host_loop(step, dataset), args)
+  return dict(result, params=harness.trainable_parameters(model),
+              optimizer=type(optimizer).__name__)
 
 
 def decode(args) -> dict:
@@ -125,17 +117,11 @@ def decode(args) -> dict:
   def search(inputs):
     return model({"inputs": inputs}, training=False)
 
-  for _ in range(args.warmup):
-    search(sources)["outputs"].numpy()
-  seconds, out, faults = shared.time_calls(lambda: search(sources)["outputs"].numpy(),
-                                           args.steps)
-  decoded = args.batch * args.decode_length
+  result, out = shared.time_searches(lambda: search(sources)["outputs"].numpy(), args)
   if out.shape != (args.batch, args.decode_length):
     raise AssertionError(f"expected {args.batch} x {args.decode_length} decoded ids, got "
                          f"shape {out.shape}")
-  return {"tokens_per_second": decoded * args.steps / seconds,
-          "search_seconds": seconds / args.steps, "tokens_per_search": decoded,
-          "page_faults_per_search": faults, "params": trainable_parameters(model)}
+  return {**result, "params": harness.trainable_parameters(model)}
 
 
 MODES = {"train_step": train_step, "decode": decode}
@@ -144,18 +130,13 @@ MODES = {"train_step": train_step, "decode": decode}
 def main(argv=None):
   args = shared.parse_args(
       "One measurement of Model Garden's Transformer side; prints one JSON line.", argv)
-  import importlib.metadata as metadata  # pylint: disable=g-import-not-at-top
   # As their trainer: the policy is set before the model is built.
   performance.set_mixed_precision_policy(args.precision)
   start = time.perf_counter()
   result = MODES[args.mode](args)
-  result.update(side="model_garden", mode=args.mode, precision=args.precision, batch=args.batch,
-                steps=args.steps, warmup=args.warmup,
-                policy=tf_keras.mixed_precision.global_policy().name,
-                tensorflow=tf.__version__, tf_keras=metadata.version("tf-keras"),
-                model_garden=metadata.version("tf-models-official"),
-                process_seconds=time.perf_counter() - start)
-  print(json.dumps(result), flush=True)
+  harness.print_result(result, args, start, packages=harness.MODEL_GARDEN_PACKAGES,
+                       side="model_garden",
+                       policy=tf_keras.mixed_precision.global_policy().name)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """One measurement of a Transformer-base assembled from keras-hub layers; prints ONE JSON line.
 
-Run by benchmarks/compare_transformer.py as a subprocess, in the main Python
+Run by benchmarks/text/compare_transformer.py as a subprocess, in the main Python
 environment with keras-hub beside it (`pip install -e ".[bench]"`). keras-hub
 has no encoder-decoder translation model to build from scratch, so this is
 what a keras-hub user assembles from its layers (the way its BART is built):
@@ -30,17 +30,18 @@ what a keras-hub user assembles from its layers (the way its BART is built):
               cross-attention cache included, with the beams. No stop token:
               it decodes exactly --decode-length steps.
 
-    python benchmarks/transformer_keras_hub_worker.py --mode train_step --precision bfloat16
+    python benchmarks/text/keras_hub_worker.py --mode train_step --precision bfloat16
 """
 
-import json
 import os
 import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import transformer_worker_args as shared  # pylint: disable=g-import-not-at-top
+import experiment as shared  # pylint: disable=g-import-not-at-top  (puts benchmarks/ on the path)
+import harness
+
+sys.path.insert(0, harness.REPO)  # This tree's tpu_models (its precision policy).
 
 
 def build_model(args):
@@ -98,10 +99,6 @@ def build_model(args):
   return model
 
 
-def trainable_parameters(model) -> int:
-  return int(sum(int(v.numpy().size) for v in model.trainable_variables))
-
-
 def train_step(args, model) -> dict:
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -112,8 +109,8 @@ def train_step(args, model) -> dict:
                                                  label_smoothing=shared.LABEL_SMOOTHING,
                                                  reduction="sum")
   sources, targets = shared.sources_and_targets(args)
-  iterator = iter(tf.data.Dataset.from_tensors(
-      {"inputs": tf.constant(sources), "targets": tf.constant(targets)}).repeat())
+  dataset = tf.data.Dataset.from_tensors(
+      {"inputs": tf.constant(sources), "targets": tf.constant(targets)}).repeat()
 
   def step(features):
     labels = features["targets"]
@@ -126,14 +123,7 @@ def train_step(args, model) -> dict:
     optimizer.apply_gradients(zip(grads, model.trainable_variables))
     return loss
 
-  @tf.function  # Several steps per call, as our Trainer's host loop does.
-  def loop(n):
-    loss = tf.constant(0.0)
-    for _ in tf.range(n):
-      loss = step(next(iterator))
-    return loss
-
-  return shared.time_train_steps(lambda n: float(loop(tf.constant(n))), args)
+  return shared.time_train_steps(harness.host_loop(step, dataset), args)
 
 
 def decode(args, model) -> dict:
@@ -191,15 +181,10 @@ def decode(args, model) -> dict:
                    index=1, stop_token_ids=None)
 
   search = tf.function(generate, jit_compile=False)
-  for _ in range(args.warmup):
-    search(sources).numpy()
-  seconds, out, faults = shared.time_calls(lambda: search(sources).numpy(), args.steps)
-  decoded = args.batch * args.decode_length
+  result, out = shared.time_searches(lambda: search(sources).numpy(), args)
   if out.shape != (args.batch, length):
     raise AssertionError(f"expected {args.batch} x {length} ids, got shape {out.shape}")
-  return {"tokens_per_second": decoded * args.steps / seconds,
-          "search_seconds": seconds / args.steps, "tokens_per_search": decoded,
-          "page_faults_per_search": faults}
+  return result
 
 
 MODES = {"train_step": train_step, "decode": decode}
@@ -208,31 +193,17 @@ MODES = {"train_step": train_step, "decode": decode}
 def main(argv=None):
   args = shared.parse_args("One measurement of the keras-hub Transformer side; prints one "
                            "JSON line.", argv)
-  import importlib.metadata as metadata  # pylint: disable=g-import-not-at-top
-  try:
-    import keras_hub  # noqa: F401  pylint: disable=unused-import
-  except ImportError as e:
-    sys.exit(f"keras-hub is not installed ({e}); install the benchmark extra: "
-             f"pip install -e \".[bench]\"")
-  import keras  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  harness.require_keras_hub()
+  from tpu_models.training import precision  # pylint: disable=g-import-not-at-top
   start = time.perf_counter()
-  previous = keras.mixed_precision.global_policy()
-  keras.mixed_precision.set_global_policy(
-      "mixed_bfloat16" if args.precision == "bfloat16" else "float32")
-  try:
+  with precision.precision_policy(args.precision):
     model = build_model(args)
-  finally:
-    keras.mixed_precision.set_global_policy(previous)
-  params = trainable_parameters(model)
+  params = harness.trainable_parameters(model)
   result = MODES[args.mode](args, model)
-  result.update(side="keras_hub", mode=args.mode, precision=args.precision, batch=args.batch,
-                steps=args.steps, warmup=args.warmup, params=params,
-                attention_bias_params=shared.expected_keras_hub_extra_parameters(args),
-                policy=model.dtype_policy.name, tensorflow=tf.__version__,
-                keras=metadata.version("keras"), keras_hub=metadata.version("keras-hub"),
-                process_seconds=time.perf_counter() - start)
-  print(json.dumps(result), flush=True)
+  harness.print_result(result, args, start, packages=("tensorflow", "keras", "keras-hub"),
+                       side="keras_hub", params=params,
+                       attention_bias_params=shared.expected_keras_hub_extra_parameters(args),
+                       policy=model.dtype_policy.name)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@ convolutions as matmuls in bfloat16 and as convolutions in float32. For each
 alternately in one process, and the median time of a forward+backward step
 (input and kernel gradients) is printed with the ratio.
 
-    python benchmarks/pointwise_conv.py                      # bfloat16 and float32
-    python benchmarks/pointwise_conv.py --precisions bfloat16 --repeats 9
+    python benchmarks/classification/pointwise_conv.py                      # bfloat16 and float32
+    python benchmarks/classification/pointwise_conv.py --precisions bfloat16 --repeats 9
 """
 
 import argparse

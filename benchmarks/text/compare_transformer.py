@@ -2,7 +2,7 @@
 
 Each measurement is a fresh subprocess printing one JSON line:
 
-  ours          benchmarks/transformer_ours_worker.py, main Python (TF 2.21, Keras 3):
+  ours          benchmarks/text/ours_worker.py, main Python (TF 2.21, Keras 3):
                 train_step through our real Trainer (`translation` task,
                 `transformer` model at the base size, synthetic batch);
                 decode = `TransformerModel.translate` (key/value cache,
@@ -12,13 +12,13 @@ Each measurement is a fresh subprocess printing one JSON line:
                 `Seq2SeqTransformer` built as their TranslationTask builds it,
                 their task's train step and loss; decode = the model's
                 inference call (their sequence_beam_search and decoder cache).
-  keras_hub     benchmarks/transformer_keras_hub_worker.py, main Python with
+  keras_hub     benchmarks/text/keras_hub_worker.py, main Python with
                 keras-hub: TransformerEncoder/TransformerDecoder + a tied
                 ReversibleEmbedding + SinePositionEncoding at the same size,
                 plain GradientTape step; decode = keras_hub.samplers.BeamSampler
                 with keras-hub's key/value caches.
 
-Same experiment on every side (benchmarks/transformer_worker_args.py): d 512,
+Same experiment on every side (benchmarks/text/experiment.py): d 512,
 6+6 layers, 8 heads, FFN 2048, a shared 32k vocabulary (one embedding matrix,
 also the softmax), pre-LN, dropout 0.1, Adam, label smoothing 0.1; one fixed
 batch of 16 x 64 source and 64 target tokens, all real, so tokens/step = 1024
@@ -28,9 +28,9 @@ finishes early; keras-hub: no stop token). XLA off everywhere (CPU), float32
 or the mixed_bfloat16 policy. The sides run ALTERNATELY (the order rotates
 every round); report medians and per-round ratios (ours / side) of the same run.
 
-    python benchmarks/compare_transformer.py                     # everything, 3 rounds
-    python benchmarks/compare_transformer.py --modes decode --precisions bfloat16
-    python benchmarks/compare_transformer.py --layers 1 --hidden 64 --heads 4 --filter 128 \\
+    python benchmarks/text/compare_transformer.py                     # everything, 3 rounds
+    python benchmarks/text/compare_transformer.py --modes decode --precisions bfloat16
+    python benchmarks/text/compare_transformer.py --layers 1 --hidden 64 --heads 4 --filter 128 \\
         --vocab 1000 --batch 4 --source-length 16 --target-length 16 --decode-length 16 \\
         --rounds 1 --steps 2 --warmup 1                          # smoke test, ~2 min
 
@@ -38,25 +38,23 @@ Needs the Model Garden venv (bash benchmarks/model_garden/setup_venv.sh) and
 keras-hub (pip install -e ".[bench]"), unless --sides leaves them out.
 """
 
-import argparse
 import os
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-# The process plumbing of the ResNet comparison, reused as it is (imported, not copied).
-from compare_resnet import (MG_PYTHON, PRECISIONS, comma_list, fmt, log,  # pylint: disable=g-import-not-at-top
-                            machine_description, median, peer_versions, rotated, run_worker)
-import transformer_worker_args as shared  # pylint: disable=g-import-not-at-top
+
+import experiment as shared  # pylint: disable=g-import-not-at-top  (puts benchmarks/ on the path)
+import harness
+from harness import fmt, median
 
 SIDES = ("ours", "model_garden", "keras_hub")
 MODES = shared.MODES
 LABELS = {"ours": "ours (tpu_models, Keras 3)", "model_garden": "Model Garden (tf_keras)",
           "keras_hub": "keras-hub layers (Keras 3)"}
-WORKERS = {"ours": [sys.executable, os.path.join(HERE, "transformer_ours_worker.py")],
-           "keras_hub": [sys.executable, os.path.join(HERE, "transformer_keras_hub_worker.py")],
-           "model_garden": [None, os.path.join(HERE, "model_garden", "transformer_worker.py")]}
+WORKERS = {"ours": [sys.executable, os.path.join(HERE, "ours_worker.py")],
+           "keras_hub": [sys.executable, os.path.join(HERE, "keras_hub_worker.py")],
+           "model_garden": [None, os.path.join(harness.BENCHMARKS, "model_garden",
+                                               "transformer_worker.py")]}
 # Flags passed unchanged to every worker (the experiment's shape).
 SHAPE_FLAGS = ("batch", "source_length", "target_length", "vocab", "layers", "hidden", "heads",
                "filter", "beam", "alpha", "decode_length")
@@ -78,24 +76,11 @@ def worker_command(side: str, mode: str, precision: str, args):
 
 def compare(args):
   """{(mode, precision): {side: [result or None per round]}}, the sides alternating."""
-  results = {}
-  for mode in args.modes:
-    for precision in args.precisions:
-      runs = results[(mode, precision)] = {side: [] for side in args.sides}
-      for r in range(args.rounds):
-        for side in rotated(args.sides, r):
-          log(f"[{mode} {precision} round {r + 1}/{args.rounds}] {side} ...")
-          result = run_worker(worker_command(side, mode, precision, args), args.timeout)
-          if result:
-            log(f"  {result['tokens_per_second']:.1f} tokens/s ({result['wall_seconds']:.0f}s "
-                f"wall, {result['params']:,} parameters)")
-          runs[side].append(result)
-  return results
-
-
-def per_round_ratios(ours, runs):
-  return [o["tokens_per_second"] / r["tokens_per_second"]
-          for o, r in zip(ours, runs) if o and r]
+  return {(mode, precision): harness.measure(
+      f"{mode} {precision}", args.sides, args.rounds,
+      lambda side, m=mode, p=precision: worker_command(side, m, p, args), args.timeout,
+      rate="tokens_per_second", unit="tokens/s")
+          for mode in args.modes for precision in args.precisions}
 
 
 def results_table(results, sides) -> str:
@@ -107,7 +92,8 @@ def results_table(results, sides) -> str:
     for side in sides:
       runs = by_side[side]
       tps = [r["tokens_per_second"] if r else None for r in runs]
-      ratios = per_round_ratios(ours, runs) if side != "ours" else []
+      ratios = (harness.per_round_ratios(ours, runs, "tokens_per_second")
+                if side != "ours" else [])
       ratio = f"**{median(ratios):.2f}x**" if ratios else "-"
       lines.append(f"| {mode} | {precision} | {LABELS[side]} | {fmt(median(tps), '.1f')} | "
                    f"{', '.join(fmt(v, '.1f') for v in tps)} | {ratio} | "
@@ -117,27 +103,22 @@ def results_table(results, sides) -> str:
 
 def parameter_check(results, args):
   """(markdown lines, ok): the parameter counts side by side, checked."""
-  counts = {}
-  for by_side in results.values():
-    for side, runs in by_side.items():
-      for r in runs:
-        if r:
-          counts.setdefault(side, set()).add(r["params"])
+  counts = harness.parameter_counts(results)
   lines, ok = [], True
   for side in SIDES:
     if side in counts:
-      values = sorted(counts[side])
+      values = counts[side]
       ok &= len(values) == 1
       lines.append(f"{LABELS[side]}: {', '.join(f'{v:,}' for v in values)} trainable parameters")
   ours = counts.get("ours")
   if ours and len(ours) == 1:
     (ours,) = ours
-    if "model_garden" in counts and counts["model_garden"] != {ours}:
+    if "model_garden" in counts and counts["model_garden"] != [ours]:
       ok = False
       lines.append("MISMATCH: Model Garden's count differs from ours.")
     extra = shared.expected_keras_hub_extra_parameters(args)
     if "keras_hub" in counts:
-      if counts["keras_hub"] != {ours + extra}:
+      if counts["keras_hub"] != [ours + extra]:
         ok = False
         lines.append(f"MISMATCH: keras-hub should have ours + {extra:,} (attention biases).")
       else:
@@ -149,18 +130,11 @@ def parameter_check(results, args):
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(
-      description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 2)[2],
-      formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--rounds", type=int, default=3,
-                      help="Measurements per side, mode and precision; medians are reported.")
+  parser = harness.driver_parser(__doc__, SIDES, batch=16, steps=6, warmup=2, timeout=1800.0,
+                                 rounds_per="side, mode and precision",
+                                 batch_help="Sentences per step / search.")
   parser.add_argument("--modes", default=",".join(MODES),
                       help=f"Comma-separated subset of {', '.join(MODES)}.")
-  parser.add_argument("--precisions", default="float32,bfloat16",
-                      help="Comma-separated: float32 and/or bfloat16 (mixed_bfloat16 policy).")
-  parser.add_argument("--sides", default=",".join(SIDES),
-                      help=f"Comma-separated subset of {', '.join(SIDES)}.")
-  parser.add_argument("--batch", type=int, default=16, help="Sentences per step / search.")
   parser.add_argument("--source-length", type=int, default=64)
   parser.add_argument("--target-length", type=int, default=64)
   parser.add_argument("--vocab", type=int, default=32000, help="Shared vocabulary size.")
@@ -172,38 +146,27 @@ def main(argv=None):
   parser.add_argument("--alpha", type=float, default=0.6)
   parser.add_argument("--decode-length", type=int, default=64,
                       help="Tokens decoded per sentence (all of them, on every side).")
-  parser.add_argument("--steps", type=int, default=6, help="Timed train steps per measurement.")
-  parser.add_argument("--warmup", type=int, default=2, help="Untimed train steps first.")
   parser.add_argument("--decode-steps", type=int, default=2,
                       help="Timed beam searches per measurement.")
   parser.add_argument("--decode-warmup", type=int, default=1,
                       help="Untimed beam searches first (tracing).")
-  parser.add_argument("--timeout", type=float, default=1800.0,
-                      help="Seconds before one measurement is abandoned.")
-  parser.add_argument("--mg-python", default=MG_PYTHON, help="Python of the Model Garden venv.")
-  parser.add_argument("--output", default="", help="Also write the markdown report here.")
-  args = parser.parse_args(argv)
-  args.modes = comma_list(parser, "--modes", args.modes, MODES)
-  args.precisions = comma_list(parser, "--precisions", args.precisions, PRECISIONS)
-  args.sides = comma_list(parser, "--sides", args.sides, SIDES)
+  args = harness.parse_driver_args(parser, argv, SIDES)
+  args.modes = harness.comma_list(parser, "--modes", args.modes, MODES)
   # The workers validate the shape flags too; fail here, before any process starts.
   shared.parse_args("check", ["--mode", "decode"] + [
       a for key in SHAPE_FLAGS for a in (f"--{key.replace('_', '-')}", str(getattr(args, key)))])
 
-  versions = peer_versions(args, SIDES, keras_hub_needed=True)
-  if versions is None:
-    return 2
-  mg_version, kh_version = versions
+  return harness.run_comparison(args, SIDES, True, lambda machine: sections(args, machine))
 
-  start = time.perf_counter()
+
+def sections(args, machine: str):
+  """(The report's sections, whether a measurement or the parameter check failed)."""
   results = compare(args)
-  failed = any(r is None for by_side in results.values() for runs in by_side.values()
-               for r in runs)
   params, params_ok = parameter_check(results, args)
   shape = (f"d {args.hidden}, {args.layers}+{args.layers} layers, {args.heads} heads, FFN "
            f"{args.filter}, vocab {args.vocab:,} (shared)")
-  sections = [
-      f"# Transformer comparison\n\n{machine_description(mg_version, kh_version)}.",
+  report = [
+      f"# Transformer comparison\n\n{machine}.",
       f"{shape}. Train step: batch {args.batch} x {args.source_length} source / "
       f"{args.target_length} target tokens ({args.batch * args.target_length} target tokens "
       f"per step), {args.warmup} warm-up + {args.steps} timed steps per measurement. Decode: "
@@ -212,14 +175,8 @@ def main(argv=None):
       f"{args.rounds} rounds, sides alternating. Tokens/s: real target tokens (train) or "
       f"decoded tokens of the best beam (decode) per second; higher is better.",
       results_table(results, args.sides),
-      "Parameters: " + "; ".join(params) + ("" if params_ok else " (CHECK FAILED)"),
-      f"Wall time: {(time.perf_counter() - start) / 60:.1f} min."]
-  report = "\n\n".join(sections) + "\n"
-  print(report)
-  if args.output:
-    with open(args.output, "w") as f:
-      f.write(report)
-  return 1 if failed or not params_ok else 0
+      "Parameters: " + "; ".join(params) + ("" if params_ok else " (CHECK FAILED)")]
+  return report, harness.failed(results) or not params_ok
 
 
 if __name__ == "__main__":

@@ -4,9 +4,9 @@
       -> random flip -> normalize -> batch -> prefetch
 
 Usage:
-    python benchmarks/input_pipeline.py                       # temporary photo-like data
-    python benchmarks/input_pipeline.py --data '/data/imagenet/train-*' --seconds 60
-    python benchmarks/input_pipeline.py --decode full         # no fused crop, for comparison
+    python benchmarks/classification/input_pipeline.py          # temporary photo-like data
+    python benchmarks/classification/input_pipeline.py --data '/data/imagenet/train-*' --seconds 60
+    python benchmarks/classification/input_pipeline.py --decode full   # no fused crop, to compare
 
 Without --data, a temporary set of TFRecords is written first from real photos
 (scikit-image / scikit-learn sample images when installed) or, failing that,
@@ -21,12 +21,14 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 
 import numpy as np
 import tensorflow as tf
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import harness  # pylint: disable=g-import-not-at-top
+
+sys.path.insert(0, harness.REPO)  # This tree's tpu_models.
 
 from tpu_models.config import DataConfig  # pylint: disable=g-import-not-at-top
 from tpu_models.data import records
@@ -125,14 +127,7 @@ def run(data: str, batch: int, image_size: int, seconds: float, threads: int,
     options = tf.data.Options()
     options.threading.private_threadpool_size = threads
     dataset = dataset.with_options(options)
-  iterator = iter(dataset)
-  for _ in range(warmup_batches):  # Fill the shuffle buffer and prefetch, tune AUTOTUNE.
-    next(iterator)
-  batches, start = 0, time.perf_counter()
-  while time.perf_counter() - start < seconds:
-    next(iterator)
-    batches += 1
-  elapsed = time.perf_counter() - start
+  batches, elapsed, _ = harness.time_iterator(iter(dataset), seconds, warmup_batches)
   return batches * batch / elapsed, batches, elapsed
 
 

@@ -3,7 +3,7 @@
 Each measurement is a fresh subprocess printing one JSON line (warm-up steps,
 then timed steps; or warm-up batches, then a timed stretch of the pipeline):
 
-  ours          benchmarks/retinanet_workers.py, main Python (TF 2.21, Keras 3):
+  ours          benchmarks/detection/ours_worker.py, main Python (TF 2.21, Keras 3):
                 our `retinanet_resnet50_fpn` through the real Trainer and
                 DetectionTask; also measures the matmul peak of that process, for
                 MFU. Pipeline: `DetectionTask.build_inputs("train")`.
@@ -12,12 +12,12 @@ then timed steps; or warm-up batches, then a timed stretch of the pipeline):
                 `retinanet_resnetfpn_coco` experiment's model and losses
                 (RetinaNetTask) through their base_trainer. Pipeline: their
                 InputReader + TfExampleDecoder + retinanet_input.Parser.
-  keras_hub     benchmarks/retinanet_workers.py: keras_hub.models.RetinaNetObjectDetector
+  keras_hub     benchmarks/detection/keras_hub_worker.py: keras_hub.models.RetinaNetObjectDetector
                 on a ResNet-50 v1.5 ResNetBackbone, compile + fit (its label
                 encoder inside the step); head biases and kernels set as the
                 paper (see the README). No input pipeline of its own.
 
-Same experiment on every side (benchmarks/retinanet_args.py): ResNet-50-FPN,
+Same experiment on every side (benchmarks/detection/experiment.py): ResNet-50-FPN,
 P3-P7, 256 channels, 4-conv heads, 9 anchors, 80 classes, focal (alpha 0.25,
 gamma 1.5) + 50 x Huber (delta 0.1) loss, SGD momentum 0.9, no weight decay,
 one fixed synthetic batch (one image tiled, two boxes), XLA off, float32 or the
@@ -27,17 +27,16 @@ schema) on both sides, with flip + scale jitter 0.8-1.2, the same anchors and
 matcher thresholds, float32 images of the same size. The sides run
 ALTERNATELY (the order rotates every round); compare ratios of the same run.
 
-    python benchmarks/compare_retinanet.py                        # train step + pipeline
-    python benchmarks/compare_retinanet.py --precisions bfloat16 --rounds 3 --output r.md
-    python benchmarks/compare_retinanet.py --pipeline-only --pipeline-seconds 30
-    python benchmarks/compare_retinanet.py --image-size 128 --batch 1 --steps 1 --warmup 1 \\
-        --rounds 1 --pipeline-seconds 3 --num-images 16            # smoke test, ~6 min
+    python benchmarks/detection/compare_retinanet.py                        # train step + pipeline
+    python benchmarks/detection/compare_retinanet.py --precisions bfloat16 --rounds 3 --output r.md
+    python benchmarks/detection/compare_retinanet.py --pipeline-only --pipeline-seconds 30
+    python benchmarks/detection/compare_retinanet.py --image-size 128 --batch 1 --steps 1 \\
+        --warmup 1 --rounds 1 --pipeline-seconds 3 --num-images 16    # smoke test, ~6 min
 
 Needs the Model Garden venv (bash benchmarks/model_garden/setup_venv.sh) and
 keras-hub (pip install -e ".[bench]"), unless --sides leaves them out.
 """
 
-import argparse
 import glob
 import os
 import shutil
@@ -47,29 +46,24 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 
-import compare_resnet as common  # pylint: disable=g-import-not-at-top  (runner, tables' helpers)
-import retinanet_args as ex
+import experiment as ex  # pylint: disable=g-import-not-at-top  (puts benchmarks/ on the path)
+import harness
+from harness import fmt, log, median
 
-REPO = common.REPO
 SIDES = ("ours", "model_garden", "keras_hub")
 LABELS = {"ours": "ours (tpu_models, Keras 3)", "model_garden": "Model Garden (tf_keras)",
           "keras_hub": "keras-hub RetinaNetObjectDetector (Keras 3)"}
 NO_PIPELINE = ("keras_hub",)  # keras-hub has no TFRecord detection parser.
-log = common.log
-fmt = common.fmt
-median = common.median
 
 
 def worker_command(side: str, mode: str, args, precision: str, data: str = ""):
   if side == "model_garden":
-    command = [args.mg_python, os.path.join(HERE, "model_garden", "retinanet_worker.py"),
-               "--mode", mode]
+    command = [args.mg_python, os.path.join(harness.BENCHMARKS, "model_garden",
+                                            "retinanet_worker.py")]
   else:
-    worker_mode = mode if mode == "input_pipeline" else f"{side}_{mode}"
-    command = [sys.executable, os.path.join(HERE, "retinanet_workers.py"), "--mode", worker_mode]
-  command += ["--batch", str(args.batch), "--image-size", str(args.image_size),
+    command = [sys.executable, os.path.join(HERE, f"{side}_worker.py")]
+  command += ["--mode", mode, "--batch", str(args.batch), "--image-size", str(args.image_size),
               "--precision", precision, "--steps", str(args.steps), "--warmup", str(args.warmup)]
   if mode == "input_pipeline":
     command += ["--data", data, "--seconds", str(args.pipeline_seconds)]
@@ -78,53 +72,33 @@ def worker_command(side: str, mode: str, args, precision: str, data: str = ""):
 
 def measure(label: str, sides, args, mode: str, precision: str, data: str = ""):
   """{side: [result or None per round]}, the sides' order rotating every round."""
-  results = {side: [] for side in sides}
-  for r in range(args.rounds):
-    for side in common.rotated(sides, r):
-      log(f"[{label} round {r + 1}/{args.rounds}] {side} ...")
-      result = common.run_worker(worker_command(side, mode, args, precision, data), args.timeout)
-      if result:
-        log(f"  {result['images_per_second']:.2f} images/s ({result['wall_seconds']:.0f}s wall)")
-      results[side].append(result)
-  return results
+  return harness.measure(label, sides, args.rounds,
+                         lambda side: worker_command(side, mode, args, precision, data),
+                         args.timeout)
 
 
 def ratio(ours, runs) -> str:
   """Median of the per-round ours/side ratios, and the rounds' own."""
-  per_round = [o["images_per_second"] / r["images_per_second"]
-               for o, r in zip(ours, runs) if o and r]
-  if not per_round:
-    return "-"
-  return f"**{median(per_round):.2f}x** ({', '.join(f'{v:.2f}' for v in per_round)})"
+  return harness.ratio(ours, runs, rounds=True)
 
 
 def train_table(results, sides) -> str:
   lines = ["| precision | side | trainable params | median images/s | per round | MFU | "
            "ours / side (per round) |", "|---|---|---:|---:|---|---:|---|"]
-  for precision, by_side in results.items():
-    ours = by_side.get("ours", [])
-    for side in sides:
-      runs = by_side[side]
-      ips = [r["images_per_second"] if r else None for r in runs]
-      mfus = [r["images_per_second"] * o["train_flops_per_example"] / (o["peak_tflops"] * 1e12)
-              for r, o in zip(runs, ours) if r and o]  # Our FLOPs and peak of the same round.
-      params = next((r["params"] for r in runs if r and "params" in r), None)
-      lines.append(f"| {precision} | {LABELS[side]} | {fmt(params, ',')} | {fmt(median(ips))} | "
-                   f"{', '.join(fmt(v) for v in ips)} | {fmt(median(mfus), '.1%')} | "
-                   f"{ratio(ours, runs) if side != 'ours' else '-'} |")
-  notes = []
-  for precision, by_side in results.items():
-    peaks = [r["peak_tflops"] for r in by_side.get("ours", []) if r]
-    if peaks:
-      notes.append(f"{precision} {median(peaks) * 1000:.0f} GFLOP/s")
-  flops = [r["train_flops_per_example"] for by_side in results.values()
-           for r in by_side.get("ours", []) if r]
+  counts = harness.parameter_counts(results)
+  for precision, side, runs, ours, ips, mfus in harness.train_rows(results, sides):
+    params = counts.get(side, [None])[0]
+    lines.append(f"| {precision} | {LABELS[side]} | {fmt(params, ',')} | {fmt(median(ips))} | "
+                 f"{', '.join(fmt(v) for v in ips)} | {fmt(median(mfus), '.1%')} | "
+                 f"{ratio(ours, runs) if side != 'ours' else '-'} |")
   text = "\n".join(lines)
-  if notes:
-    text += f"\n\nMatmul peak measured by our worker (median): {', '.join(notes)}."
+  peaks = harness.peak_note(results)
+  if peaks:
+    text += f"\n\n{peaks}"
+  flops = harness.train_flops(results)
   if flops:
     text += (f" Training FLOPs per image (3x forward conv, our model; the other sides have "
-             f"the same convolutions): {flops[0] / 1e9:.1f} GFLOP.")
+             f"the same convolutions): {flops / 1e9:.1f} GFLOP.")
   return text
 
 
@@ -150,7 +124,7 @@ def write_records(directory: str, num_images: int) -> str:
       "num_validation=0, num_test=0, image_size_range=(480, 640), num_shards=4, "
       "progress=False)")
   start = time.perf_counter()
-  done = subprocess.run([sys.executable, "-c", code, directory, str(num_images)], cwd=REPO,
+  done = subprocess.run([sys.executable, "-c", code, directory, str(num_images)], cwd=harness.REPO,
                         capture_output=True, text=True,
                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
   if done.returncode != 0:
@@ -163,48 +137,27 @@ def write_records(directory: str, num_images: int) -> str:
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(
-      description=__doc__.split("\n")[0], epilog=__doc__.split("\n", 2)[2],
-      formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--rounds", type=int, default=3,
-                      help="Measurements per side (and precision); medians are reported.")
+  parser = harness.driver_parser(__doc__, SIDES, batch=4, steps=4, warmup=2, timeout=1200.0)
   parser.add_argument("--image-size", type=int, default=384,
                       help="Square model input side (a multiple of 128).")
-  parser.add_argument("--batch", type=int, default=4, help="Global batch size.")
-  parser.add_argument("--steps", type=int, default=4, help="Timed train steps per measurement.")
-  parser.add_argument("--warmup", type=int, default=2, help="Untimed train steps first.")
-  parser.add_argument("--precisions", default="float32,bfloat16",
-                      help="Comma-separated: float32 and/or bfloat16 (mixed_bfloat16 policy).")
-  parser.add_argument("--sides", default=",".join(SIDES),
-                      help=f"Comma-separated subset of {', '.join(SIDES)}.")
   parser.add_argument("--no-pipeline", action="store_true",
                       help="Skip the input pipeline comparison.")
-  parser.add_argument("--pipeline-only", action="store_true",
-                      help="Only the input pipeline comparison.")
-  parser.add_argument("--pipeline-seconds", type=float, default=20.0,
-                      help="Measured seconds per input pipeline run.")
-  parser.add_argument("--num-images", type=int, default=300,
-                      help="Images in the temporary pasted-objects TFRecords (480-640 px).")
+  harness.add_pipeline_flags(parser, num_images=300, images_help=(
+      "Images in the temporary pasted-objects TFRecords (480-640 px)."))
   parser.add_argument("--data", default="",
                       help="Existing COCO-schema TFRecords (glob) instead of temporary ones.")
-  parser.add_argument("--timeout", type=float, default=1200.0,
-                      help="Seconds before one measurement is abandoned.")
-  parser.add_argument("--mg-python", default=common.MG_PYTHON, help="Python of the Model Garden venv.")
-  parser.add_argument("--output", default="", help="Also write the markdown report here.")
-  args = parser.parse_args(argv)
-  args.precisions = common.comma_list(parser, "--precisions", args.precisions, common.PRECISIONS)
-  args.sides = common.comma_list(parser, "--sides", args.sides, SIDES)
+  args = harness.parse_driver_args(parser, argv, SIDES)
   if args.image_size % 2**ex.MAX_LEVEL:
     parser.error(f"--image-size must be a multiple of {2**ex.MAX_LEVEL}, got {args.image_size}.")
 
-  versions = common.peer_versions(args, SIDES, keras_hub_needed=not args.pipeline_only)
-  if versions is None:
-    return 2
-  mg_version, kh_version = versions
+  return harness.run_comparison(args, SIDES, not args.pipeline_only,
+                                lambda machine: sections(args, machine))
 
-  start = time.perf_counter()
-  sections = [f"# RetinaNet ResNet-50-FPN comparison\n\n"
-              f"{common.machine_description(mg_version, kh_version)}. {args.image_size}x"
+
+def sections(args, machine: str):
+  """(The report's sections, whether a measurement failed): train step, input pipeline."""
+  report = [f"# RetinaNet ResNet-50-FPN comparison\n\n"
+              f"{machine}. {args.image_size}x"
               f"{args.image_size}, batch {args.batch}, {ex.NUM_CLASSES} classes, "
               f"{ex.num_anchors(args.image_size):,} anchors; {args.warmup} warm-up + "
               f"{args.steps} timed steps per measurement, {args.rounds} rounds, sides alternating."]
@@ -212,9 +165,8 @@ def main(argv=None):
   if not args.pipeline_only:
     results = {p: measure(f"{p} train step", args.sides, args, "train_step", p)
                for p in args.precisions}
-    failed |= any(r is None for by_side in results.values() for runs in by_side.values()
-                  for r in runs)
-    sections.append("## Train step (images/s, higher is better)\n\n" +
+    failed |= harness.failed(results)
+    report.append("## Train step (images/s, higher is better)\n\n" +
                     train_table(results, args.sides))
   if not args.no_pipeline:
     sides = [s for s in args.sides if s not in NO_PIPELINE]
@@ -225,23 +177,17 @@ def main(argv=None):
     finally:
       if directory:
         shutil.rmtree(directory, ignore_errors=True)
-    failed |= any(r is None for runs in pipeline.values() for r in runs)
+    failed |= harness.failed(pipeline)
     source = args.data or (f"{args.num_images} temporary pasted-objects images, 480-640 px "
                            f"JPEGs, 1-6 boxes each")
-    sections.append(
+    report.append(
         f"## Detection input pipeline with anchor labelling (images/s, higher is better; "
         f"{args.pipeline_seconds:.0f}s per run after 5 warm-up batches, batch {args.batch}, "
         f"{args.image_size} px float32 output, flip + scale jitter {ex.SCALE_MIN}-"
         f"{ex.SCALE_MAX}; {source})\n\n" + pipeline_table(pipeline) +
         "\n\nkeras-hub has no TFRecord detection parser to compare (its preprocessor only "
         "rescales images; boxes are matched to anchors inside the train step).")
-  sections.append(f"Wall time: {(time.perf_counter() - start) / 60:.1f} min.")
-  report = "\n\n".join(sections) + "\n"
-  print(report)
-  if args.output:
-    with open(args.output, "w") as f:
-      f.write(report)
-  return 1 if failed else 0
+  return report, failed
 
 
 if __name__ == "__main__":

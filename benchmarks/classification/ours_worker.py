@@ -1,6 +1,6 @@
 """One measurement of OUR side of the ResNet-50 comparison; prints ONE JSON line.
 
-Run by benchmarks/compare_resnet.py as a subprocess (one fresh process per
+Run by benchmarks/classification/compare_resnet.py as a subprocess (one fresh process per
 measurement, so no run inherits another's threads, caches or allocator state),
 in the main Python environment (TF 2.21, Keras 3). Modes:
 
@@ -10,54 +10,45 @@ in the main Python environment (TF 2.21, Keras 3). Modes:
   keras_applications  `keras.applications.ResNet50(weights=None)` (Keras 3) with
                       a plain SGD-momentum train step, for reference: the
                       stock Keras 3 model, without our fused batch norm.
-  input_pipeline      our JPEG training input pipeline (benchmarks/input_pipeline.py)
-                      on the given TFRecords.
+  input_pipeline      our JPEG training input pipeline
+                      (benchmarks/classification/input_pipeline.py) on the given TFRecords.
 
-    python benchmarks/ours_worker.py --mode train_step --precision bfloat16 --steps 8
-    python benchmarks/ours_worker.py --mode input_pipeline --data '/tmp/x/train-*'
+    python benchmarks/classification/ours_worker.py --mode train_step --precision bfloat16 --steps 8
+    python benchmarks/classification/ours_worker.py --mode input_pipeline --data '/tmp/x/train-*'
 """
 
-import json
 import os
 import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # Keep stdout/stderr to the point.
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(_HERE))
-sys.path.insert(0, _HERE)
+import experiment as ex  # pylint: disable=g-import-not-at-top  (puts benchmarks/ on the path)
+import harness
+
+sys.path.insert(0, harness.REPO)  # This tree's tpu_models.
 
 import keras  # pylint: disable=g-import-not-at-top
-import tensorflow as tf
 
 import keras_sgd_loop
-from tpu_models import config as config_lib
-from worker_args import parse_worker_args
 from tpu_models.training import benchmark
-
-IMAGE_SIZE = 224
-NUM_CLASSES = 1000
+from tpu_models.training import precision as precision_lib
 
 
-def experiment(batch: int, precision: str, image_size: int = IMAGE_SIZE) -> dict:
+def experiment(batch: int, precision: str, image_size: int = ex.IMAGE_SIZE) -> dict:
   """The ResNet-50 experiment the comparison measures (see benchmarks/README.md)."""
-  return {
-      "task": {"name": "classification",
-               "model": {"name": "resnet50", "num_classes": NUM_CLASSES,
-                         "input_shape": [image_size, image_size, 3]},
-               "image_size": image_size,
-               "train_data": {"source": "synthetic", "global_batch_size": batch}},
-      "trainer": {"optimizer": {"name": "sgd", "momentum": 0.9},
-                  "schedule": {"name": "constant", "base_lr": 0.1},
-                  "tensorboard": False},
-      "runtime": {"strategy": "cpu", "mixed_precision": precision},
-  }
+  return harness.our_experiment(
+      {"name": "classification",
+       "model": {"name": "resnet50", "num_classes": ex.NUM_CLASSES,
+                 "input_shape": [image_size, image_size, 3]},
+       "image_size": image_size,
+       "train_data": {"source": "synthetic", "global_batch_size": batch}},
+      optimizer={"name": "sgd", "momentum": 0.9}, learning_rate=0.1, precision=precision)
 
 
 def train_step(args) -> dict:
-  config = config_lib.experiment_from_dict(experiment(args.batch, args.precision))
-  result = benchmark.train_throughput(config, steps=args.steps, warmup=args.warmup, peak=True)
+  _, result = harness.our_train_throughput(experiment(args.batch, args.precision), args,
+                                          peak=True)
   return {
       "images_per_second": result["examples_per_second"],
       "step_seconds": result["step_seconds"],
@@ -72,16 +63,11 @@ def train_step(args) -> dict:
 
 def keras_applications(args) -> dict:
   """Stock Keras 3 ResNet50 (v1, unfused BN), the same SGD step in one tf.function loop."""
-  previous = keras.mixed_precision.global_policy()
-  keras.mixed_precision.set_global_policy(
-      "mixed_bfloat16" if args.precision == "bfloat16" else "float32")
-  try:
-    model = keras.applications.ResNet50(weights=None, classes=NUM_CLASSES,
-                                        input_shape=(IMAGE_SIZE, IMAGE_SIZE, 3),
+  with precision_lib.precision_policy(args.precision):
+    model = keras.applications.ResNet50(weights=None, classes=ex.NUM_CLASSES,
+                                        input_shape=(ex.IMAGE_SIZE, ex.IMAGE_SIZE, 3),
                                         classifier_activation=None)  # Logits, like ours.
-  finally:
-    keras.mixed_precision.set_global_policy(previous)
-  result = keras_sgd_loop.time_sgd_steps(model, args.batch, IMAGE_SIZE, args.warmup, args.steps)
+  result = keras_sgd_loop.time_sgd_steps(model, args.batch, args.warmup, args.steps)
   own_flops = 3.0 * benchmark.forward_flops(model)
   return {
       **result,
@@ -93,9 +79,9 @@ def keras_applications(args) -> dict:
 
 
 def input_pipeline(args) -> dict:
-  import input_pipeline as pipeline_bench  # benchmarks/input_pipeline.py
+  import input_pipeline as pipeline_bench  # pylint: disable=g-import-not-at-top
   images_per_second, batches, seconds = pipeline_bench.run(
-      args.data, args.batch, IMAGE_SIZE, args.seconds, threads=0, decode="fused",
+      args.data, args.batch, ex.IMAGE_SIZE, args.seconds, threads=0, decode="fused",
       dtype=args.precision)
   return {"images_per_second": images_per_second, "batches": batches, "seconds": seconds}
 
@@ -105,16 +91,12 @@ MODES = {"train_step": train_step, "keras_applications": keras_applications,
 
 
 def main(argv=None):
-  args = parse_worker_args(
+  args = ex.parse_args(
       "One measurement of our side of the ResNet-50 comparison; prints one JSON line.", MODES, argv)
-
   start = time.perf_counter()
   result = MODES[args.mode](args)
-  result.update(side="keras_applications" if args.mode == "keras_applications" else "ours",
-                mode=args.mode, batch=args.batch, precision=args.precision, steps=args.steps,
-                warmup=args.warmup, tensorflow=tf.__version__, keras=keras.__version__,
-                process_seconds=time.perf_counter() - start)
-  print(json.dumps(result), flush=True)
+  harness.print_result(result, args, start,
+                       side="keras_applications" if args.mode == "keras_applications" else "ours")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ stopped, how many returned beams finished with EOS, whether the ids are
 identical and the largest absolute score difference, and exits non-zero on
 any mismatch.
 
-    python benchmarks/beam_search_vs_model_garden.py
+    python benchmarks/text/beam_search_vs_model_garden.py
 
 Needs the Model Garden venv: bash benchmarks/model_garden/setup_venv.sh
 """
@@ -20,16 +20,15 @@ Needs the Model Garden venv: bash benchmarks/model_garden/setup_venv.sh
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-MG_PYTHON = os.path.join(HERE, ".venv-model-garden", "bin", "python")
-WORKER = os.path.join(HERE, "model_garden", "beam_search_worker.py")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import harness  # pylint: disable=g-import-not-at-top
+
+WORKER = os.path.join(harness.BENCHMARKS, "model_garden", "beam_search_worker.py")
 EOS_ID = 1
 
 # (batch, beam, alpha, max decode length, vocabulary, EOS logit boost).
@@ -65,7 +64,7 @@ def make_cases(seed: int):
 def run_ours(case_file: str):
   """Our search on every case, eagerly and under XLA: {key: array}."""
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  sys.path.insert(0, REPO)
+  sys.path.insert(0, harness.REPO)
   sys.path.insert(0, os.path.dirname(WORKER))
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from beam_search_worker import cases_from_file, table_symbols_to_logits_fn  # pylint: disable=g-import-not-at-top
@@ -90,26 +89,21 @@ def run_ours(case_file: str):
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--seed", type=int, default=0, help="Seed of the random tables.")
-  parser.add_argument("--mg-python", default=MG_PYTHON,
+  parser.add_argument("--mg-python", default=harness.MG_PYTHON,
                       help="Python of the Model Garden venv.")
   parser.add_argument("--timeout", type=float, default=900.0)
   args = parser.parse_args(argv)
-  if not os.path.exists(args.mg_python):
-    sys.exit(f"No Model Garden venv at {args.mg_python}; create it with "
-             f"bash {os.path.relpath(os.path.join(HERE, 'model_garden', 'setup_venv.sh'))}")
+  harness.require_model_garden(args.mg_python)
 
   settings, arrays = make_cases(args.seed)
   with tempfile.TemporaryDirectory(prefix="beam_search_peer_") as directory:
     case_file = os.path.join(directory, "cases.npz")
     mg_file = os.path.join(directory, "model_garden.npz")
     np.savez(case_file, **arrays)
-    done = subprocess.run([args.mg_python, WORKER, "--cases", case_file, "--output", mg_file],
-                          capture_output=True, text=True, timeout=args.timeout, cwd=REPO)
-    lines = [l for l in done.stdout.splitlines() if l.startswith("{")]
-    if done.returncode != 0 or not lines:
-      sys.exit(f"Model Garden worker failed (exit {done.returncode}):\n" +
-               "\n".join(done.stderr.strip().splitlines()[-20:]))
-    peer_info = json.loads(lines[-1])
+    peer_info = harness.run_worker(
+        [args.mg_python, WORKER, "--cases", case_file, "--output", mg_file], args.timeout)
+    if peer_info is None:
+      sys.exit("The Model Garden worker failed (see above).")
     theirs = dict(np.load(mg_file))
     ours = run_ours(case_file)
 

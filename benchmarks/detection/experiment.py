@@ -1,11 +1,16 @@
 """The command line and the experiment shared by the RetinaNet comparison workers.
 
-Standard library only: it is imported both by our Python (retinanet_workers.py)
-and inside the Model Garden virtualenv (model_garden/retinanet_worker.py), so
-every side takes the same flags and the same settings.
+Standard library only: it is imported both by our Python (ours_worker.py,
+keras_hub_worker.py) and inside the Model Garden virtualenv
+(model_garden/retinanet_worker.py), so every side takes the same flags and the
+same settings.
 """
 
-import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import harness  # pylint: disable=g-import-not-at-top
 
 # The experiment every side runs (benchmarks/README.md, "RetinaNet"): what is
 # not a flag is fixed here, once.
@@ -30,25 +35,15 @@ SYNTHETIC_BOXES = ((0.1, 0.1, 0.4, 0.3), (0.5, 0.4, 0.9, 0.9))
 
 def parse_args(description, modes, argv=None):
   """--mode/--batch/--precision/--image-size/--steps/--warmup/--data/--seconds."""
-  parser = argparse.ArgumentParser(description=description)
-  parser.add_argument("--mode", choices=sorted(modes), required=True)
-  parser.add_argument("--batch", type=int, default=4, help="Global batch size.")
+  parser = harness.worker_parser(description, modes, batch=4, steps=4, warmup=2,
+                                 precision_help="input_pipeline: float32 images always")
   parser.add_argument("--image-size", type=int, default=384,
                       help="Square model input side; a multiple of 128 (P7's stride).")
-  parser.add_argument("--precision", choices=("float32", "bfloat16"), default="float32",
-                      help="float32, or bfloat16 = the mixed_bfloat16 policy (input_pipeline: "
-                           "float32 images always).")
-  parser.add_argument("--steps", type=int, default=4, help="Timed train steps.")
-  parser.add_argument("--warmup", type=int, default=2,
-                      help="Untimed train steps first (tracing, allocator warm-up).")
-  parser.add_argument("--data", default="", help="input_pipeline: TFRecord glob.")
-  parser.add_argument("--seconds", type=float, default=20.0, help="input_pipeline: measured time.")
-  args = parser.parse_args(argv)
+  harness.add_input_pipeline_flags(parser)
+  args = harness.parse_worker_args(parser, argv)
   if args.image_size % 2**MAX_LEVEL or args.image_size <= 0:
     parser.error(f"--image-size must be a positive multiple of {2**MAX_LEVEL} (the stride of "
                  f"P{MAX_LEVEL}), got {args.image_size}.")
-  if args.mode == "input_pipeline" and not args.data:
-    parser.error("--mode input_pipeline needs --data (a TFRecord glob).")
   return args
 
 

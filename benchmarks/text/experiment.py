@@ -21,9 +21,13 @@ The experiment (benchmarks/README.md, "Transformer-base"):
               weights predict. Tokens/s = batch x decode length / seconds.
 """
 
-import argparse
+import os
+import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import harness  # pylint: disable=g-import-not-at-top
 
 MODES = ("train_step", "decode")
 LABEL_SMOOTHING = 0.1
@@ -35,11 +39,11 @@ LAYER_NORM_EPSILON = 1e-6
 
 def parse_args(description, argv=None):
   """The flags every Transformer worker takes (the driver passes the same to each side)."""
-  parser = argparse.ArgumentParser(description=description)
-  parser.add_argument("--mode", choices=MODES, required=True)
-  parser.add_argument("--precision", choices=("float32", "bfloat16"), default="float32",
-                      help="float32, or bfloat16 = the mixed_bfloat16 policy.")
-  parser.add_argument("--batch", type=int, default=16, help="Sentences (rows) per step / search.")
+  parser = harness.worker_parser(
+      description, MODES, batch=16, steps=5, warmup=2,
+      batch_help="Sentences (rows) per step / search.",
+      steps_help="Timed train steps, or timed beam searches (decode).",
+      warmup_help="Untimed train steps / searches first (tracing, allocator warm-up).")
   parser.add_argument("--source-length", type=int, default=64, help="Source tokens per row.")
   parser.add_argument("--target-length", type=int, default=64, help="Target tokens per row.")
   parser.add_argument("--vocab", type=int, default=32000, help="Shared vocabulary size.")
@@ -51,10 +55,6 @@ def parse_args(description, argv=None):
   parser.add_argument("--alpha", type=float, default=0.6, help="decode: GNMT length penalty.")
   parser.add_argument("--decode-length", type=int, default=64,
                       help="decode: tokens decoded per row (every row runs them all).")
-  parser.add_argument("--steps", type=int, default=5,
-                      help="Timed train steps, or timed beam searches (decode).")
-  parser.add_argument("--warmup", type=int, default=2,
-                      help="Untimed train steps / searches first (tracing, allocator warm-up).")
   args = parser.parse_args(argv)
   for key in ("batch", "source_length", "target_length", "vocab", "layers", "hidden", "heads",
               "filter", "beam", "decode_length", "steps"):
@@ -95,20 +95,6 @@ def expected_keras_hub_extra_parameters(args) -> int:
   return 4 * args.hidden * 3 * args.layers
 
 
-def time_calls(run, count: int):
-  """(seconds, last result, minor page faults per call) of `count` calls of `run()`."""
-  import resource
-  import time
-  faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-  start = time.perf_counter()
-  value = None
-  for _ in range(count):
-    value = run()
-  seconds = time.perf_counter() - start
-  faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
-  return seconds, value, faults / count
-
-
 def time_train_steps(run_steps, args) -> dict:
   """`args.warmup` untimed steps (tracing), then `args.steps` timed ones, as one JSON result.
 
@@ -116,8 +102,24 @@ def time_train_steps(run_steps, args) -> dict:
   returns the last loss as a float.
   """
   run_steps(args.warmup)
-  seconds, loss, faults = time_calls(lambda: run_steps(args.steps), 1)
+  seconds, loss, faults = harness.time_calls(lambda: run_steps(args.steps), 1)
   tokens = args.batch * args.target_length
   return {"tokens_per_second": tokens * args.steps / seconds,
           "step_seconds": seconds / args.steps, "tokens_per_step": tokens,
           "page_faults_per_step": faults / args.steps, "loss": loss}
+
+
+def time_searches(search, args):
+  """`args.warmup` untimed calls of `search()` (tracing), then `args.steps` timed ones.
+
+  `search()` decodes the fixed source batch and returns its ids as a NumPy array.
+  Returns (the decode result fields: tokens/s of `args.batch` x `args.decode_length`
+  decoded tokens per search, s/search, page faults/search; the last ids).
+  """
+  for _ in range(args.warmup):
+    search()
+  seconds, ids, faults = harness.time_calls(search, args.steps)
+  decoded = args.batch * args.decode_length
+  return {"tokens_per_second": decoded * args.steps / seconds,
+          "search_seconds": seconds / args.steps, "tokens_per_search": decoded,
+          "page_faults_per_search": faults}, ids

@@ -1,6 +1,6 @@
 """One measurement of OUR side of the Transformer comparison; prints ONE JSON line.
 
-Run by benchmarks/compare_transformer.py as a subprocess (a fresh process per
+Run by benchmarks/text/compare_transformer.py as a subprocess (a fresh process per
 measurement), in the main Python environment (TF 2.21, Keras 3). Modes:
 
   train_step  our `transformer` model (the `transformer_base` shape by default)
@@ -13,22 +13,20 @@ measurement), in the main Python environment (TF 2.21, Keras 3). Modes:
               pre-allocated key/value cache, `tpu_models.text.beam_search`) in
               one tf.function (XLA off, as every side) on the fixed source batch.
 
-    python benchmarks/transformer_ours_worker.py --mode train_step --precision bfloat16
-    python benchmarks/transformer_ours_worker.py --mode decode --layers 1 --vocab 1000
+    python benchmarks/text/ours_worker.py --mode train_step --precision bfloat16
+    python benchmarks/text/ours_worker.py --mode decode --layers 1 --vocab 1000
 """
 
-import json
 import os
 import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(_HERE))
-sys.path.insert(0, _HERE)
+import experiment as shared  # pylint: disable=g-import-not-at-top  (puts benchmarks/ on the path)
+import harness
 
-import transformer_worker_args as shared  # pylint: disable=g-import-not-at-top
+sys.path.insert(0, harness.REPO)  # This tree's tpu_models.
 
 
 def model_params(args) -> dict:
@@ -43,34 +41,23 @@ def model_params(args) -> dict:
 
 def experiment(args) -> dict:
   """The translation experiment measured by train_step (benchmarks/README.md)."""
-  return {
-      "task": {"name": "translation",
-               "model": {"name": "transformer", **model_params(args)},
-               "max_input_length": args.source_length, "max_target_length": args.target_length,
-               "packing": False,  # Every row one pair of full length: all tokens real.
-               "label_smoothing": shared.LABEL_SMOOTHING, "eval_bleu": False,
-               "train_data": {"global_batch_size": args.batch}},
-      "trainer": {"optimizer": {"name": "adamw", "weight_decay": 0.0,
-                                "beta_1": shared.ADAM_BETA_1, "beta_2": shared.ADAM_BETA_2,
-                                "epsilon": shared.ADAM_EPSILON},
-                  "schedule": {"name": "constant", "base_lr": shared.LEARNING_RATE},
-                  "tensorboard": False},
-      "runtime": {"strategy": "cpu", "mixed_precision": args.precision},
-  }
-
-
-def trainable_parameters(model) -> int:
-  return int(sum(int(v.numpy().size) for v in model.trainable_variables))
+  return harness.our_experiment(
+      {"name": "translation",
+       "model": {"name": "transformer", **model_params(args)},
+       "max_input_length": args.source_length, "max_target_length": args.target_length,
+       "packing": False,  # Every row one pair of full length: all tokens real.
+       "label_smoothing": shared.LABEL_SMOOTHING, "eval_bleu": False,
+       "train_data": {"global_batch_size": args.batch}},
+      optimizer={"name": "adamw", "weight_decay": 0.0, "beta_1": shared.ADAM_BETA_1,
+                 "beta_2": shared.ADAM_BETA_2, "epsilon": shared.ADAM_EPSILON},
+      learning_rate=shared.LEARNING_RATE, precision=args.precision)
 
 
 def train_step(args) -> dict:
-  from tpu_models import config as config_lib  # pylint: disable=g-import-not-at-top
-  from tpu_models.training import benchmark  # pylint: disable=g-import-not-at-top
-  config = config_lib.experiment_from_dict(experiment(args))
-  result = benchmark.train_throughput(config, steps=args.steps, warmup=args.warmup, peak=False)
+  _, result = harness.our_train_throughput(experiment(args), args, peak=False)
   # train_throughput does not hand the model out; its parameter count is the builder's.
   from tpu_models.registry import create_model  # pylint: disable=g-import-not-at-top
-  params = trainable_parameters(create_model("transformer", **model_params(args)))
+  params = harness.trainable_parameters(create_model("transformer", **model_params(args)))
   tokens = args.batch * args.target_length  # Real target tokens per step (no padding).
   return {
       "tokens_per_second": result["examples_per_second"] * args.target_length,
@@ -83,7 +70,6 @@ def train_step(args) -> dict:
 
 
 def decode(args) -> dict:
-  import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tpu_models.registry import create_model  # pylint: disable=g-import-not-at-top
   from tpu_models.training import precision  # pylint: disable=g-import-not-at-top
@@ -98,16 +84,11 @@ def decode(args) -> dict:
     return model.translate(inputs, beam_size=args.beam, alpha=args.alpha,
                            max_decode_length=args.decode_length, eos_id=eos)
 
-  for _ in range(args.warmup):
-    search(sources)["ids"].numpy()
-  seconds, out, faults = shared.time_calls(lambda: search(sources)["ids"].numpy(), args.steps)
-  decoded = args.batch * args.decode_length
+  result, out = shared.time_searches(lambda: search(sources)["ids"].numpy(), args)
   if out.shape != (args.batch, args.decode_length) or (out == 0).any():
     raise AssertionError(f"expected {args.batch} x {args.decode_length} decoded ids without "
                          f"EOS/padding, got shape {out.shape}, {(out == 0).sum()} zeros")
-  return {"tokens_per_second": decoded * args.steps / seconds,
-          "search_seconds": seconds / args.steps, "tokens_per_search": decoded,
-          "page_faults_per_search": faults, "params": trainable_parameters(model),
+  return {**result, "params": harness.trainable_parameters(model),
           "policy": model.dtype_policy.name}
 
 
@@ -117,14 +98,9 @@ MODES = {"train_step": train_step, "decode": decode}
 def main(argv=None):
   args = shared.parse_args("One measurement of our Transformer side; prints one JSON line.",
                            argv)
-  import keras  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   start = time.perf_counter()
   result = MODES[args.mode](args)
-  result.update(side="ours", mode=args.mode, precision=args.precision, batch=args.batch,
-                steps=args.steps, warmup=args.warmup, tensorflow=tf.__version__,
-                keras=keras.__version__, process_seconds=time.perf_counter() - start)
-  print(json.dumps(result), flush=True)
+  harness.print_result(result, args, start, side="ours")
 
 
 if __name__ == "__main__":

@@ -9,18 +9,14 @@ GradientTape step with the loss in float32, several steps per tf.function call.
 import keras
 import tensorflow as tf
 
-from worker_args import timed_steps
+import experiment
+import harness
 
 
-def time_sgd_steps(model: keras.Model, batch: int, image_size: int, warmup: int,
-                   steps: int) -> dict:
+def time_sgd_steps(model: keras.Model, batch: int, warmup: int, steps: int) -> dict:
   """Warms up, then times `steps` SGD steps of `model`; images/s, s/step, faults/step, loss."""
   optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
   optimizer.build(model.trainable_variables)
-  image = tf.random.stateless_normal([image_size, image_size, 3], [1, 2])
-  images = tf.tile(image[None], [batch, 1, 1, 1])
-  labels = tf.ones([batch], tf.int32)
-  iterator = iter(tf.data.Dataset.from_tensors((images, labels)).repeat())
 
   def step(batch_):
     x, y = batch_
@@ -32,14 +28,8 @@ def time_sgd_steps(model: keras.Model, batch: int, image_size: int, warmup: int,
     optimizer.apply_gradients(zip(grads, model.trainable_variables))
     return loss
 
-  @tf.function  # Several steps per call, as our Trainer's host loop does.
-  def loop(n):
-    loss = tf.constant(0.0)
-    for _ in tf.range(n):
-      loss = step(next(iterator))
-    return loss
-
-  loop(tf.constant(warmup)).numpy()  # Traces; runs the warm-up steps.
-  result, loss = timed_steps(lambda n: float(loop(tf.constant(n)).numpy()), batch, steps)
+  run = harness.host_loop(step, experiment.synthetic_batch(batch))
+  run(warmup)  # Traces; runs the warm-up steps.
+  result, loss = harness.timed_steps(run, batch, steps)
   result["loss"] = loss
   return result
