@@ -12,7 +12,7 @@ so checkpoints move freely between the two classes.
 ResNet space-to-depth stem uses it.
 
 `PointwiseConv2D` is a 1x1 stride-1 `Conv2D` that runs as one matmul when it
-computes in bfloat16 (faster on CPUs with AMX; benchmarks/pointwise_conv.py).
+computes in bfloat16 (faster on CPUs with AMX; benchmarks/classification/pointwise_conv.py).
 """
 
 import keras
@@ -148,7 +148,7 @@ class PointwiseConv2D(keras.layers.Conv2D):
   [B*H*W, C_in] @ [C_in, C_out], and its gradients are two more matmuls
   instead of Conv2DBackpropInput/Conv2DBackpropFilter. On a CPU with AMX
   (oneDNN) that is faster forward+backward for ResNet-50's 1x1 layers in
-  bfloat16 but slower in float32 (benchmarks/pointwise_conv.py prints both;
+  bfloat16 but slower in float32 (benchmarks/classification/pointwise_conv.py prints both;
   figures in benchmarks/README.md), hence:
 
     as_matmul=None   matmul when the layer computes in bfloat16 (the default)
