@@ -119,7 +119,7 @@ class LabelSet:
   num_classes: output units.
   file: a committed file of the names, one a line (None: not available offline).
   needed: when `file` is None, where a user gets the names (printed, never fetched).
-  convention: index conventions (e.g. a background unit at 0, id gaps).
+  convention: index conventions (e.g. an unused unit at 0, id gaps).
   """
   name: str
   num_classes: int
@@ -140,7 +140,7 @@ class WeightsEntry:
   model: our registered model name; params: its builder kwargs.
   task: the task config (name and keys: image size, normalisation, ...) that
     goes with these weights; written to the model_dir's config.yaml.
-  accuracy: the published figures ({"top1": 76.13} or {"box_ap": 36.4}).
+  accuracy: the published figures, by the family's metric names.
   preprocessing, labels: see `Preprocessing`, `LabelSet`.
   refused: why this checkpoint cannot be imported (None: it can).
   importer_options: passed to the importer's builder.

@@ -7,9 +7,8 @@ Light at import time (the CLI builds its parser before TensorFlow loads):
     tpu-models weights import NAME FILE_OR_DIR --output MODEL_DIR
     tpu-models evaluate MODEL_DIR/config.yaml --model-dir MODEL_DIR --set task.eval_data...
 
-    tpu-models migrate model-garden official/retinanet/coco_retinanet_resnet50.yaml \\
-        --set task.model.num_classes=90 \\
-        --checkpoint /ckpts/retinanet-resnet50fpn/ckpt-33264 --output runs/retinanet_from_mg
+    tpu-models migrate model-garden CONFIG --checkpoint MG_CKPT --output MODEL_DIR \\
+        [--family F] [--option KEY=VALUE]
 """
 
 import argparse
@@ -55,7 +54,7 @@ def _add_overrides(p) -> None:
 
 def _add_options(p) -> None:
   p.add_argument("--option", dest="options", action="append", default=[], metavar="KEY=VALUE",
-                 help="an importer option, e.g. drop_background=false (repeatable)")
+                 help="an option of the family's importer, KEY=VALUE (repeatable)")
 
 
 def run(args) -> int:

@@ -1,8 +1,8 @@
 """Importing weights: into a model, into a new model_dir, and from a catalogue entry.
 
-    report = load_weights(model, "resnet50-0676ba61.safetensors", "torchvision")
-    import_weights("torchvision_resnet50_imagenet1k_v1", "~/Downloads", "runs/r50_tv")
-    model = create_model("resnet50", weights="runs/r50_tv")   # tpu_models.registry
+    report = load_weights(model, "downloads/model.safetensors", "timm")
+    import_weights("CATALOGUE_NAME", "downloads/", "runs/imported")
+    model = create_model("MODEL", weights="runs/imported")   # tpu_models.registry
 
 A model_dir written here is what `tpu-models train` writes at step 0: `ckpt-0`
 (model, optimizer in its initial state, step, and the weights by variable

@@ -3,7 +3,7 @@ r"""Name maps: where each of our variables comes from in a tensor store, and one
     name_map = NameMap({"conv1/kernel": Source(("conv1.weight",), conv_kernel_from_oihw,
                                                "OIHW -> HWIO")})
     name_map.ignore(r"\.num_batches_tracked$", "BN step counter, not a weight")
-    report = assign_name_map(model, name_map, store, source="torchvision resnet50")
+    report = assign_name_map(model, name_map, store, source="torchvision my_model")
 
 `assign_name_map` assigns all or nothing: every variable of the model must be
 found, every tensor of the store must be used or explicitly ignored, and
@@ -154,7 +154,7 @@ def assign_name_map(model, name_map: NameMap, store, *, source: str = "",
     name_map: {our variable path: Source}; `name_map.ignored` names the stored
       tensors deliberately left out.
     store: a `tpu_models.weights.stores.TensorStore`.
-    source: what the file is, for messages (e.g. "torchvision resnet50").
+    source: what the file is, for messages (e.g. "torchvision my_family").
     assign: False checks only (nothing is written to the model).
 
   Returns:

@@ -1,6 +1,6 @@
 """Tensor stores: a weights file (or directory) read as {name: numpy array}.
 
-    store = open_store("resnet50.safetensors")
+    store = open_store("model.safetensors")
     store.names()               # every tensor name in the file
     store.shape("fc.weight")    # (1000, 2048), without reading the values
     store.get("fc.weight")      # np.ndarray
