@@ -184,3 +184,29 @@ def test_cli_lists_entries_and_a_missing_file_prints_where_to_get_it(tmp_path):
   refused = _cli("weights", "import", "keras_hub_resnet_vd_50_imagenet", str(tmp_path),
                  "--output", str(tmp_path / "out"))
   assert refused.returncode == 2 and "ResNet-vd" in refused.stderr
+
+
+# The torch peer's fixtures (benchmarks/torch/write_tiny_fixtures.py, run in its
+# venv): narrow ResNets built, initialised and run by torchvision / timm
+# themselves, with their logits on preprocessed photos.
+TORCH_FIXTURES = os.path.join(REPO, "tests", "fixtures", "torch")
+_TORCH_CLASSIFIERS = {"tv_resnet18_narrow": ("torchvision", 18),
+                      "tv_resnet50_narrow": ("torchvision", 50),
+                      "timm_resnet50_narrow": ("timm", 50)}
+
+
+@pytest.mark.skipif(not os.path.isdir(TORCH_FIXTURES),
+                    reason="tests/fixtures/torch (the torch peer's committed fixtures) not here")
+@pytest.mark.parametrize("name", sorted(_TORCH_CLASSIFIERS))
+def test_logits_equal_the_source_librarys_own_forward_pass(name):
+  source, depth = _TORCH_CLASSIFIERS[name]
+  path = os.path.join(TORCH_FIXTURES, f"{name}.safetensors")
+  reference = np.load(os.path.join(TORCH_FIXTURES, f"{name}_reference.npz"))
+  store = stores.open_store(path)
+  model = _model(depth, width=store.shape("layer1.0.conv1.weight")[0],
+                 stem_width=store.shape("conv1.weight")[0],
+                 num_classes=store.shape("fc.weight")[0])
+  importing.load_weights(model, path, source)
+  logits = model(reference["inputs_nhwc"], training=False).numpy()
+  assert np.abs(reference["logits"]).max() > 0.1
+  assert np.abs(logits - reference["logits"]).max() <= ATOL

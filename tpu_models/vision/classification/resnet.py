@@ -215,6 +215,7 @@ def resnet(*,
            width: int = 64,
            project_first_shortcut: bool = False,
            padding: str = "same",
+           stem_width: Optional[int] = None,
            name: Optional[str] = None) -> keras.Model:
   """Builds a ResNet v1.5 of the given depth.
 
@@ -248,6 +249,8 @@ def resnet(*,
       "same" (TensorFlow, Model Garden) or "symmetric" (PyTorch: k // 2 on
       each side; torchvision, timm and keras-hub weights need it). No
       variable changes. Not with the space_to_depth stem.
+    stem_width: channels of the stem conv; None = `width` (timm's
+      `stem_width` may differ from the stage-2 width).
     name: model name, default f"resnet{depth}".
 
   Returns:
@@ -274,7 +277,7 @@ def resnet(*,
   bn = _BatchNormFactory(bn_momentum, bn_epsilon, fused_bn)
 
   inputs = keras.Input(shape=tuple(input_shape), name="image")
-  x = _stem(inputs, stem, bn, width, padding)
+  x = _stem(inputs, stem, bn, stem_width or width, padding)
   features: Dict[str, keras.KerasTensor] = {}
   stage_widths = [width * w // _STAGE_WIDTHS[0] for w in _STAGE_WIDTHS]
   for stage, (stage_width, num_blocks) in enumerate(zip(stage_widths, blocks_per_stage), 2):
