@@ -148,3 +148,32 @@ def test_converted_model_dir_is_read_by_export_and_warm_start(tmp_path):
   assert FAMILIES["resnet"].compare_outputs(fresh, arrays, params)["max_abs_diff"] <= ATOL
   with pytest.raises(ConfigError, match="already holds checkpoints"):
     importing.write_model_dir(config, output, load, say=lambda _: None)
+
+
+def test_migrate_model_garden_command(tmp_path):
+  import subprocess
+  import sys
+  import yaml
+  from conftest import REPO
+  checkpoint, info, _ = _fixture("resnet")
+  name, params = resnet_mg.model_params(info["model_config"])
+  config = tmp_path / "mg.yaml"
+  config.write_text(yaml.safe_dump({
+      "task": {"name": "classification", "model": {"name": name, **params}, "image_size": 32,
+               "channels": 3, "train_data": {"source": "synthetic", "global_batch_size": 2},
+               "eval_data": {"source": "synthetic", "global_batch_size": 2}},
+      "runtime": {"strategy": "cpu"}}))
+
+  def migrate(output, *extra):
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
+    return subprocess.run([sys.executable, "-m", "tpu_models.cli", "migrate", "model-garden",
+                           str(config), "--checkpoint", os.path.dirname(checkpoint),
+                           "--output", str(output), *extra],
+                          env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+
+  done = migrate(tmp_path / "out")
+  assert done.returncode == 0, done.stderr
+  assert os.path.exists(tmp_path / "out" / "ckpt-0.index")
+  wrong = migrate(tmp_path / "wrong", "--set", "task.model.num_classes=11")
+  assert wrong.returncode == 2
+  assert "expected [64, 11] for our logits/kernel" in wrong.stderr
