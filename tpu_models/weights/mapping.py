@@ -108,7 +108,13 @@ class ImportReport:
   ignored: List[Tuple[str, str]] = dataclasses.field(default_factory=list)
 
   def summary(self) -> str:
-    converted = [f"  {ours} <- {theirs} ({note})" for ours, theirs, note in self.loaded if note]
+    """A few lines: counts per layout conversion (with an example each), what was ignored."""
+    by_note: Dict[str, List[Tuple[str, str]]] = {}
+    for ours, theirs, note in self.loaded:
+      if note:
+        by_note.setdefault(note, []).append((ours, theirs))
+    converted = [f"  {note}: {len(pairs)} variables, e.g. {pairs[0][0]} <- {pairs[0][1]}"
+                 for note, pairs in by_note.items()]
     reasons = sorted({reason for _, reason in self.ignored})
     lines = [f"Loaded {len(self.loaded)} variables of {self.source} from {self.path}; "
              f"converted layouts:"] + (converted or ["  (none)"])
