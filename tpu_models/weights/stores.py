@@ -244,8 +244,10 @@ class TorchStore(TensorStore):
 class KerasPresetStore(TensorStore):
   """A keras-hub preset directory: `config.json` and `model.weights.h5` (read with h5py).
 
-  Names are the h5 dataset paths of the variables, e.g.
-  "layers/conv1_conv/vars/0"; `config` is the parsed config.json.
+  Names are the h5 dataset paths of the variables, e.g. "layers/conv2d_3/vars/0"
+  (Keras names them by class and order, not by layer name); a task preset's
+  `task.weights.h5` (the head) adds its datasets under "task/". `config` is
+  the parsed config.json, `task_config` task.json's (or None).
   """
 
   format = "keras_preset"
@@ -258,24 +260,32 @@ class KerasPresetStore(TensorStore):
                       f"{', '.join(missing)} (expected {' and '.join(_KERAS_PRESET_FILES)}).")
     with open(os.path.join(path, "config.json")) as f:
       self.config = json.load(f)
+    self.task_config = None
+    if os.path.exists(os.path.join(path, "task.json")):
+      with open(os.path.join(path, "task.json")) as f:
+        self.task_config = json.load(f)
     import h5py
-    self._file = os.path.join(path, "model.weights.h5")
-    try:
-      with h5py.File(self._file, "r") as h5:
-        h5.visititems(self._visit)
-    except OSError as e:
-      raise DataError(f"{self._file!r} is not a readable HDF5 file (a truncated download?): "
-                      f"{e}") from None
+    self._files = {"": os.path.join(path, "model.weights.h5")}
+    if os.path.exists(os.path.join(path, "task.weights.h5")):
+      self._files["task/"] = os.path.join(path, "task.weights.h5")
+    for prefix, file_name in self._files.items():
+      try:
+        with h5py.File(file_name, "r") as h5:
+          h5.visititems(lambda name, node, prefix=prefix: self._visit(prefix, name, node))
+      except OSError as e:
+        raise DataError(f"{file_name!r} is not a readable HDF5 file (a truncated download?): "
+                        f"{e}") from None
 
-  def _visit(self, name: str, node) -> None:
+  def _visit(self, prefix: str, name: str, node) -> None:
     import h5py
     if isinstance(node, h5py.Dataset):
-      self._shapes[name] = tuple(node.shape)
+      self._shapes[prefix + name] = tuple(node.shape)
 
   def _read(self, name: str) -> np.ndarray:
     import h5py
-    with h5py.File(self._file, "r") as h5:
-      return np.asarray(h5[name])
+    prefix = "task/" if name.startswith("task/") and "task/" in self._files else ""
+    with h5py.File(self._files[prefix], "r") as h5:
+      return np.asarray(h5[name[len(prefix):]])
 
 
 def detect_format(path: str) -> str:

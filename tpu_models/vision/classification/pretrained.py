@@ -9,6 +9,7 @@ prints where to get each file.
 
 from typing import Any, Dict
 
+from tpu_models.vision.classification import keras_hub  # noqa: F401 (registers its importer)
 from tpu_models.vision.classification import model_garden  # noqa: F401 (registers its importer)
 from tpu_models.vision.classification import torchvision  # noqa: F401 (registers its importers)
 from tpu_models.weights.catalogue import LabelSet, Preprocessing, WeightsEntry, register_weights
@@ -96,15 +97,14 @@ _KERAS_HUB_PRE = Preprocessing(crop=224, resize=None, interpolation="bilinear",
 register_weights(WeightsEntry(
     name="keras_hub_resnet_50_imagenet", family="resnet", source_format="keras_hub",
     download="kaggle://keras/resnetv1/keras/resnet_50_imagenet/3 (keras-hub preset "
-             "resnet_50_imagenet)",
+             "resnet_50_imagenet; a directory)",
     files=("config.json", "model.weights.h5"), model="resnet50",
     params=dict(_TORCH_RESNET), task=classification_task(_KERAS_HUB_PRE),
     preprocessing=_KERAS_HUB_PRE, labels=IMAGENET_1K,
-    refused="no keras_hub importer yet: the preset's h5 variable names are not verified "
-            "against a real file here. Its architecture is ours (keras-hub converted timm's "
-            "resnet50.a1_in1k: ResNet v1.5, stride on the 3x3, PyTorch padding, BN epsilon "
-            "1e-5), so the timm entry's file gives the same weights: timm_resnet50.a1_in1k.",
-    notes="keras-hub's ResNetBackbone block_type 'bottleneck_block' = v1.5."))
+    notes="keras-hub converted timm's resnet50.a1_in1k (its convert_resnet_checkpoints.py): "
+          "block_type bottleneck_block = ResNet v1.5, PyTorch padding, BN epsilon 1e-5. The "
+          "classifier comes from the preset's task.weights.h5 (an image-classifier preset); "
+          "keras-hub's ImageConverter resizes the whole image to 224 (no crop)."))
 register_weights(WeightsEntry(
     name="keras_hub_resnet_vd_50_imagenet", family="resnet", source_format="keras_hub",
     download="kaggle://keras/resnet_vd/keras/resnet_vd_50_imagenet (keras-hub preset)",

@@ -216,6 +216,7 @@ def resnet(*,
            project_first_shortcut: bool = False,
            padding: str = "same",
            stem_width: Optional[int] = None,
+           stage_widths: Optional[List[int]] = None,
            name: Optional[str] = None) -> keras.Model:
   """Builds a ResNet v1.5 of the given depth.
 
@@ -251,6 +252,8 @@ def resnet(*,
       variable changes. Not with the space_to_depth stem.
     stem_width: channels of the stem conv; None = `width` (timm's
       `stem_width` may differ from the stage-2 width).
+    stage_widths: the four stage widths (bottleneck inner widths); None =
+      width, 2 width, 4 width, 8 width (timm's `channels`).
     name: model name, default f"resnet{depth}".
 
   Returns:
@@ -279,7 +282,10 @@ def resnet(*,
   inputs = keras.Input(shape=tuple(input_shape), name="image")
   x = _stem(inputs, stem, bn, stem_width or width, padding)
   features: Dict[str, keras.KerasTensor] = {}
-  stage_widths = [width * w // _STAGE_WIDTHS[0] for w in _STAGE_WIDTHS]
+  if stage_widths is None:
+    stage_widths = [width * w // _STAGE_WIDTHS[0] for w in _STAGE_WIDTHS]
+  elif len(stage_widths) != len(_STAGE_WIDTHS):
+    raise ConfigError(f"stage_widths needs {len(_STAGE_WIDTHS)} values, got {stage_widths}.")
   for stage, (stage_width, num_blocks) in enumerate(zip(stage_widths, blocks_per_stage), 2):
     for block in range(1, num_blocks + 1):
       strides = 2 if block == 1 and stage > 2 else 1
