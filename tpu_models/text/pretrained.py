@@ -8,7 +8,7 @@ register_weights(WeightsEntry(
     download="Model Garden official/nlp (translation task, wmt_transformer/large experiment "
              "family): a Seq2SeqTransformer TF2 checkpoint directory and its SentencePiece "
              "model; see docs/migrating_from_model_garden.md",
-    files=("checkpoint",), model="transformer_base",
+    files=("a TF2 checkpoint directory: checkpoint + ckpt-N.index + ckpt-N.data-*",), model="transformer_base",
     params={"pre_layer_norm": True, "share_embeddings": True},
     task={"name": "translation"},
     labels=LabelSet("sentencepiece vocabulary", 0,

@@ -104,8 +104,7 @@ def locate(entry: catalogue.WeightsEntry, path: str) -> str:
       candidate = os.path.join(path, name)
       if os.path.exists(candidate):
         return candidate
-    if entry.source_format == "keras_hub" or any(
-        os.path.exists(os.path.join(path, f)) for f in ("config.json", "checkpoint")):
+    if any(os.path.exists(os.path.join(path, f)) for f in ("config.json", "checkpoint")):
       return path  # A preset or checkpoint directory is the weights itself.
   elif os.path.exists(path) or os.path.exists(path + ".index"):
     return path

@@ -98,7 +98,7 @@ register_weights(WeightsEntry(
     name="keras_hub_resnet_50_imagenet", family="resnet", source_format="keras_hub",
     download="kaggle://keras/resnetv1/keras/resnet_50_imagenet/3 (keras-hub preset "
              "resnet_50_imagenet; a directory)",
-    files=("config.json", "model.weights.h5"), model="resnet50",
+    files=("a preset directory: config.json + model.weights.h5",), model="resnet50",
     params=dict(_TORCH_RESNET), task=classification_task(_KERAS_HUB_PRE),
     preprocessing=_KERAS_HUB_PRE, labels=IMAGENET_1K,
     notes="keras-hub converted timm's resnet50.a1_in1k (its convert_resnet_checkpoints.py): "
@@ -108,7 +108,7 @@ register_weights(WeightsEntry(
 register_weights(WeightsEntry(
     name="keras_hub_resnet_vd_50_imagenet", family="resnet", source_format="keras_hub",
     download="kaggle://keras/resnet_vd/keras/resnet_vd_50_imagenet (keras-hub preset)",
-    files=("config.json", "model.weights.h5"), model="resnet50",
+    files=("a preset directory: config.json + model.weights.h5",), model="resnet50",
     refused="ResNet-vd (block_type 'bottleneck_block_vd': a 3-conv deep stem and an "
             "average-pool-then-1x1 shortcut) is not an architecture tpu_models implements; "
             "its weights have no place in our ResNet v1.5."))
@@ -119,7 +119,7 @@ register_weights(WeightsEntry(
     name="model_garden_resnet50_imagenet", family="resnet", source_format="model_garden",
     download="Model Garden official/vision/MODEL_GARDEN.md, ImageNet baselines: ResNet-50 "
              "224x224 90 epochs, its 'ckpt' link (a TF2 checkpoint directory)",
-    files=("checkpoint",), model="resnet50",
+    files=("a TF2 checkpoint directory: checkpoint + ckpt-N.index + ckpt-N.data-*",), model="resnet50",
     params={"num_classes": 1001, "bn_epsilon": 1e-5, "bn_momentum": 0.9,
             "input_shape": [224, 224, 3]},
     task=classification_task(_MG_PRE), accuracy={"top1": 76.1, "top5": 92.9},

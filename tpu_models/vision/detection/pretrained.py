@@ -65,7 +65,7 @@ register_weights(WeightsEntry(
     name="keras_hub_retinanet_resnet50_fpn_coco", family="retinanet", source_format="keras_hub",
     download="kaggle://keras/retinanet/keras/retinanet_resnet50_fpn_coco/4 (keras-hub preset "
              "retinanet_resnet50_fpn_coco)",
-    files=("config.json", "model.weights.h5"), model="retinanet_resnet50_fpn",
+    files=("a preset directory: config.json + model.weights.h5",), model="retinanet_resnet50_fpn",
     params={"num_classes": 91}, preprocessing=Preprocessing(
         crop=800, resize=None, interpolation="bilinear", mean=_IMAGENET_MEAN, std=_IMAGENET_STD),
     labels=COCO_91_TORCHVISION,
@@ -82,7 +82,7 @@ register_weights(WeightsEntry(
     source_format="model_garden",
     download="Model Garden official/vision/MODEL_GARDEN.md, COCO object detection: RetinaNet "
              "ResNet-50 FPN 640x640, its 'ckpt' link (a TF2 checkpoint directory)",
-    files=("checkpoint",), model="retinanet_resnet50_fpn",
+    files=("a TF2 checkpoint directory: checkpoint + ckpt-N.index + ckpt-N.data-*",), model="retinanet_resnet50_fpn",
     params={"num_classes": 90, "image_size": 640, "bn_epsilon": 1e-3, "bn_momentum": 0.99},
     task={"name": "detection", "image_size": 640,
           "mean": [round(m * 255, 6) for m in _IMAGENET_MEAN],
