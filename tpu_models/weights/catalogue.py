@@ -3,7 +3,7 @@
     @register_importer("torchvision", "my_family", models=("my_model*",))
     def my_name_map(model, store, **options) -> NameMap: ...
 
-    register_weights(WeightsEntry(name="my_model_imagenet", family="my_family",
+    register_weights(WeightsEntry(name="my_model_pretrained", family="my_family",
                                   source_format="torchvision", ...))
 
 An importer turns a model of ours and an opened tensor store into a `NameMap`
@@ -115,7 +115,7 @@ class Preprocessing:
 class LabelSet:
   """The labels the output units stand for.
 
-  name: e.g. "imagenet-1k".
+  name: the label set's name (a dataset's class list).
   num_classes: output units.
   file: a committed file of the names, one a line (None: not available offline).
   needed: when `file` is None, where a user gets the names (printed, never fetched).
