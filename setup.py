@@ -14,6 +14,9 @@ with open(os.path.join(HERE, "README.md")) as f:
 EXTRAS = {
     "coco": ["pycocotools>=2.0.7"],
     "text": ["sentencepiece>=0.2", "sacrebleu>=2.4"],
+    # `tpu-models weights import` of .safetensors files (PyTorch state dicts without torch)
+    # and keras-hub presets (h5py comes with TensorFlow).
+    "weights": ["safetensors>=0.4"],
     "dev": ["pytest>=8", "pytest-timeout>=2.3", "scikit-image>=0.22"],
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})

@@ -1,4 +1,5 @@
-"""`tpu-models`: list, train, evaluate, export, predict, check, benchmark, convert, migrate.
+"""`tpu-models`: list, train, evaluate, export, predict, check, benchmark, convert, migrate,
+weights.
 
     tpu-models train official/resnet/fashion_mnist_resnet.yaml --model-dir runs/fm
     tpu-models train CONFIG --set trainer.train_steps=100 --set runtime.mixed_precision=bfloat16
@@ -6,6 +7,7 @@
     tpu-models check CONFIG          # TPU-readiness on the CPU; exit 1 when not ready
     tpu-models predict CONFIG --model-dir runs/det a.jpg b.png --output-dir pictures
     tpu-models migrate model-garden CONFIG --checkpoint MG_CKPT --output runs/from_mg
+    tpu-models weights list; tpu-models weights import NAME FILE_OR_DIR --output MODEL_DIR
 """
 
 import argparse
@@ -109,8 +111,8 @@ def _parser() -> argparse.ArgumentParser:
                  help="last N training images written as validation-* (0: none)")
   _add_detection_convert_parsers(conv)
 
-  from tpu_models.migration import cli as migration_cli  # argparse only; light.
-  migration_cli.add_parser(sub)
+  from tpu_models.weights import cli as weights_cli  # argparse only; light.
+  weights_cli.add_parser(sub)
 
   p = sub.add_parser("vocab", help="train a SentencePiece vocabulary (pad 0, EOS 1, UNK 2) on "
                                    "the training split of a text source")
@@ -465,15 +467,15 @@ def _vocab(args) -> int:
   return 0
 
 
-def _migrate(args) -> int:
-  from tpu_models.migration import cli as migration_cli
-  return migration_cli.run(args)
+def _weights(args) -> int:
+  from tpu_models.weights import cli as weights_cli
+  return weights_cli.run(args)
 
 
 _COMMANDS = {"list": _list, "config": _config, "train": _train, "evaluate": _evaluate,
              "export": _export, "check": _check, "benchmark": _benchmark, "convert": _convert,
              "vocab": _vocab, "sample": _sample, "predict": _predict,
-             "migrate": _migrate}
+             "migrate": _weights, "weights": _weights}
 
 
 if __name__ == "__main__":

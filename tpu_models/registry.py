@@ -117,9 +117,17 @@ register_task = TASKS.register
 register_dataset = DATASETS.register
 
 
-def create_model(name: str, **kwargs) -> Any:
-  """Builds the registered model `name` with keyword arguments `kwargs`."""
-  return MODELS.get(name)(**kwargs)
+def create_model(name: str, weights: Optional[str] = None, **kwargs) -> Any:
+  """Builds the registered model `name` with keyword arguments `kwargs`.
+
+  weights: a model_dir (e.g. written by `tpu-models weights import`) whose
+    latest checkpoint holds every variable of this model; loaded by path.
+  """
+  model = MODELS.get(name)(**kwargs)
+  if weights is not None:
+    from tpu_models.weights import importing  # Imports TensorFlow: only when asked.
+    importing.load_model_dir_weights(model, weights)
+  return model
 
 
 def list_models(pattern: Optional[str] = None) -> List[str]:

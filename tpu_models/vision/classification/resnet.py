@@ -48,6 +48,10 @@ _ARCHITECTURES = {
 _STAGE_WIDTHS = [64, 128, 256, 512]  # Bottleneck blocks output 4x these.
 _BOTTLENECK_EXPANSION = 4
 STEMS = ("imagenet", "small", "space_to_depth")
+# "same": TensorFlow's (a strided conv on an even size pads more after than
+# before); "symmetric": PyTorch's k // 2 on every side (torchvision, timm,
+# keras-hub weights expect it).
+PADDINGS = ("same", "symmetric")
 
 
 # ----------------------------------------------------------------------------
@@ -55,10 +59,20 @@ STEMS = ("imagenet", "small", "space_to_depth")
 
 
 def _conv(filters: int, kernel_size: int, strides: int, name: str,
-          pointwise_matmul: Optional[bool] = False) -> keras.layers.Conv2D:
+          pointwise_matmul: Optional[bool] = False, padding: str = "same"):
+  """The conv layer (a callable on NHWC tensors); "symmetric" pads strided convs k // 2."""
+  if padding == "symmetric" and strides > 1 and kernel_size > 1:
+    pad = keras.layers.ZeroPadding2D(kernel_size // 2, name=f"{name}_pad")
+    conv = _conv_layer(filters, kernel_size, strides, name, False, "valid")
+    return lambda x: conv(pad(x))
+  return _conv_layer(filters, kernel_size, strides, name, pointwise_matmul, "same")
+
+
+def _conv_layer(filters: int, kernel_size: int, strides: int, name: str,
+                pointwise_matmul: Optional[bool], padding: str) -> keras.layers.Conv2D:
   # He init over fan_out (untruncated normal), as in the ResNet paper; no bias
   # since a BN follows every convolution.
-  kwargs = dict(strides=strides, padding="same", use_bias=False, name=name,
+  kwargs = dict(strides=strides, padding=padding, use_bias=False, name=name,
                 kernel_initializer=keras.initializers.VarianceScaling(
                     scale=2.0, mode="fan_out", distribution="untruncated_normal"))
   if kernel_size == 1 and strides == 1 and pointwise_matmul is not False:
@@ -94,10 +108,10 @@ def _shortcut(x, filters: int, strides: int, bn: _BatchNormFactory, prefix: str,
 
 def _basic_block(x, width: int, strides: int, bn: _BatchNormFactory,
                  zero_init_last_bn: bool, prefix: str, pointwise_matmul: Optional[bool],
-                 project_shortcut: bool = False):
+                 project_shortcut: bool = False, padding: str = "same"):
   """3x3 conv (stride here) -> 3x3 conv, plus the shortcut. Outputs `width` channels."""
   shortcut = _shortcut(x, width, strides, bn, prefix, pointwise_matmul, project_shortcut)
-  x = _conv(width, 3, strides, f"{prefix}_conv1")(x)
+  x = _conv(width, 3, strides, f"{prefix}_conv1", padding=padding)(x)
   x = bn(f"{prefix}_bn1")(x)
   x = keras.layers.ReLU(name=f"{prefix}_relu1")(x)
   x = _conv(width, 3, 1, f"{prefix}_conv2")(x)
@@ -109,14 +123,14 @@ def _basic_block(x, width: int, strides: int, bn: _BatchNormFactory,
 
 def _bottleneck_block(x, width: int, strides: int, bn: _BatchNormFactory,
                       zero_init_last_bn: bool, prefix: str, pointwise_matmul: Optional[bool],
-                      project_shortcut: bool = False):
+                      project_shortcut: bool = False, padding: str = "same"):
   """1x1 -> 3x3 (stride here: v1.5) -> 1x1 conv, plus the shortcut. Outputs 4 * width."""
   filters = width * _BOTTLENECK_EXPANSION
   shortcut = _shortcut(x, filters, strides, bn, prefix, pointwise_matmul, project_shortcut)
   x = _conv(width, 1, 1, f"{prefix}_conv1", pointwise_matmul)(x)
   x = bn(f"{prefix}_bn1")(x)
   x = keras.layers.ReLU(name=f"{prefix}_relu1")(x)
-  x = _conv(width, 3, strides, f"{prefix}_conv2")(x)
+  x = _conv(width, 3, strides, f"{prefix}_conv2", padding=padding)(x)
   x = bn(f"{prefix}_bn2")(x)
   x = keras.layers.ReLU(name=f"{prefix}_relu2")(x)
   x = _conv(filters, 1, 1, f"{prefix}_conv3", pointwise_matmul)(x)
@@ -129,10 +143,10 @@ def _bottleneck_block(x, width: int, strides: int, bn: _BatchNormFactory,
 # Stems.
 
 
-def _stem(x, stem: str, bn: _BatchNormFactory, filters: int = 64):
+def _stem(x, stem: str, bn: _BatchNormFactory, filters: int = 64, padding: str = "same"):
   """The layers before stage 2: stride 4 for imagenet/space_to_depth, 1 for small."""
   if stem == "imagenet":
-    x = _conv(filters, 7, 2, "conv1")(x)
+    x = _conv(filters, 7, 2, "conv1", padding=padding)(x)
   elif stem == "space_to_depth":
     x = SpaceToDepth(2, name="space_to_depth")(x)
     # With "same" padding on even sizes the 7x7/2 conv pads (2, 3) and this
@@ -144,7 +158,11 @@ def _stem(x, stem: str, bn: _BatchNormFactory, filters: int = 64):
     raise ConfigError(f"Unknown ResNet stem {stem!r}; expected one of {', '.join(STEMS)}.")
   x = bn("bn1")(x)
   x = keras.layers.ReLU(name="relu1")(x)
-  if stem != "small":
+  if stem != "small" and padding == "symmetric":
+    # After the ReLU every value is >= 0, so zero padding is PyTorch's -inf padding.
+    x = keras.layers.ZeroPadding2D(1, name="pool1_pad")(x)
+    x = keras.layers.MaxPooling2D(3, strides=2, padding="valid", name="pool1")(x)
+  elif stem != "small":
     x = keras.layers.MaxPooling2D(3, strides=2, padding="same", name="pool1")(x)
   return x
 
@@ -196,6 +214,9 @@ def resnet(*,
            dropout_rate: float = 0.0,
            width: int = 64,
            project_first_shortcut: bool = False,
+           padding: str = "same",
+           stem_width: Optional[int] = None,
+           stage_widths: Optional[List[int]] = None,
            name: Optional[str] = None) -> keras.Model:
   """Builds a ResNet v1.5 of the given depth.
 
@@ -223,8 +244,16 @@ def resnet(*,
     project_first_shortcut: give the first block of EVERY stage a 1x1
       projection shortcut, also where the identity would fit (stage 2 of
       ResNet-18/34), as Model Garden's ResNet does; needed to load its
-      ResNet-18/34 checkpoints (tpu_models.migration). Bottleneck ResNets
+      ResNet-18/34 checkpoints (model_garden.py). Bottleneck ResNets
       project there anyway, so it changes nothing for depth >= 50.
+    padding: where the strided 7x7, 3x3 convs and the stem max pool pad:
+      "same" (TensorFlow, Model Garden) or "symmetric" (PyTorch: k // 2 on
+      each side; torchvision, timm and keras-hub weights need it). No
+      variable changes. Not with the space_to_depth stem.
+    stem_width: channels of the stem conv; None = `width` (timm's
+      `stem_width` may differ from the stage-2 width).
+    stage_widths: the four stage widths (bottleneck inner widths); None =
+      width, 2 width, 4 width, 8 width (timm's `channels`).
     name: model name, default f"resnet{depth}".
 
   Returns:
@@ -237,6 +266,11 @@ def resnet(*,
                      f"{', '.join(map(str, sorted(_ARCHITECTURES)))}.")
   if stem not in STEMS:
     raise ConfigError(f"Unknown ResNet stem {stem!r}; expected one of {', '.join(STEMS)}.")
+  if padding not in PADDINGS:
+    raise ConfigError(f"Unknown ResNet padding {padding!r}; expected one of {', '.join(PADDINGS)}.")
+  if padding == "symmetric" and stem == "space_to_depth":
+    raise ConfigError("padding 'symmetric' has no space_to_depth stem (that stem computes the "
+                      "'same'-padded 7x7/2 conv); use stem 'imagenet'.")
   if input_shape is None:
     input_shape = [None, None, 3]
   if len(input_shape) != 3:
@@ -246,15 +280,18 @@ def resnet(*,
   bn = _BatchNormFactory(bn_momentum, bn_epsilon, fused_bn)
 
   inputs = keras.Input(shape=tuple(input_shape), name="image")
-  x = _stem(inputs, stem, bn, width)
+  x = _stem(inputs, stem, bn, stem_width or width, padding)
   features: Dict[str, keras.KerasTensor] = {}
-  stage_widths = [width * w // _STAGE_WIDTHS[0] for w in _STAGE_WIDTHS]
+  if stage_widths is None:
+    stage_widths = [width * w // _STAGE_WIDTHS[0] for w in _STAGE_WIDTHS]
+  elif len(stage_widths) != len(_STAGE_WIDTHS):
+    raise ConfigError(f"stage_widths needs {len(_STAGE_WIDTHS)} values, got {stage_widths}.")
   for stage, (stage_width, num_blocks) in enumerate(zip(stage_widths, blocks_per_stage), 2):
     for block in range(1, num_blocks + 1):
       strides = 2 if block == 1 and stage > 2 else 1
       x = block_fn(x, stage_width, strides, bn, zero_init_last_bn,
                    prefix=f"stage{stage}_block{block}", pointwise_matmul=pointwise_matmul,
-                   project_shortcut=project_first_shortcut and block == 1)
+                   project_shortcut=project_first_shortcut and block == 1, padding=padding)
     features[f"C{stage}"] = x
 
   name = name or f"resnet{depth}"

@@ -13,12 +13,16 @@ import numpy as np
 import pytest
 
 from tpu_models.errors import ConfigError
-from tpu_models.migration import model_garden
-from tpu_models.migration import parity
 from tpu_models.registry import create_model
+from tpu_models.text import model_garden as transformer_mg
+from tpu_models.vision.classification import model_garden as resnet_mg
+from tpu_models.vision.detection import model_garden as retinanet_mg
+from tpu_models.weights import importing
+from tpu_models.weights.mapping import WeightsMismatchError
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "model_garden")
 ATOL = 1e-4
+FAMILIES = {"resnet": resnet_mg, "retinanet": retinanet_mg, "transformer": transformer_mg}
 
 
 def _fixture(family):
@@ -31,10 +35,10 @@ def _fixture(family):
 
 def _load(family, **overrides):
   checkpoint, info, arrays = _fixture(family)
-  name, params = parity.model_params_from_model_garden(family, info["model_config"])
+  name, params = FAMILIES[family].model_params(info["model_config"])
   params.update(overrides)
   model = create_model(name, **params)
-  report = model_garden.load_model_garden_checkpoint(model, checkpoint, family)
+  report = importing.load_weights(model, checkpoint, "model_garden", model_name=name)
   return model, params, arrays, report
 
 
@@ -42,7 +46,7 @@ def test_resnet_classifier_logits_match():
   model, params, arrays, report = _load("resnet")
   assert params["depth"] == 18 and params["project_first_shortcut"]
   assert len(report.loaded) == len(model.variables)
-  result = parity.compare_outputs("resnet", model, arrays, params)
+  result = FAMILIES["resnet"].compare_outputs(model, arrays, params)
   assert result["max_abs"] > 0.1  # Real logits, not zeros.
   assert result["max_abs_diff"] <= ATOL, result
 
@@ -52,55 +56,67 @@ def test_retinanet_outputs_anchors_and_detections_match():
   assert params["num_classes"] == 4  # Model Garden's 5 include background 0.
   notes = {ours: note for ours, _, note in report.loaded}
   assert "background" in notes["head/class_logits/kernel"]
-  result = parity.compare_outputs("retinanet", model, arrays, params)
+  result = FAMILIES["retinanet"].compare_outputs(model, arrays, params)
   for level in range(3, 8):
     assert result[f"max_abs_diff_class_l{level}"] <= ATOL, result
     assert result[f"max_abs_diff_box_l{level}"] <= ATOL, result
   assert result["max_abs_diff_anchors"] <= 1e-3, result
   assert min(result["num_detections"]) > 10  # NMS has real work to do.
-  assert result["detections_equal"], result
+  # Raw outputs agree to ~1e-6, but tiny random detectors have near-tied
+  # overlapping boxes whose NMS winner flips with the last bits of the CPU's
+  # arithmetic: every detection must have its equal on the other side, except
+  # where a near-tie (scores within 1e-4, same class) explains the swap.
+  assert result["detections_unexplained"] == 0, result
+  for matched, total in zip(result["detections_matched"], result["detections_total"]):
+    assert matched >= 0.9 * total, result
 
 
 def test_transformer_logits_and_beam_search_match():
   model, params, arrays, report = _load("transformer")
   fused = [ours for ours, _, note in report.loaded if "fused" in note]
   assert len(fused) == 2 + 2 * 2  # qkv per self-attention, key_value per cross-attention.
-  result = parity.compare_outputs("transformer", model, arrays, params)
+  result = FAMILIES["transformer"].compare_outputs(model, arrays, params)
   assert result["max_abs_diff"] <= ATOL, result
   assert result["beam_ids_equal"], result
   assert result["max_abs_diff_beam_scores"] <= ATOL, result
 
 
 def test_wrong_num_classes_is_a_clear_error():
-  with pytest.raises(model_garden.ModelGardenMismatchError) as error:
+  with pytest.raises(WeightsMismatchError) as error:
     _load("resnet", num_classes=11)
   message = str(error.value)
-  assert "logits/kernel: ours [64, 11], Model Garden" in message
-  assert "[64, 10]" in message and "num_classes" in message
+  headline = message.split("\n")[0]
+  assert "model/layer_with_weights-1/kernel has shape [64, 10]; expected [64, 11] for our " \
+         "logits/kernel" in headline
+  assert "logits/kernel: ours [64, 11], model/layer_with_weights-1/kernel [64, 10]" in message
+  assert "num_classes" in message
+  assert error.value.report.mismatched and not error.value.report.missing
 
 
 def test_missing_and_unused_variables_are_named():
   # Without the first-stage projection Model Garden's ResNet-18 has 5 variables we lack.
-  with pytest.raises(model_garden.ModelGardenMismatchError) as error:
+  with pytest.raises(WeightsMismatchError) as error:
     _load("resnet", project_first_shortcut=False)
   message = str(error.value)
-  assert "5 checkpoint variables this model has no place for" in message
+  assert "5 stored tensors this model has no place for" in message
   assert "layer_with_weights-2/_shortcut/kernel" in message
   assert "project_first_shortcut: true" in message
   # A deeper model than the checkpoint: our extra layer is named.
-  with pytest.raises(model_garden.ModelGardenMismatchError) as error:
+  with pytest.raises(WeightsMismatchError) as error:
     _load("transformer", num_encoder_layers=3)
   message = str(error.value)
-  assert "our variables not in the checkpoint" in message
-  assert "transformer/encoder_layer_2/self_attention/qkv_kernel" in message
+  assert "our variables not in the file" in message
+  assert ("model/encoder_layer/encoder_layers/2/_attention_layer/_query_dense/kernel is not in "
+          "the file (expected for our transformer/encoder_layer_2/self_attention/qkv_kernel"
+          in message.split("\n")[0])
 
 
 def test_unknown_family_and_unreadable_checkpoint(tmp_path):
   model = create_model("resnet18", num_classes=10, input_shape=[32, 32, 3], width=8)
-  with pytest.raises(ConfigError, match="Unknown Model Garden family 'vit'"):
-    model_garden.load_model_garden_checkpoint(model, _fixture("resnet")[0], "vit")
+  with pytest.raises(ConfigError, match="No model_garden importer for family 'vit'"):
+    importing.load_weights(model, _fixture("resnet")[0], "model_garden", family="vit")
   with pytest.raises(FileNotFoundError, match="No checkpoint in directory"):
-    model_garden.load_model_garden_checkpoint(model, str(tmp_path), "resnet")
+    importing.load_weights(model, str(tmp_path), "model_garden")
 
 
 def test_converted_model_dir_is_read_by_export_and_warm_start(tmp_path):
@@ -108,7 +124,7 @@ def test_converted_model_dir_is_read_by_export_and_warm_start(tmp_path):
   from tpu_models import export
   from tpu_models.training import checkpoints
   checkpoint, info, arrays = _fixture("resnet")
-  name, params = parity.model_params_from_model_garden("resnet", info["model_config"])
+  name, params = resnet_mg.model_params(info["model_config"])
   config = config_lib.experiment_from_dict({
       "task": {"name": "classification", "model": {"name": name, **params},
                "image_size": 32, "channels": 3,
@@ -117,18 +133,47 @@ def test_converted_model_dir_is_read_by_export_and_warm_start(tmp_path):
       "trainer": {"train_steps": 1, "steps_per_loop": 1},
       "runtime": {"strategy": "cpu"}})
   output = str(tmp_path / "converted")
-  path = model_garden.convert_model_garden_checkpoint(config, checkpoint, output,
-                                                      say=lambda _: None)
+  load = lambda model: importing.load_weights(model, checkpoint, "model_garden", model_name=name)
+  path = importing.write_model_dir(config, output, load, say=lambda _: None)
   assert os.path.basename(path) == "ckpt-0"
   assert os.path.exists(os.path.join(output, "config.yaml"))
-  assert os.path.exists(os.path.join(output, "model_garden_migration.json"))
+  assert os.path.exists(os.path.join(output, importing.REPORT_FILE))
   # `tpu-models export/evaluate` load the model_dir as it is.
   _, model = export.load_model(config, output)
-  assert parity.compare_outputs("resnet", model, arrays, params)["max_abs_diff"] <= ATOL
+  assert FAMILIES["resnet"].compare_outputs(model, arrays, params)["max_abs_diff"] <= ATOL
   # trainer.init_checkpoint warm-starts from it by variable path.
   fresh = create_model(name, **params)
   report = checkpoints.warm_start(fresh, output, say=lambda _: None)
   assert not report["missing"] and not report["shape_mismatch"]
-  assert parity.compare_outputs("resnet", fresh, arrays, params)["max_abs_diff"] <= ATOL
+  assert FAMILIES["resnet"].compare_outputs(fresh, arrays, params)["max_abs_diff"] <= ATOL
   with pytest.raises(ConfigError, match="already holds checkpoints"):
-    model_garden.convert_model_garden_checkpoint(config, checkpoint, output, say=lambda _: None)
+    importing.write_model_dir(config, output, load, say=lambda _: None)
+
+
+def test_migrate_model_garden_command(tmp_path):
+  import subprocess
+  import sys
+  import yaml
+  from conftest import REPO
+  checkpoint, info, _ = _fixture("resnet")
+  name, params = resnet_mg.model_params(info["model_config"])
+  config = tmp_path / "mg.yaml"
+  config.write_text(yaml.safe_dump({
+      "task": {"name": "classification", "model": {"name": name, **params}, "image_size": 32,
+               "channels": 3, "train_data": {"source": "synthetic", "global_batch_size": 2},
+               "eval_data": {"source": "synthetic", "global_batch_size": 2}},
+      "runtime": {"strategy": "cpu"}}))
+
+  def migrate(output, *extra):
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
+    return subprocess.run([sys.executable, "-m", "tpu_models.cli", "migrate", "model-garden",
+                           str(config), "--checkpoint", os.path.dirname(checkpoint),
+                           "--output", str(output), *extra],
+                          env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+
+  done = migrate(tmp_path / "out")
+  assert done.returncode == 0, done.stderr
+  assert os.path.exists(tmp_path / "out" / "ckpt-0.index")
+  wrong = migrate(tmp_path / "wrong", "--set", "task.model.num_classes=11")
+  assert wrong.returncode == 2
+  assert "expected [64, 11] for our logits/kernel" in wrong.stderr

@@ -1,0 +1,94 @@
+"""The detection family's importers and catalogue of public COCO RetinaNet weights.
+
+Facts from torchvision's `RetinaNet_ResNet50_FPN*_Weights`, keras-hub's
+RetinaNet presets (converted from torchvision's) and Model Garden's
+MODEL_GARDEN.md; nothing is downloaded.
+"""
+
+from tpu_models.vision.detection import model_garden  # noqa: F401 (registers its importer)
+from tpu_models.weights.catalogue import LabelSet, Preprocessing, WeightsEntry, register_weights
+
+_IMAGENET_MEAN = (0.485, 0.456, 0.406)
+_IMAGENET_STD = (0.229, 0.224, 0.225)
+_COCO_NAMES_NEEDED = ("the COCO 2017 category names and ids: the 'categories' of any "
+                      "instances_*.json annotation file (what `tpu-models convert coco` reads); "
+                      "no copy is committed here")
+COCO_91_TORCHVISION = LabelSet(
+    "coco-2017 (91 columns)", 91, needed=_COCO_NAMES_NEEDED,
+    convention="column = COCO category id (1..90, with ids 12, 26, 29, 30, 45, 66, 68, 69, 71, "
+               "83 unused); column 0 '__background__' is an ordinary, never-trained sigmoid "
+               "column, not a softmax background")
+COCO_90_FROM_MODEL_GARDEN = LabelSet(
+    "coco-2017 (90 classes)", 90, needed=_COCO_NAMES_NEEDED,
+    convention="our class c = COCO category id c + 1: Model Garden's 91 outputs have "
+               "background at 0, which the importer drops (--option drop_background=false keeps "
+               "it: then num_classes 91 and class = category id)")
+_TORCHVISION_PRE = Preprocessing(
+    crop=800, resize=None, interpolation="bilinear", mean=_IMAGENET_MEAN, std=_IMAGENET_STD)
+# What our RetinaNet cannot express yet of torchvision's v1 detector (the
+# torch peer's README, benchmarks/torch/, lists the facts).
+_TORCHVISION_V1_GAPS = (
+    "not importable yet: our RetinaNet would need PyTorch padding in the backbone and on the "
+    "P6/P7 convs, BN epsilon 0 in the backbone (torchvision's overwrite_eps for COCO_V1), "
+    "no FPN/head norms (use_batch_norm: false exists), torchvision's anchors (sizes truncated "
+    "to int, base anchors rounded, no half-stride offset, stride = padded size // feature "
+    "size), the (dx, dy, dw, dh) box order and ratio-major anchor order (a name-map "
+    "permutation), and its per-level top-1000 post-processing with 300 detections. The "
+    "backbone alone can warm-start ours: `weights import` of a torchvision ResNet-50 entry, "
+    "then trainer.init_checkpoint_map {'^backbone/': ''}.")
+
+register_weights(WeightsEntry(
+    name="torchvision_retinanet_resnet50_fpn_coco", family="retinanet",
+    source_format="torchvision",
+    download="https://download.pytorch.org/models/retinanet_resnet50_fpn_coco-eeacb38b.pth "
+             "(torchvision RetinaNet_ResNet50_FPN_Weights.COCO_V1)",
+    files=("retinanet_resnet50_fpn_coco-eeacb38b.safetensors",
+           "retinanet_resnet50_fpn_coco-eeacb38b.pth"),
+    model="retinanet_resnet50_fpn", params={"num_classes": 91},
+    accuracy={"box_ap": 36.4}, preprocessing=_TORCHVISION_PRE, labels=COCO_91_TORCHVISION,
+    refused=_TORCHVISION_V1_GAPS,
+    notes="torchvision resizes the shorter side to 800 (longer at most 1333) inside the model "
+          "and pads to a multiple of 32; inputs RGB 0..1."))
+register_weights(WeightsEntry(
+    name="torchvision_retinanet_resnet50_fpn_v2_coco", family="retinanet",
+    source_format="torchvision",
+    download="https://download.pytorch.org/models/retinanet_resnet50_fpn_v2_coco-5905b1c5.pth "
+             "(torchvision RetinaNet_ResNet50_FPN_V2_Weights.COCO_V1)",
+    files=("retinanet_resnet50_fpn_v2_coco-5905b1c5.safetensors",
+           "retinanet_resnet50_fpn_v2_coco-5905b1c5.pth"),
+    model="retinanet_resnet50_fpn", params={"num_classes": 91},
+    accuracy={"box_ap": 41.5}, preprocessing=_TORCHVISION_PRE, labels=COCO_91_TORCHVISION,
+    refused="v2's head normalises every subnet conv with GroupNorm (32 groups; its convs have "
+            "no bias): our RetinaNet has per-level BatchNorm or no norm, so those weights have "
+            "no place (it also takes P6 from C5, which p67_input: c5 could express)."))
+register_weights(WeightsEntry(
+    name="keras_hub_retinanet_resnet50_fpn_coco", family="retinanet", source_format="keras_hub",
+    download="kaggle://keras/retinanet/keras/retinanet_resnet50_fpn_coco/4 (keras-hub preset "
+             "retinanet_resnet50_fpn_coco)",
+    files=("a preset directory: config.json + model.weights.h5",), model="retinanet_resnet50_fpn",
+    params={"num_classes": 91}, preprocessing=Preprocessing(
+        crop=800, resize=None, interpolation="bilinear", mean=_IMAGENET_MEAN, std=_IMAGENET_STD),
+    labels=COCO_91_TORCHVISION,
+    refused="keras-hub converted torchvision's COCO_V1 detector (its "
+            "convert_retinanet_checkpoints.py), so the same gaps apply: "
+            + _TORCHVISION_V1_GAPS[len("not importable yet: "):],
+    notes="keras-hub folds ImageNet mean/std into its image converter (scale 1/255/std, "
+          "offset -mean/std)."))
+
+_MG_PRE = Preprocessing(crop=640, resize=None, interpolation="bilinear", mean=_IMAGENET_MEAN,
+                        std=_IMAGENET_STD)
+register_weights(WeightsEntry(
+    name="model_garden_retinanet_resnet50_fpn_coco", family="retinanet",
+    source_format="model_garden",
+    download="Model Garden official/vision/MODEL_GARDEN.md, COCO object detection: RetinaNet "
+             "ResNet-50 FPN 640x640, its 'ckpt' link (a TF2 checkpoint directory)",
+    files=("a TF2 checkpoint directory: checkpoint + ckpt-N.index + ckpt-N.data-*",), model="retinanet_resnet50_fpn",
+    params={"num_classes": 90, "image_size": 640, "bn_epsilon": 1e-3, "bn_momentum": 0.99},
+    task={"name": "detection", "image_size": 640,
+          "mean": [round(m * 255, 6) for m in _IMAGENET_MEAN],
+          "std": [round(s * 255, 6) for s in _IMAGENET_STD],
+          "pre_nms_top_k": 5000, "score_threshold": 0.05, "nms_iou_threshold": 0.5,
+          "max_detections": 100},
+    preprocessing=_MG_PRE, labels=COCO_90_FROM_MODEL_GARDEN,
+    notes="Published box AP: see MODEL_GARDEN.md for the checkpoint you download (not "
+          "recorded here). Longer side resized to 640 and padded, as our detection task does."))
