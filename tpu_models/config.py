@@ -127,7 +127,9 @@ class TrainerConfig:
 @dataclasses.dataclass
 class RuntimeConfig:
   strategy: str = "auto"  # auto | cpu | gpu | mirrored | multi_worker | tpu[:name]
-  mixed_precision: str = "float32"  # float32 | bfloat16 | float16
+  # float32 | bfloat16 | float16 | auto (bfloat16 where the hardware computes it natively:
+  # TPU, GPU of compute capability >= 8.0, CPU with AVX512_BF16 or AMX; else float32).
+  mixed_precision: str = "float32"
   jit_compile: Optional[bool] = None  # None = per device: on for TPU, off for CPU/GPU.
   loss_scale: Optional[float] = None  # float16: initial dynamic loss scale (None = 2**15).
   seed: Optional[int] = 42
@@ -173,7 +175,7 @@ class ExperimentConfig:
 
 
 _CHOICES = {
-    ("runtime", "mixed_precision"): ("float32", "bfloat16", "float16"),
+    ("runtime", "mixed_precision"): ("float32", "bfloat16", "float16", "auto"),
     ("trainer", "nan_policy"): ("raise", "restore"),
     ("optimizer", "name"): ("sgd", "lars", "adamw", "adafactor"),
     ("schedule", "name"): ("constant", "cosine", "step", "inverse_sqrt", "polynomial"),

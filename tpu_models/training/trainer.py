@@ -108,6 +108,9 @@ class Trainer:
                         else self.device == "tpu")
     self._stream = stream
     self._synthetic_inputs = synthetic_inputs
+    # runtime.mixed_precision with `auto` resolved for this hardware (logged with its reason).
+    self.mixed_precision, precision_reason = precision.resolve_precision(
+        runtime.mixed_precision, self.device)
     # The newest readable checkpoint; newer unreadable ones are moved aside when training starts.
     self._resume = checkpoints.find_resume(model_dir)
     latest = self._resume.path
@@ -121,12 +124,12 @@ class Trainer:
     self._check_target_metric()
 
     with self.strategy.scope():
-      with precision.precision_policy(runtime.mixed_precision):
+      with precision.precision_policy(self.mixed_precision):
         self.model = self.task.build_model()
       self.schedule = schedules.build_schedule(trainer_cfg.schedule, trainer_cfg.train_steps)
       optimizer = optimizers_lib.build_optimizer(
           trainer_cfg.optimizer, self.schedule, self.model.trainable_variables)
-      if precision.uses_loss_scaling(runtime.mixed_precision):
+      if precision.uses_loss_scaling(self.mixed_precision):
         optimizer = precision.with_loss_scaling(optimizer, self.model.trainable_variables,
                                                 runtime.loss_scale)
       self.optimizer = optimizer
@@ -167,6 +170,8 @@ class Trainer:
     self._sigterm = threading.Event()  # Set by SIGTERM or SIGINT: save and stop.
     self._stop_signal = "SIGTERM"
     self._skip_reports: Dict[str, pipeline.SkipReport] = {}
+    if precision_reason:
+      self._say(f"runtime.mixed_precision auto: {self.mixed_precision} ({precision_reason}).")
     self._restore_or_warm_start(latest)
 
   def describe(self) -> str:
@@ -174,7 +179,7 @@ class Trainer:
     params = sum(int(np.prod(v.shape)) for v in self.model.trainable_variables)
     return (f"{self.model.name}: {params / 1e6:.2f}M trainable parameters | "
             f"{type(self.strategy).__name__} on {self.device} x "
-            f"{self.strategy.num_replicas_in_sync} | {self.config.runtime.mixed_precision} | "
+            f"{self.strategy.num_replicas_in_sync} | {self.mixed_precision} | "
             f"XLA {'on' if self.jit_compile else 'off'} | step {self.current_step}/"
             f"{self.config.trainer.train_steps}")
 
