@@ -1,13 +1,21 @@
 """Fault injection on what a run depends on and records: the precision `auto` picks on CPUs
-with and without native bfloat16 (flags faked through the fault driver)."""
+with and without native bfloat16 (flags faked through the fault driver); two training
+processes on one model_dir (the model_dir lock)."""
 
+import json
 import os
+import signal
+import socket
+import subprocess
 
 import pytest
+import tensorflow as tf
 
 import toy_task  # noqa: F401  (registers the toy task)
 from conftest import REPO
-from faults import run_batch
+from faults import (_wait_for, checkpoint_inventory, error_line, run_batch, train_command,
+                    train_steps_logged)
+from tpu_models.training import checkpoints
 
 TOY = os.path.join(REPO, "tests", "toy.yaml")
 AVX2_ONLY = "fpu sse4_2 avx avx2 fma f16c bmi2"
@@ -58,3 +66,59 @@ def test_auto_precision_follows_the_cpu_and_says_why(runs, case, chosen, reason)
   assert lines == [f"runtime.mixed_precision auto: {chosen} ({reason})."]
   assert f"| {chosen} |" in out  # The describe line: what the model was built in.
   assert "mixed_precision: auto" in (runs["tmp"] / case / "config.yaml").read_text()
+
+
+def _lock_holder(model_dir):
+  path = model_dir / "train.lock"
+  return json.loads(path.read_text()) if path.exists() else None
+
+
+def test_a_second_training_process_is_refused_and_a_dead_holders_lock_taken_over(tmp_path):
+  run = tmp_path / "run"
+  long_run = ("trainer.train_steps=10000000", "trainer.steps_per_loop=10",
+              "trainer.checkpoint_every=100000")
+  cmd, env = train_command(run, *long_run)
+  first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  metrics = run / "metrics.jsonl"
+  assert _wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= 2, 300, first)
+  holder = _lock_holder(run)
+  assert holder["pid"] == first.pid and holder["host"] == socket.gethostname()
+  config_yaml = (run / "config.yaml").read_text()
+
+  # A second `train` (another step count, as a user retrying would) while the first runs.
+  second = run_batch(tmp_path, [["train", TOY, "--import", "toy_task", "--model-dir", run,
+                                 "--mode", "train", "--set", "trainer.train_steps=50"]])[0]
+  assert second["code"] == 2
+  line = error_line(second)
+  assert (f"{run} is being trained by another process (pid {first.pid} on host "
+          f"{socket.gethostname()}, started {holder['started']}; lock file {run}/train.lock)"
+          in line), line
+  assert first.poll() is None  # The first run goes on, its record untouched.
+  assert (run / "config.yaml").read_text() == config_yaml
+  assert not (run / checkpoints.UNREADABLE_DIR).exists()
+
+  # SIGTERM: the first run saves, exits 143 and gives the lock up.
+  first.send_signal(signal.SIGTERM)
+  _, err = first.communicate(timeout=120)
+  assert first.returncode == 143, err
+  assert _lock_holder(run) is None
+
+  # SIGKILL leaves the lock of a dead process: the next run takes it over and resumes.
+  cmd, env = train_command(run, *long_run)
+  killed = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  rows = len(train_steps_logged(run))
+  assert _wait_for(lambda: len(train_steps_logged(run)) > rows, 300, killed)
+  assert _lock_holder(run)["pid"] == killed.pid
+  killed.kill()
+  killed.wait(timeout=60)
+  step = checkpoints.saved_step(tf.train.latest_checkpoint(str(run)))
+  before = checkpoint_inventory(run)
+  cmd, env = train_command(run, f"trainer.train_steps={step + 10}")
+  done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stderr
+  assert (f"Took over the lock of {run} ({run}/train.lock): its holder, pid {killed.pid} on "
+          f"host {socket.gethostname()}" in done.stdout), done.stdout
+  assert "no longer runs." in done.stdout
+  assert f"Resumed from {run}/ckpt-{step} at step {step}." in done.stdout
+  assert set(before) <= set(checkpoint_inventory(run))  # Nothing moved aside.
+  assert _lock_holder(run) is None  # Released at the normal end.

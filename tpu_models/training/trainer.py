@@ -49,6 +49,7 @@ from tpu_models.errors import ConfigError, DataError
 from tpu_models.task import Task, create_task
 from tpu_models.training import checkpoints
 from tpu_models.training import host_memory
+from tpu_models.training import model_dir as model_dir_lib
 from tpu_models.training import optimizers as optimizers_lib
 from tpu_models.training import precision
 from tpu_models.training import schedules
@@ -170,6 +171,7 @@ class Trainer:
     self._sigterm = threading.Event()  # Set by SIGTERM or SIGINT: save and stop.
     self._stop_signal = "SIGTERM"
     self._skip_reports: Dict[str, pipeline.SkipReport] = {}
+    self._lock: Optional[model_dir_lib.ModelDirLock] = None  # Held by the chief while training.
     if precision_reason:
       self._say(f"runtime.mixed_precision auto: {self.mixed_precision} ({precision_reason}).")
     self._restore_or_warm_start(latest)
@@ -390,6 +392,8 @@ class Trainer:
 
   def _run(self, target_step: int, evaluate_every: int, final_eval: bool) -> Dict[str, float]:
     cfg = self.config.trainer
+    if self.chief and self._lock is None:  # One training process per model_dir; until close().
+      self._lock = model_dir_lib.acquire_lock(self.model_dir, say=self._say)
     if self.chief:  # What this model_dir was trained with (evaluate/export leave it alone).
       dump_config(self.config, os.path.join(self.model_dir, "config.yaml"))
     self._prepare_model_dir()
@@ -708,6 +712,9 @@ class Trainer:
     self._open_reporter(self.config.trainer.train_steps).message(text)
 
   def close(self) -> None:
+    if self._lock is not None:
+      self._lock.release()
+      self._lock = None
     if self._reporter is not None:
       self._reporter.close()
       self._reporter = None
