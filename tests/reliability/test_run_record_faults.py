@@ -1,7 +1,9 @@
 """Fault injection on what a run depends on and records: the precision `auto` picks on CPUs
 with and without native bfloat16 (flags faked through the fault driver); two training
-processes on one model_dir (the model_dir lock)."""
+processes on one model_dir (the model_dir lock); a metrics.jsonl whose last line a kill or a
+full disk cut short."""
 
+import io
 import json
 import os
 import signal
@@ -15,7 +17,8 @@ import toy_task  # noqa: F401  (registers the toy task)
 from conftest import REPO
 from faults import (_wait_for, checkpoint_inventory, error_line, run_batch, train_command,
                     train_steps_logged)
-from tpu_models.training import checkpoints
+from tpu_models.training import checkpoints, progress
+from tpu_models.training.trainer import Trainer
 
 TOY = os.path.join(REPO, "tests", "toy.yaml")
 AVX2_ONLY = "fpu sse4_2 avx avx2 fma f16c bmi2"
@@ -25,6 +28,18 @@ AMX = AVX2_ONLY + " avx512f avx512bw avx512_bf16 amx_tile amx_bf16"
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("run_record_faults")
+  # The runs the faults are injected into (trained here: they are not the faults).
+  cut = tmp / "cut"
+  trainer = Trainer(toy_task.toy_config(["trainer.train_steps=20", "trainer.steps_per_loop=5"]),
+                    str(cut), stream=io.StringIO())
+  trainer.train()
+  trainer.close()
+  # What a kill (or a full disk) in the middle of a row leaves: the last line cut short.
+  metrics = (cut / "metrics.jsonl").read_text()
+  last = metrics.splitlines()[-1]
+  left = metrics[:len(metrics) - 1 - len(last) // 2]  # The newline and half the last row gone.
+  (cut / "metrics.jsonl").write_text(left)
+  fragment = left.splitlines()[-1]
 
   def toy_train(model_dir, *overrides, env=None):
     argv = ["train", TOY, "--import", "toy_task", "--model-dir", model_dir, "--mode", "train"]
@@ -41,10 +56,12 @@ def runs(tmp_path_factory):
                             env={"FAULT_CPU_FLAGS": AMX}),
       "auto_amx_limited": toy_train(tmp / "auto_amx_limited", auto, "trainer.train_steps=10",
                                     env={"FAULT_CPU_FLAGS": AMX, "ONEDNN_MAX_CPU_ISA": "AVX2"}),
+      # metrics.jsonl with its last line cut short: resumed.
+      "cut_resume": toy_train(cut, "trainer.train_steps=30", "trainer.steps_per_loop=5"),
   }
   names = list(cases)
   outcome = dict(zip(names, run_batch(tmp, [cases[n] for n in names])))
-  outcome["tmp"] = tmp
+  outcome.update(tmp=tmp, fragment=fragment)
   return outcome
 
 
@@ -122,3 +139,19 @@ def test_a_second_training_process_is_refused_and_a_dead_holders_lock_taken_over
   assert f"Resumed from {run}/ckpt-{step} at step {step}." in done.stdout
   assert set(before) <= set(checkpoint_inventory(run))  # Nothing moved aside.
   assert _lock_holder(run) is None  # Released at the normal end.
+
+
+def test_a_cut_last_line_of_metrics_jsonl_is_repaired_on_resume(runs):
+  out = _ok(runs["cut_resume"])
+  cut = runs["tmp"] / "cut"
+  assert ("metrics.jsonl: 1 line(s) cut short (by a kill or a full disk) moved to "
+          "metrics.rewound.jsonl." in out)
+  text = (cut / "metrics.jsonl").read_text()
+  rows = [json.loads(line) for line in text.splitlines()]  # Every line is a row again.
+  assert [r["step"] for r in rows if r["split"] == "train"] == [5, 10, 15, 25, 30]
+  # The resume marker is a row of its own, not glued to the fragment.
+  (resume,) = [r for r in rows if r["split"] == "resume"]
+  assert resume["step"] == 20 and resume["checkpoint"] == "ckpt-20"
+  rewound = [json.loads(line) for line in (cut / "metrics.rewound.jsonl").read_text().splitlines()]
+  assert rewound == [{"split": "fragment", "line": runs["fragment"]}]
+  assert progress.read_metrics(str(cut), "resume") == [resume]

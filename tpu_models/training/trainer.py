@@ -258,7 +258,12 @@ class Trainer:
       reasons.update({p: "a save that never finished" for p in self._resume.partial})
       checkpoints.move_aside(self.model_dir, list(reasons), say=self._say, reasons=reasons)
       checkpoints.write_state(self.model_dir, self._resume.path)
-      rewound = self._open_reporter(self.config.trainer.train_steps).rewind(self.current_step)
+      reporter = self._open_reporter(self.config.trainer.train_steps)
+      cut = reporter.repair()  # A last line cut short by a kill or a full disk.
+      if cut:
+        self._say(f"metrics.jsonl: {cut} line(s) cut short (by a kill or a full disk) moved to "
+                  f"metrics.rewound.jsonl.")
+      rewound = reporter.rewind(self.current_step)
       if rewound:
         self._say(f"metrics.jsonl: {rewound} row(s) past step {self.current_step} (from work "
                   f"that was not checkpointed) moved to metrics.rewound.jsonl.")
