@@ -1,7 +1,7 @@
 """Fault injection on what a run depends on and records: the precision `auto` picks on CPUs
 with and without native bfloat16 (flags faked through the fault driver); two training
 processes on one model_dir (the model_dir lock); a metrics.jsonl whose last line a kill or a
-full disk cut short."""
+full disk cut short; resuming with another batch size, momentum or learning rate."""
 
 import io
 import json
@@ -12,6 +12,7 @@ import subprocess
 
 import pytest
 import tensorflow as tf
+import yaml
 
 import toy_task  # noqa: F401  (registers the toy task)
 from conftest import REPO
@@ -30,10 +31,13 @@ def runs(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("run_record_faults")
   # The runs the faults are injected into (trained here: they are not the faults).
   cut = tmp / "cut"
-  trainer = Trainer(toy_task.toy_config(["trainer.train_steps=20", "trainer.steps_per_loop=5"]),
-                    str(cut), stream=io.StringIO())
-  trainer.train()
-  trainer.close()
+  changed = tmp / "changed"
+  for model_dir, overrides in ((cut, ["trainer.steps_per_loop=5"]), (changed, [])):
+    trainer = Trainer(toy_task.toy_config(["trainer.train_steps=20"] + overrides),
+                      str(model_dir), stream=io.StringIO())
+    trainer.train()
+    trainer.close()
+  first_record = (changed / "config.yaml").read_text()
   # What a kill (or a full disk) in the middle of a row leaves: the last line cut short.
   metrics = (cut / "metrics.jsonl").read_text()
   last = metrics.splitlines()[-1]
@@ -58,10 +62,23 @@ def runs(tmp_path_factory):
                                     env={"FAULT_CPU_FLAGS": AMX, "ONEDNN_MAX_CPU_ISA": "AVX2"}),
       # metrics.jsonl with its last line cut short: resumed.
       "cut_resume": toy_train(cut, "trainer.train_steps=30", "trainer.steps_per_loop=5"),
+      # Resumed with another batch size and momentum; then another learning rate; then with
+      # only the length and the eval/logging keys changed.
+      "changed_batch": toy_train(changed, "trainer.train_steps=30",
+                                 "task.train_data.global_batch_size=32",
+                                 "trainer.optimizer.momentum=0.5"),
+      "changed_lr": toy_train(changed, "trainer.train_steps=40",
+                              "task.train_data.global_batch_size=32",
+                              "trainer.optimizer.momentum=0.5", "trainer.schedule.base_lr=0.05"),
+      "changed_length": toy_train(changed, "trainer.train_steps=50",
+                                  "task.train_data.global_batch_size=32",
+                                  "trainer.optimizer.momentum=0.5", "trainer.schedule.base_lr=0.05",
+                                  "trainer.eval_steps=2", "trainer.steps_per_loop=5",
+                                  "trainer.checkpoint_every=5"),
   }
   names = list(cases)
   outcome = dict(zip(names, run_batch(tmp, [cases[n] for n in names])))
-  outcome.update(tmp=tmp, fragment=fragment)
+  outcome.update(tmp=tmp, fragment=fragment, first_record=first_record)
   return outcome
 
 
@@ -155,3 +172,26 @@ def test_a_cut_last_line_of_metrics_jsonl_is_repaired_on_resume(runs):
   rewound = [json.loads(line) for line in (cut / "metrics.rewound.jsonl").read_text().splitlines()]
   assert rewound == [{"split": "fragment", "line": runs["fragment"]}]
   assert progress.read_metrics(str(cut), "resume") == [resume]
+
+
+def test_resuming_with_a_changed_config_keeps_every_earlier_record(runs):
+  changed = runs["tmp"] / "changed"
+  out = _ok(runs["changed_batch"])
+  assert (f"The config differs from the one that trained steps 1-20 of this run in 2 key(s): "
+          f"task.train_data.global_batch_size: 16 -> 32; trainer.optimizer.momentum: 0.9 -> 0.5. "
+          f"That record is kept as {changed}/config.1.yaml; {changed}/config.yaml now records "
+          f"this config." in out), out
+  assert "Resumed from" in out and "step 30/30" in out
+  out = _ok(runs["changed_lr"])
+  assert ("in 1 key(s): trainer.schedule.base_lr: 0.1 -> 0.05. That record is kept as "
+          f"{changed}/config.2.yaml" in out), out
+  out = _ok(runs["changed_length"])  # Length, eval and logging keys: no new record.
+  assert "The config differs" not in out
+  assert not (changed / "config.3.yaml").exists()
+  # Every record, unchanged: the first byte for byte, then each resumed run's own.
+  assert (changed / "config.1.yaml").read_text() == runs["first_record"]
+  second = yaml.safe_load((changed / "config.2.yaml").read_text())
+  assert second["task"]["train_data"]["global_batch_size"] == 32
+  assert second["trainer"]["schedule"]["base_lr"] == 0.1
+  now = yaml.safe_load((changed / "config.yaml").read_text())
+  assert now["trainer"]["schedule"]["base_lr"] == 0.05 and now["trainer"]["train_steps"] == 50

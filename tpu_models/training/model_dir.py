@@ -1,6 +1,12 @@
 """What a training run keeps in its model_dir besides checkpoints: the lock of the one
 process training it, and the record of the configs it was trained with.
 
+The record (`model_dir/config.yaml`, written when training starts; evaluate and
+export leave it alone): a run resumed with a config that differs in anything but
+`RECORD_IGNORES` (the run's length and how it is evaluated, checkpointed and
+logged) prints the differences and keeps the earlier record as `config.N.yaml`
+(N = 1, 2, ...: never overwritten) before writing the new one.
+
 The lock (`model_dir/train.lock`) is held by the chief of a training run from
 the moment training starts until `release` (the Trainer's `close`, and at the
 latest the process's exit). A second training process on the same model_dir is
@@ -26,13 +32,22 @@ import os
 import socket
 import time
 import weakref
-from typing import Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import tensorflow as tf
+import yaml
 
 from tpu_models.errors import ConfigError
 
 LOCK_FILE = "train.lock"
+CONFIG_FILE = "config.yaml"
+# Config keys (and sections) a resumed run may change without keeping a new record: they
+# change how long the run is and how it is evaluated, checkpointed and logged, not how its
+# steps train.
+RECORD_IGNORES = ("trainer.train_steps", "trainer.steps_per_loop", "trainer.eval_every",
+                  "trainer.eval_steps", "trainer.checkpoint_every", "trainer.max_checkpoints",
+                  "trainer.tensorboard", "trainer.target_metric", "trainer.target_value",
+                  "trainer.stop_at_target", "task.eval_data", "task.test_data", "expect")
 
 _held: Dict[str, int] = {}  # Lock path -> how many Trainers of this process hold it.
 
@@ -188,3 +203,93 @@ def acquire_lock(model_dir: str, say: Callable[[str], None] = print) -> ModelDir
       say(f"Took over the lock of {model_dir} ({path}): {what}.")
   raise ConfigError(f"Could not lock {model_dir}: {path} keeps changing; is another run "
                     f"starting in it?")
+
+
+# ----------------------------------------------------------------------------
+# The config record.
+
+
+def read_config_record(model_dir: str) -> Optional[dict]:
+  """The config `model_dir/config.yaml` records (plain data), or None without one.
+
+  Raises:
+    ConfigError: the file is not a YAML mapping (damaged or not ours), naming it.
+  """
+  path = os.path.join(model_dir, CONFIG_FILE)
+  if not tf.io.gfile.exists(path):
+    return None
+  problem = ""
+  try:
+    with tf.io.gfile.GFile(path) as f:
+      record = yaml.safe_load(f.read())
+  except (yaml.YAMLError, UnicodeDecodeError) as e:
+    problem = f"not valid YAML ({' '.join(str(e).split())[:200]})"
+  else:
+    if not isinstance(record, dict):
+      problem = f"a {type(record).__name__}, not a mapping of config sections"
+  if problem:
+    raise ConfigError(
+        f"{path} is {problem}. It records how the run in {model_dir} was trained: repair it, "
+        f"or move it away (e.g. to {CONFIG_FILE}.damaged) to use the model_dir without it.")
+  return record
+
+
+def _flatten(data: Any, prefix: str = "") -> Dict[str, Any]:
+  if isinstance(data, dict) and data:
+    flat = {}
+    for key, value in data.items():
+      flat.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
+  return {prefix: data}
+
+
+def _ignored(key: str) -> bool:
+  return any(key == k or key.startswith(k + ".") for k in RECORD_IGNORES)
+
+
+def config_differences(recorded: dict, current: dict) -> List[str]:
+  """`key: recorded -> current` for every key that differs, except `RECORD_IGNORES`."""
+  old, new = _flatten(recorded), _flatten(current)
+  missing = "(not set)"
+  return [f"{key}: {old.get(key, missing)!r} -> {new.get(key, missing)!r}"
+          for key in sorted(set(old) | set(new), key=lambda k: (k.split(".")[0], k))
+          if not _ignored(key) and old.get(key, missing) != new.get(key, missing)]
+
+
+def record_config(model_dir: str, config_text: str, resumed_step: Optional[int],
+                  say: Callable[[str], None] = print) -> Optional[str]:
+  """Writes `config_text` (YAML) as the run's record, keeping a differing earlier one.
+
+  Args:
+    model_dir: the run's directory.
+    config_text: the effective config as YAML (`config.dump_config`).
+    resumed_step: the step of the checkpoint this run resumed from; None for a run
+      from scratch (an earlier record then described steps that were not kept).
+    say: where the differences are printed.
+
+  Returns:
+    The path the earlier record was kept as (`config.N.yaml`), or None.
+
+  Raises:
+    ConfigError: the existing record is damaged (see `read_config_record`).
+  """
+  path = os.path.join(model_dir, CONFIG_FILE)
+  kept = None
+  recorded = read_config_record(model_dir) if resumed_step is not None else None
+  if recorded is not None:
+    differences = config_differences(recorded, yaml.safe_load(config_text))
+    if differences:
+      number = 1
+      while tf.io.gfile.exists(os.path.join(model_dir, f"config.{number}.yaml")):
+        number += 1
+      kept = os.path.join(model_dir, f"config.{number}.yaml")
+      tf.io.gfile.rename(path, kept, overwrite=False)
+      say(f"The config differs from the one that trained steps 1-{resumed_step} of this run in "
+          f"{len(differences)} key(s): {'; '.join(differences)}. That record is kept as {kept}; "
+          f"{path} now records this config.")
+  tf.io.gfile.makedirs(model_dir)
+  tmp = os.path.join(model_dir, f".{CONFIG_FILE}.{os.getpid()}.tmp")
+  with tf.io.gfile.GFile(tmp, "w") as f:
+    f.write(config_text)
+  tf.io.gfile.rename(tmp, path, overwrite=True)
+  return kept

@@ -39,7 +39,6 @@ from typing import Any, Dict, Optional, Tuple
 import keras
 import numpy as np
 import tensorflow as tf
-import yaml
 
 from tpu_models import distribute
 from tpu_models.config import (DataConfig, ExperimentConfig, config_warnings, dump_config,
@@ -194,11 +193,8 @@ class Trainer:
 
   def _check_same_model(self, latest: str) -> None:
     """Refuses to resume a run of another model (its config.yaml says which)."""
-    saved_path = os.path.join(self.model_dir, "config.yaml")
-    if not tf.io.gfile.exists(saved_path):
-      return
-    with tf.io.gfile.GFile(saved_path) as f:
-      saved = (yaml.safe_load(f) or {}).get("task", {})
+    saved = (model_dir_lib.read_config_record(self.model_dir) or {}).get("task")
+    saved = saved if isinstance(saved, dict) else {}
     ours = to_dict(self.config.task)
     for key in ("name", "model"):
       if key in saved and key in ours and saved[key] != ours[key]:
@@ -400,7 +396,8 @@ class Trainer:
     if self.chief and self._lock is None:  # One training process per model_dir; until close().
       self._lock = model_dir_lib.acquire_lock(self.model_dir, say=self._say)
     if self.chief:  # What this model_dir was trained with (evaluate/export leave it alone).
-      dump_config(self.config, os.path.join(self.model_dir, "config.yaml"))
+      model_dir_lib.record_config(self.model_dir, dump_config(self.config),
+                                  self._resume.step if self._resume.path else None, say=self._say)
     self._prepare_model_dir()
     reporter = self._open_reporter(target_step)
     if self._train_loop_fn is None:
