@@ -1,7 +1,9 @@
 """Fault injection on what a run depends on and records: the precision `auto` picks on CPUs
 with and without native bfloat16 (flags faked through the fault driver); two training
 processes on one model_dir (the model_dir lock); a metrics.jsonl whose last line a kill or a
-full disk cut short; resuming with another batch size, momentum or learning rate."""
+full disk cut short; resuming with another batch size, momentum or learning rate; config
+files and values that must be one-line errors at load time (base: cycles and lists, a damaged
+config.yaml in a model_dir, NaN/inf, int64 overflow, sizes <= 0)."""
 
 import io
 import json
@@ -31,13 +33,23 @@ def runs(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("run_record_faults")
   # The runs the faults are injected into (trained here: they are not the faults).
   cut = tmp / "cut"
-  changed = tmp / "changed"
-  for model_dir, overrides in ((cut, ["trainer.steps_per_loop=5"]), (changed, [])):
+  changed, damaged = tmp / "changed", tmp / "damaged"
+  for model_dir, overrides in ((cut, ["trainer.steps_per_loop=5"]), (changed, []),
+                               (damaged, [])):
     trainer = Trainer(toy_task.toy_config(["trainer.train_steps=20"] + overrides),
                       str(model_dir), stream=io.StringIO())
     trainer.train()
     trainer.close()
   first_record = (changed / "config.yaml").read_text()
+  (damaged / "config.yaml").write_text("task: {name: toy\ntrainer: [")  # Cut short by a kill.
+  # Config files: a base cycle, a base given a list, a size <= 0 of a model and of a task.
+  (tmp / "a.yaml").write_text("base: b.yaml\n")
+  (tmp / "b.yaml").write_text(f"base: a.yaml\ntrainer: {{train_steps: 5}}\n")
+  (tmp / "listed.yaml").write_text(f"base: [{TOY}, b.yaml]\n")
+  image_task = ("task:\n  name: classification\n  model: {name: resnet18, num_classes: 4%s}\n"
+                "  train_data: {path: /none/train-*}\n%s")
+  (tmp / "width.yaml").write_text(image_task % (", width: -4", ""))
+  (tmp / "image_size.yaml").write_text(image_task % ("", "  image_size: 0\n"))
   # What a kill (or a full disk) in the middle of a row leaves: the last line cut short.
   metrics = (cut / "metrics.jsonl").read_text()
   last = metrics.splitlines()[-1]
@@ -75,6 +87,20 @@ def runs(tmp_path_factory):
                                   "trainer.optimizer.momentum=0.5", "trainer.schedule.base_lr=0.05",
                                   "trainer.eval_steps=2", "trainer.steps_per_loop=5",
                                   "trainer.checkpoint_every=5"),
+      # One-line errors at load time.
+      "damaged_train": toy_train(damaged, "trainer.train_steps=20"),
+      "damaged_evaluate": ["evaluate", TOY, "--import", "toy_task", "--model-dir", damaged],
+      "base_cycle": ["train", tmp / "a.yaml", "--model-dir", tmp / "base_cycle"],
+      "base_list": ["train", tmp / "listed.yaml", "--model-dir", tmp / "base_list"],
+      "nan_lr": toy_train(tmp / "nan_lr", "trainer.schedule.base_lr=.nan"),
+      "inf_lr": toy_train(tmp / "inf_lr", "trainer.schedule.base_lr=inf"),
+      "inf_momentum": toy_train(tmp / "inf_momentum", "trainer.optimizer.momentum=-.inf"),
+      "overflow_steps": toy_train(tmp / "overflow_steps",
+                                  "trainer.train_steps=9223372036854775808"),
+      "float_overflow_steps": toy_train(tmp / "float_overflow_steps",
+                                        "trainer.train_steps=1.0e+30"),
+      "width": ["train", tmp / "width.yaml", "--model-dir", tmp / "width"],
+      "image_size": ["train", tmp / "image_size.yaml", "--model-dir", tmp / "image_size"],
   }
   names = list(cases)
   outcome = dict(zip(names, run_batch(tmp, [cases[n] for n in names])))
@@ -195,3 +221,36 @@ def test_resuming_with_a_changed_config_keeps_every_earlier_record(runs):
   assert second["trainer"]["schedule"]["base_lr"] == 0.1
   now = yaml.safe_load((changed / "config.yaml").read_text())
   assert now["trainer"]["schedule"]["base_lr"] == 0.05 and now["trainer"]["train_steps"] == 50
+
+
+@pytest.mark.parametrize("case,expected", [
+    ("damaged_train", "damaged/config.yaml is not valid YAML (while parsing a flow mapping"),
+    ("damaged_evaluate", "damaged/config.yaml is not valid YAML"),
+    ("base_cycle", "Config key 'base' in {tmp}/b.yaml makes a cycle: {tmp}/a.yaml -> "
+                   "{tmp}/b.yaml -> {tmp}/a.yaml."),
+    ("base_list", "Config key 'base' in {tmp}/listed.yaml must be one file name (a string), got "
+                  "list"),
+    ("nan_lr", "Config key 'trainer.schedule.base_lr' must be a finite number; got nan."),
+    ("inf_lr", "Config key 'trainer.schedule.base_lr' must be a finite number; got inf."),
+    ("inf_momentum", "Config key 'trainer.optimizer.momentum' must be a finite number; got -inf."),
+    ("overflow_steps", "Config key 'trainer.train_steps' must fit in a 64-bit integer "
+                       "(-9223372036854775808 to 9223372036854775807); got 9223372036854775808."),
+    ("float_overflow_steps", "Config key 'trainer.train_steps' must fit in a 64-bit integer"),
+    ("width", "Config key 'task.model.width' is a size and must be > 0; got -4."),
+    ("image_size", "Config key 'task.image_size' is a size and must be > 0; got 0."),
+])
+def test_bad_config_files_and_values_are_one_line_errors(runs, case, expected):
+  result = runs[case]
+  assert result["code"] == 2, result["stdout"] + result["stderr"] + result["traceback"]
+  assert expected.format(tmp=runs["tmp"]) in error_line(result)
+  model_dir = runs["tmp"] / case
+  assert not model_dir.exists() or not list(model_dir.glob("ckpt-*"))
+
+
+def test_a_damaged_config_record_is_left_as_it_was(runs):
+  damaged = runs["tmp"] / "damaged"
+  assert "repair it, or move it away (e.g. to config.yaml.damaged)" in error_line(
+      runs["damaged_train"])
+  assert (damaged / "config.yaml").read_text() == "task: {name: toy\ntrainer: ["
+  assert not (damaged / "train.lock").exists()  # Released on the error.
+  assert tf.train.latest_checkpoint(str(damaged)).endswith("ckpt-20")
