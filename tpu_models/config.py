@@ -351,7 +351,7 @@ def _convert(tp, value, path: str):
 
 
 _INT64 = (-2 ** 63, 2 ** 63 - 1)
-# Numbers named like sizes (a model's width, a task's image_size, num_classes) must be > 0,
+# Numbers named like sizes (a model's width, a task's input size, num_classes) must be > 0,
 # wherever they are: a 0 or negative size is never meant and fails deep inside a layer.
 _SIZE_NAMES = ("size", "width", "depth", "channels")
 _SIZE_SUFFIXES = tuple("_" + name for name in _SIZE_NAMES) + ("_heads", "_layers")

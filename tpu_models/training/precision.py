@@ -10,7 +10,7 @@ Logits and losses stay float32 in every model (their last layer is float32).
 
 `auto` (`choose_precision`) picks bfloat16 on TPUs, on GPUs of compute
 capability >= 8.0 and on CPUs with AVX512_BF16 or AMX; elsewhere bfloat16 is
-emulated and slower than float32 (8.8x for a detector's train step on an
+emulated and slower than float32 (up to 8.8x for a train step on an
 AVX2-only CPU), so it picks float32. The Trainer logs the choice and its reason.
 """
 
