@@ -79,3 +79,40 @@ def test_override_syntax_errors():
     toy_task.toy_config(["trainer.train_steps"])
   with pytest.raises(ConfigError, match="is a value, not a section"):
     toy_task.toy_config(["trainer.train_steps.x=1"])
+
+
+@pytest.mark.parametrize("override,message", [
+    ("trainer.schedule.base_lr=.nan", "'trainer.schedule.base_lr' must be a finite number; got nan"),
+    ("trainer.schedule.end_lr=nan", "'trainer.schedule.end_lr' must be a finite number; got nan"),
+    ("trainer.optimizer.clip_norm=.inf", "'trainer.optimizer.clip_norm' must be a finite number"),
+    ("trainer.train_steps=9223372036854775808", "'trainer.train_steps' must fit in a 64-bit"),
+    ("trainer.max_checkpoints=-9223372036854775809", "'trainer.max_checkpoints' must fit"),
+    ("task.train_data.num_examples=0", "'task.train_data.num_examples' must be >= 1; got 0"),
+    ("task.model.num_classes=0", "'task.model.num_classes' is a size and must be > 0; got 0"),
+])
+def test_non_finite_overflowing_and_non_positive_values_name_the_key(override, message):
+  with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+    toy_task.toy_config([override])
+
+
+def test_largest_int64_and_zero_non_sizes_are_accepted():
+  config = toy_task.toy_config(["trainer.train_steps=9223372036854775807",
+                                "task.nan_example=-1", "trainer.schedule.base_lr=0"])
+  assert config.trainer.train_steps == 2 ** 63 - 1
+
+
+def test_base_cycles_and_lists_are_one_line_errors(tmp_path):
+  (tmp_path / "self.yaml").write_text("base: self.yaml\n")
+  with pytest.raises(ConfigError, match=r"self.yaml makes a cycle: .*self.yaml -> .*self.yaml\."):
+    config_lib.load_config(str(tmp_path / "self.yaml"))
+  (tmp_path / "a.yaml").write_text("base: sub/../b.yaml\n")  # The same file by another name.
+  (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+  (tmp_path / "sub").mkdir()
+  with pytest.raises(ConfigError, match="makes a cycle"):
+    config_lib.load_config(str(tmp_path / "a.yaml"))
+  (tmp_path / "listed.yaml").write_text("base: [a.yaml, b.yaml]\n")
+  with pytest.raises(ConfigError, match="'base' in .*listed.yaml must be one file name"):
+    config_lib.load_config(str(tmp_path / "listed.yaml"))
+  (tmp_path / "missing.yaml").write_text("base: nowhere.yaml\n")
+  with pytest.raises(FileNotFoundError, match=r"nowhere.yaml' \(the base of .*missing.yaml\)"):
+    config_lib.load_config(str(tmp_path / "missing.yaml"))

@@ -16,6 +16,7 @@ must agree, and `config_warnings` names legal but doubtful ones (warmup_steps
 
 import dataclasses
 import inspect
+import math
 import os
 import types
 import typing
@@ -127,7 +128,9 @@ class TrainerConfig:
 @dataclasses.dataclass
 class RuntimeConfig:
   strategy: str = "auto"  # auto | cpu | gpu | mirrored | multi_worker | tpu[:name]
-  mixed_precision: str = "float32"  # float32 | bfloat16 | float16
+  # float32 | bfloat16 | float16 | auto (bfloat16 where the hardware computes it natively:
+  # TPU, GPU of compute capability >= 8.0, CPU with AVX512_BF16 or AMX; else float32).
+  mixed_precision: str = "float32"
   jit_compile: Optional[bool] = None  # None = per device: on for TPU, off for CPU/GPU.
   loss_scale: Optional[float] = None  # float16: initial dynamic loss scale (None = 2**15).
   seed: Optional[int] = 42
@@ -173,7 +176,7 @@ class ExperimentConfig:
 
 
 _CHOICES = {
-    ("runtime", "mixed_precision"): ("float32", "bfloat16", "float16"),
+    ("runtime", "mixed_precision"): ("float32", "bfloat16", "float16", "auto"),
     ("trainer", "nan_policy"): ("raise", "restore"),
     ("optimizer", "name"): ("sgd", "lars", "adamw", "adafactor"),
     ("schedule", "name"): ("constant", "cosine", "step", "inverse_sqrt", "polynomial"),
@@ -322,17 +325,19 @@ def _convert(tp, value, path: str):
       return value
   elif tp is int:
     if isinstance(value, int) and not isinstance(value, bool):
-      return value
+      return _checked_number(value, path)
     if isinstance(value, float) and value.is_integer():
-      return int(value)
+      return _checked_number(int(value), path)
   elif tp is float:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-      return float(value)
+      return _checked_number(float(value), path)
     if isinstance(value, str):
       try:  # YAML 1.1 reads "1e-4" as a string.
-        return float(value)
+        number = float(value)
       except ValueError:
         pass
+      else:
+        return _checked_number(number, path)
   elif tp is str:
     if isinstance(value, str):
       return value
@@ -343,6 +348,31 @@ def _convert(tp, value, path: str):
     return value
   raise ConfigError(
       f"{_where(path)} must be {_type_name(tp)}, got {type(value).__name__} {value!r}.")
+
+
+_INT64 = (-2 ** 63, 2 ** 63 - 1)
+# Numbers named like sizes (a model's width, a task's input size, num_classes) must be > 0,
+# wherever they are: a 0 or negative size is never meant and fails deep inside a layer.
+_SIZE_NAMES = ("size", "width", "depth", "channels")
+_SIZE_SUFFIXES = tuple("_" + name for name in _SIZE_NAMES) + ("_heads", "_layers")
+
+
+def _is_size(key: str) -> bool:
+  return key in _SIZE_NAMES or key.endswith(_SIZE_SUFFIXES) or key.startswith("num_")
+
+
+def _checked_number(value, path: str):
+  """`value` if it is finite, fits in int64 (integers) and is > 0 when named as a size."""
+  if isinstance(value, float) and not math.isfinite(value):
+    raise ConfigError(f"{_where(path)} must be a finite number; got {value!r}.")
+  if isinstance(value, int) and not _INT64[0] <= value <= _INT64[1]:
+    raise ConfigError(f"{_where(path)} must fit in a 64-bit integer ({_INT64[0]} to "
+                      f"{_INT64[1]}); got {value}.")
+  key = path.rsplit(".", 1)[-1]
+  bounded = key in {name for _, name in _AT_LEAST}  # Its own bound says more (_check_choices).
+  if _is_size(key) and not bounded and value <= 0:
+    raise ConfigError(f"{_where(path)} is a size and must be > 0; got {value!r}.")
+  return value
 
 
 def _check_choices(cls, kwargs: dict, path: str) -> None:
@@ -506,21 +536,34 @@ def dump_config(config, path: Optional[str] = None) -> str:
   return text
 
 
-def _read_yaml(path: str) -> dict:
+def _read_yaml(path: str, included_by: tuple = ()) -> dict:
+  """The plain data of experiment file `path`, its `base:` chain merged in.
+
+  `included_by`: the files whose `base:` led here, outermost first (to name a cycle).
+  """
   if not os.path.exists(path):
-    raise FileNotFoundError(f"Config file {path!r} does not exist.")
+    via = f" (the base of {included_by[-1]})" if included_by else ""
+    raise FileNotFoundError(f"Config file {path!r}{via} does not exist.")
   with open(path) as f:
     try:
       data = yaml.safe_load(f) or {}
     except yaml.YAMLError as e:
-      raise ConfigError(f"{path} is not valid YAML: {e}") from None
+      raise ConfigError(f"{path} is not valid YAML: {' '.join(str(e).split())}") from None
   if not isinstance(data, dict):
     raise ConfigError(f"{path} must hold a mapping at the top level.")
   base = data.pop("base", None)
-  if base:  # A file may extend another: `base: my_experiment.yaml`.
-    parent = _read_yaml(os.path.join(os.path.dirname(path), base))
-    data = _deep_merge(parent, data)
-  return data
+  if base is None or base == "":
+    return data
+  if not isinstance(base, str):  # A file may extend another: `base: my_experiment.yaml`.
+    raise ConfigError(f"Config key 'base' in {path} must be one file name (a string), got "
+                      f"{type(base).__name__} {base!r}; a chain of bases goes in the files "
+                      f"themselves (each file's own 'base:').")
+  parent = os.path.join(os.path.dirname(path), base)
+  chain = included_by + (path,)
+  if os.path.realpath(parent) in {os.path.realpath(p) for p in chain}:
+    raise ConfigError(f"Config key 'base' in {path} makes a cycle: "
+                      f"{' -> '.join(chain + (parent,))}.")
+  return _deep_merge(_read_yaml(parent, chain), data)
 
 
 def _deep_merge(base: dict, update: dict) -> dict:

@@ -14,7 +14,12 @@ FAULT (the kill is real, inside tf.train.CheckpointManager.save of ckpt-STEP):
 
 `batch` runs each argv of CASES.json (a list of lists) through `cli.main` and
 writes [{"argv", "code", "stdout", "stderr", "traceback"}] to OUT.json: many
-failing commands for the price of one TensorFlow start-up.
+failing commands for the price of one TensorFlow start-up. A case may also be
+{"argv": [...], "env": {NAME: VALUE}}: the variables are set for that case only.
+
+FAULT_CPU_FLAGS="avx2 fma ..." (in the environment, or a case's env) replaces the
+CPU feature flags `runtime.mixed_precision: auto` reads from /proc/cpuinfo, so
+its decision is tested without depending on the machine's CPU.
 """
 
 import contextlib
@@ -59,15 +64,41 @@ def _inject(fault: str, step: int) -> None:
   manager_lib._delete_file_if_exists = on_delete  # pylint: disable=protected-access
 
 
+def _fake_cpu_flags() -> None:
+  from tpu_models.training import precision
+  real = precision.linux_cpu_flags
+
+  def flags(*args, **kwargs):
+    fake = os.environ.get("FAULT_CPU_FLAGS")
+    return real(*args, **kwargs) if fake is None else frozenset(fake.split())
+
+  precision.linux_cpu_flags = flags
+
+
+@contextlib.contextmanager
+def _environment(env):
+  saved = {name: os.environ.get(name) for name in env}
+  os.environ.update(env)
+  try:
+    yield
+  finally:
+    for name, value in saved.items():
+      if value is None:
+        os.environ.pop(name, None)
+      else:
+        os.environ[name] = value
+
+
 def _batch(cases_path: str, out_path: str) -> int:
   from tpu_models import cli
   with open(cases_path) as f:
     cases = json.load(f)
   results = []
-  for argv in cases:
+  for case in cases:
+    argv, env = (case["argv"], case.get("env", {})) if isinstance(case, dict) else (case, {})
     out, err = io.StringIO(), io.StringIO()
     code, trace = None, ""
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), _environment(env):
       try:
         code = cli.main(argv)
       except SystemExit as e:
@@ -82,6 +113,7 @@ def _batch(cases_path: str, out_path: str) -> int:
 
 
 if __name__ == "__main__":
+  _fake_cpu_flags()
   if sys.argv[1] == "batch":
     sys.exit(_batch(sys.argv[2], sys.argv[3]))
   fault, step, separator, *argv = sys.argv[1:]

@@ -37,9 +37,17 @@ def train_command(model_dir, *overrides, fault=None):
 
 
 def run_batch(tmp_path, cases, timeout=600):
-  """Runs each argv of `cases` through `cli.main` in ONE subprocess; returns their results."""
+  """Runs each argv of `cases` through `cli.main` in ONE subprocess; returns their results.
+
+  A case is an argv list, or {"argv": [...], "env": {...}} (variables set for that case).
+  """
   cases_file, out_file = tmp_path / "cases.json", tmp_path / "results.json"
-  cases_file.write_text(json.dumps([[str(a) for a in argv] for argv in cases]))
+  def as_json(case):
+    if isinstance(case, dict):
+      return {"argv": [str(a) for a in case["argv"]], "env": case.get("env", {})}
+    return [str(a) for a in case]
+
+  cases_file.write_text(json.dumps([as_json(case) for case in cases]))
   _, env = _cli(tmp_path)
   env["PYTHONPATH"] = os.pathsep.join([HERE, env["PYTHONPATH"]])
   done = subprocess.run([sys.executable, DRIVER, "batch", str(cases_file), str(out_file)],

@@ -113,7 +113,7 @@ def train_throughput(config: config_lib.ExperimentConfig, *, steps: int = 20, wa
       "global_batch": batch,
       "train_flops_per_example": flops,
       "achieved_tflops": flops * batch * steps / seconds / 1e12,
-      "precision": config.runtime.mixed_precision,
+      "precision": trainer.mixed_precision,
       "device": trainer.device,
       # Minor page faults of this process per timed step (None where not measurable):
       # freshly mapped memory each step shows up here (see training/host_memory.py).
@@ -121,7 +121,7 @@ def train_throughput(config: config_lib.ExperimentConfig, *, steps: int = 20, wa
                                else (faults_after - faults_before) / steps),
   }
   if peak:
-    result["peak_tflops"] = matmul_peak_flops(config.runtime.mixed_precision) / 1e12
+    result["peak_tflops"] = matmul_peak_flops(result["precision"]) / 1e12
     result["mfu"] = result["achieved_tflops"] / result["peak_tflops"]
   return result
 

@@ -6,7 +6,8 @@ a pipe (CI, a cluster log) every update is a plain line of its own.
 metrics.jsonl is one history: when a run resumes from the checkpoint of step N
 (or rolls back to it after a NaN), rows past N move to metrics.rewound.jsonl
 (`Reporter.rewind`) and a {"split": "resume", "step": N, ...} row marks the
-restart. TensorBoard event files are append-only and are not rewound.
+restart. A last line cut short by a kill or a full disk moves there too when the
+run resumes (`Reporter.repair`). TensorBoard event files are append-only and are not rewound.
 """
 
 import json
@@ -90,6 +91,21 @@ class Reporter:
     run writes those steps again. The moved rows are kept, in order, not
     deleted. Returns how many rows moved (0 off the chief).
     """
+    return self._move_rows(lambda row: isinstance(row.get("step"), (int, float))
+                           and row["step"] > step)
+
+  def repair(self) -> int:
+    """Moves lines that are not JSON rows out of metrics.jsonl; returns how many (0 off the chief).
+
+    A kill or a full disk leaves the last line cut short (and without its newline,
+    so the next row would be glued to it). Each such fragment goes to
+    metrics.rewound.jsonl as {"split": "fragment", "line": <its text>}, keeping that
+    file readable; metrics.jsonl is left ending in a newline.
+    """
+    return self._move_rows(None)
+
+  def _move_rows(self, moves) -> int:
+    """Rewrites metrics.jsonl without the rows `moves(row)` picks (None: without the non-rows)."""
     if not self.chief:
       return 0
     path = os.path.join(self._model_dir, METRICS_FILE)
@@ -99,17 +115,23 @@ class Reporter:
     self._jsonl.close()
     try:
       with tf.io.gfile.GFile(path) as f:
-        lines = [line for line in f.read().splitlines() if line.strip()]
+        text = f.read()
       kept, moved = [], []
-      for line in lines:
+      for line in (line for line in text.splitlines() if line.strip()):
         try:
-          row_step = json.loads(line).get("step")
-        except ValueError:  # A line cut short by a kill: not a row of either history.
-          row_step = None
-        (moved if isinstance(row_step, (int, float)) and row_step > step else kept).append(line)
-      if moved:
-        with tf.io.gfile.GFile(os.path.join(self._model_dir, REWOUND_FILE), "a") as f:
-          f.write("".join(line + "\n" for line in moved))
+          row = json.loads(line)
+        except ValueError:
+          row = None
+        if not isinstance(row, dict):  # Not a row of either history.
+          picked = moves is None
+          line = json.dumps({"split": "fragment", "line": line}) if picked else line
+        else:
+          picked = moves is not None and moves(row)
+        (moved if picked else kept).append(line)
+      if moved or (text and not text.endswith("\n")):
+        if moved:
+          with tf.io.gfile.GFile(os.path.join(self._model_dir, REWOUND_FILE), "a") as f:
+            f.write("".join(line + "\n" for line in moved))
         tmp = path + f".tmp{os.getpid()}"
         with tf.io.gfile.GFile(tmp, "w") as f:
           f.write("".join(line + "\n" for line in kept))
@@ -165,5 +187,13 @@ def read_metrics(model_dir: str, split: Optional[str] = None):
   if not tf.io.gfile.exists(path):
     return []
   with tf.io.gfile.GFile(path) as f:
-    rows = [json.loads(line) for line in f if line.strip()]
+    lines = [line for line in f.read().splitlines(keepends=True) if line.strip()]
+  rows = []
+  for i, line in enumerate(lines):
+    try:
+      rows.append(json.loads(line))
+    except ValueError:
+      if i < len(lines) - 1 or line.endswith("\n"):
+        raise
+      # The last line of a run killed mid-write (repaired when it resumes): not a row.
   return [r for r in rows if split is None or r.get("split") == split]

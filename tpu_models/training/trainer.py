@@ -39,7 +39,6 @@ from typing import Any, Dict, Optional, Tuple
 import keras
 import numpy as np
 import tensorflow as tf
-import yaml
 
 from tpu_models import distribute
 from tpu_models.config import (DataConfig, ExperimentConfig, config_warnings, dump_config,
@@ -49,6 +48,7 @@ from tpu_models.errors import ConfigError, DataError
 from tpu_models.task import Task, create_task
 from tpu_models.training import checkpoints
 from tpu_models.training import host_memory
+from tpu_models.training import model_dir as model_dir_lib
 from tpu_models.training import optimizers as optimizers_lib
 from tpu_models.training import precision
 from tpu_models.training import schedules
@@ -108,6 +108,9 @@ class Trainer:
                         else self.device == "tpu")
     self._stream = stream
     self._synthetic_inputs = synthetic_inputs
+    # runtime.mixed_precision with `auto` resolved for this hardware (logged with its reason).
+    self.mixed_precision, precision_reason = precision.resolve_precision(
+        runtime.mixed_precision, self.device)
     # The newest readable checkpoint; newer unreadable ones are moved aside when training starts.
     self._resume = checkpoints.find_resume(model_dir)
     latest = self._resume.path
@@ -121,12 +124,12 @@ class Trainer:
     self._check_target_metric()
 
     with self.strategy.scope():
-      with precision.precision_policy(runtime.mixed_precision):
+      with precision.precision_policy(self.mixed_precision):
         self.model = self.task.build_model()
       self.schedule = schedules.build_schedule(trainer_cfg.schedule, trainer_cfg.train_steps)
       optimizer = optimizers_lib.build_optimizer(
           trainer_cfg.optimizer, self.schedule, self.model.trainable_variables)
-      if precision.uses_loss_scaling(runtime.mixed_precision):
+      if precision.uses_loss_scaling(self.mixed_precision):
         optimizer = precision.with_loss_scaling(optimizer, self.model.trainable_variables,
                                                 runtime.loss_scale)
       self.optimizer = optimizer
@@ -167,6 +170,9 @@ class Trainer:
     self._sigterm = threading.Event()  # Set by SIGTERM or SIGINT: save and stop.
     self._stop_signal = "SIGTERM"
     self._skip_reports: Dict[str, pipeline.SkipReport] = {}
+    self._lock: Optional[model_dir_lib.ModelDirLock] = None  # Held by the chief while training.
+    if precision_reason:
+      self._say(f"runtime.mixed_precision auto: {self.mixed_precision} ({precision_reason}).")
     self._restore_or_warm_start(latest)
 
   def describe(self) -> str:
@@ -174,7 +180,7 @@ class Trainer:
     params = sum(int(np.prod(v.shape)) for v in self.model.trainable_variables)
     return (f"{self.model.name}: {params / 1e6:.2f}M trainable parameters | "
             f"{type(self.strategy).__name__} on {self.device} x "
-            f"{self.strategy.num_replicas_in_sync} | {self.config.runtime.mixed_precision} | "
+            f"{self.strategy.num_replicas_in_sync} | {self.mixed_precision} | "
             f"XLA {'on' if self.jit_compile else 'off'} | step {self.current_step}/"
             f"{self.config.trainer.train_steps}")
 
@@ -187,11 +193,8 @@ class Trainer:
 
   def _check_same_model(self, latest: str) -> None:
     """Refuses to resume a run of another model (its config.yaml says which)."""
-    saved_path = os.path.join(self.model_dir, "config.yaml")
-    if not tf.io.gfile.exists(saved_path):
-      return
-    with tf.io.gfile.GFile(saved_path) as f:
-      saved = (yaml.safe_load(f) or {}).get("task", {})
+    saved = (model_dir_lib.read_config_record(self.model_dir) or {}).get("task")
+    saved = saved if isinstance(saved, dict) else {}
     ours = to_dict(self.config.task)
     for key in ("name", "model"):
       if key in saved and key in ours and saved[key] != ours[key]:
@@ -251,7 +254,12 @@ class Trainer:
       reasons.update({p: "a save that never finished" for p in self._resume.partial})
       checkpoints.move_aside(self.model_dir, list(reasons), say=self._say, reasons=reasons)
       checkpoints.write_state(self.model_dir, self._resume.path)
-      rewound = self._open_reporter(self.config.trainer.train_steps).rewind(self.current_step)
+      reporter = self._open_reporter(self.config.trainer.train_steps)
+      cut = reporter.repair()  # A last line cut short by a kill or a full disk.
+      if cut:
+        self._say(f"metrics.jsonl: {cut} line(s) cut short (by a kill or a full disk) moved to "
+                  f"metrics.rewound.jsonl.")
+      rewound = reporter.rewind(self.current_step)
       if rewound:
         self._say(f"metrics.jsonl: {rewound} row(s) past step {self.current_step} (from work "
                   f"that was not checkpointed) moved to metrics.rewound.jsonl.")
@@ -385,8 +393,11 @@ class Trainer:
 
   def _run(self, target_step: int, evaluate_every: int, final_eval: bool) -> Dict[str, float]:
     cfg = self.config.trainer
+    if self.chief and self._lock is None:  # One training process per model_dir; until close().
+      self._lock = model_dir_lib.acquire_lock(self.model_dir, say=self._say)
     if self.chief:  # What this model_dir was trained with (evaluate/export leave it alone).
-      dump_config(self.config, os.path.join(self.model_dir, "config.yaml"))
+      model_dir_lib.record_config(self.model_dir, dump_config(self.config),
+                                  self._resume.step if self._resume.path else None, say=self._say)
     self._prepare_model_dir()
     reporter = self._open_reporter(target_step)
     if self._train_loop_fn is None:
@@ -703,6 +714,9 @@ class Trainer:
     self._open_reporter(self.config.trainer.train_steps).message(text)
 
   def close(self) -> None:
+    if self._lock is not None:
+      self._lock.release()
+      self._lock = None
     if self._reporter is not None:
       self._reporter.close()
       self._reporter = None
