@@ -393,7 +393,10 @@ def write_detector(name, images, output_dir, seed):
   clamped = calibrate_batch_norm(model.backbone.body, calibration)
   frozen = freeze_batch_norm(model.backbone.body, eps=0.0)
   model.eval()
-  logit_mean, logit_std, delta_std = -4.0, 1.0, 0.2
+  # Sparse, unsaturated scores: ~0.1% of the 91 x 180k entries pass 0.05 (so
+  # topk_candidates binds on P3/P4), the best are ~0.2, where float32 sigmoids
+  # are far apart; a wider spread saturates at 1.0 and ties scores.
+  logit_mean, logit_std, delta_std = -5.5, 0.8, 0.2
   rescale_head(model, images_list, generator, logit_mean, logit_std, delta_std)
 
   arrays = {'image_names': np.array(PHOTO_NAMES)}
@@ -539,6 +542,29 @@ def write_detector(name, images, output_dir, seed):
   return record
 
 
+def write_manifest(output_dir, images):
+  """manifest.json: every model's files as its {name}_reference.json records them.
+
+  Built from the records on disk, so runs for different --models (even at the
+  same time) add up.
+  """
+  models = {}
+  for name in ALL_MODELS:
+    path = os.path.join(output_dir, name + '_reference.json')
+    if os.path.exists(path):
+      with open(path) as f:
+        record = json.load(f)
+      models[name] = {k: record[k] for k in ('builder', 'files', 'reference', 'versions')}
+  manifest = {
+      'photos': {'path': os.path.join(output_dir, 'photos.npz'), 'names': list(PHOTO_NAMES),
+                 'shapes': {n: list(images[n].shape) for n in PHOTO_NAMES},
+                 'source': 'skimage.data, uint8 HWC RGB'},
+      'models': models,
+  }
+  with open(os.path.join(output_dir, 'manifest.json'), 'w') as f:
+    json.dump(manifest, f, indent=1)
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--output-dir', default='/work/fixtures/torch')
@@ -554,16 +580,6 @@ def main(argv=None):
   images = photos()
   photos_path = os.path.join(args.output_dir, 'photos.npz')
   np.savez(photos_path, **images)
-  manifest_path = os.path.join(args.output_dir, 'manifest.json')
-  manifest = {}
-  if os.path.exists(manifest_path):
-    with open(manifest_path) as f:
-      manifest = json.load(f)
-  manifest['versions'] = versions()
-  manifest['photos'] = {'path': photos_path, 'names': list(PHOTO_NAMES),
-                        'shapes': {n: list(images[n].shape) for n in PHOTO_NAMES},
-                        'source': 'skimage.data, uint8 HWC RGB'}
-  manifest.setdefault('models', {})
   for name in models:
     start = time.time()
     writer = write_detector if name in DETECTORS else write_classifier
@@ -573,12 +589,11 @@ def main(argv=None):
     record['seconds'] = round(time.time() - start, 1)
     with open(os.path.join(args.output_dir, name + '_reference.json'), 'w') as f:
       json.dump(record, f, indent=1)
-    manifest['models'][name] = {k: record[k] for k in ('builder', 'files', 'reference')}
-    with open(manifest_path, 'w') as f:
-      json.dump(manifest, f, indent=1)
+    write_manifest(args.output_dir, images)
     sizes = ', '.join(f"{k} {v['bytes'] / 1e6:.1f} MB" for k, v in record['files'].items())
     print(f"{name}: {sizes}, reference {record['reference']['bytes'] / 1e6:.1f} MB, "
           f"{record['seconds']} s", flush=True)
+  write_manifest(args.output_dir, images)
   return 0
 
 
