@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Creates benchmarks/.venv-torch: an isolated venv with PyTorch, torchvision, timm, safetensors,
+# numpy and scikit-image. It is the PyTorch peer of the weight-import parity checks: there the
+# source libraries write random-weight files of their own architectures and their own reference
+# outputs (benchmarks/torch/write_fixtures.py, write_tiny_fixtures.py). torch is never a
+# dependency of tpu_models or of CI; nothing here downloads weights.
+#
+# Usage:
+#   bash benchmarks/torch/setup_venv.sh
+#   TORCH_VENV=/somewhere/venv-torch bash benchmarks/torch/setup_venv.sh   # default: benchmarks/.venv-torch
+#   TORCH_VERSION=2.9.1 TORCHVISION_VERSION=0.24.1 bash benchmarks/torch/setup_venv.sh
+#   PYTHON=/usr/bin/python3.11 bash benchmarks/torch/setup_venv.sh        # default: python3 on PATH
+#
+# torch and torchvision are pinned as a pair (torchvision's compiled ops only load beside the torch
+# they were built for). Defaults by `uname -m`: x86_64 torch 2.14.1 + torchvision 0.29.1 (a CUDA
+# build, ~5.5 GB in the venv; it runs on the CPU), aarch64 torch 2.9.1 + torchvision 0.24.1 (a CPU
+# build, ~0.7 GB). Idempotent: exits at once if the venv already imports everything.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+venv="${TORCH_VENV:-$(cd "${here}/.." && pwd)/.venv-torch}"
+
+case "$(uname -m)" in
+  x86_64) default_torch=2.14.1; default_torchvision=0.29.1 ;;
+  aarch64|arm64) default_torch=2.9.1; default_torchvision=0.24.1 ;;
+  *) default_torch=2.9.1; default_torchvision=0.24.1 ;;
+esac
+torch_version="${TORCH_VERSION:-${default_torch}}"
+torchvision_version="${TORCHVISION_VERSION:-${default_torchvision}}"
+
+check='import torch, torchvision, timm, safetensors, numpy, skimage, importlib.metadata as m; torchvision.ops.nms(torch.zeros(1, 4), torch.zeros(1), 0.5); print("torch", torch.__version__, "torchvision", torchvision.__version__, "timm", timm.__version__, "safetensors", m.version("safetensors"), "numpy", numpy.__version__, "scikit-image", skimage.__version__)'
+
+if [[ -x "${venv}/bin/python" ]] && "${venv}/bin/python" -c "${check}" 2>/dev/null; then
+  echo "torch venv already set up: ${venv}"
+  "${venv}/bin/python" -c "${check}"
+  exit 0
+fi
+
+# The Python the venv is made from: $PYTHON if set, else python3 on PATH (>= 3.10).
+python="${PYTHON:-python3}"
+if ! command -v "${python}" >/dev/null 2>&1; then
+  echo "No Python interpreter '${python}'$([[ -n "${PYTHON:-}" ]] && echo " (from \$PYTHON)" || echo " on PATH")." >&2
+  echo "Install Python >= 3.10, or point PYTHON at one: PYTHON=/path/to/python3.11 bash $0" >&2
+  exit 1
+fi
+if ! "${python}" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)'; then
+  echo "$("${python}" -c 'import sys; print(sys.executable, sys.version.split()[0])') is too old:" \
+       "this benchmark needs Python >= 3.10." >&2
+  echo "Point PYTHON at a newer one: PYTHON=/path/to/python3.11 bash $0" >&2
+  exit 1
+fi
+if ! "${python}" -c 'import venv, ensurepip' 2>/dev/null; then
+  echo "${python} cannot create virtualenvs (no venv/ensurepip module)." >&2
+  echo "On Debian/Ubuntu: apt-get install python3-venv (or python3.X-venv)." >&2
+  exit 1
+fi
+echo "Using $("${python}" -c 'import sys; print(sys.executable, sys.version.split()[0])')"
+start=$(date +%s)
+"${python}" -m venv "${venv}"
+
+echo "Installing torch==${torch_version} torchvision==${torchvision_version} timm safetensors numpy scikit-image into ${venv} ..."
+# One resolve, torch pinned: an unpinned torch (asked for by timm) could pull a newer multi-GB build.
+# --no-cache-dir: the wheels (torch alone is GBs) are needed once.
+if ! "${venv}/bin/python" -m pip install --no-cache-dir \
+    "torch==${torch_version}" "torchvision==${torchvision_version}" \
+    timm safetensors numpy scikit-image; then
+  echo "pip could not install torch==${torch_version} torchvision==${torchvision_version} (+ timm," \
+       "safetensors, numpy, scikit-image). Pick a pair that exists for this Python and machine:" \
+       "TORCH_VERSION=... TORCHVISION_VERSION=... bash $0" >&2
+  exit 1
+fi
+if ! "${venv}/bin/python" -c "${check}"; then
+  echo "The venv ${venv} was installed but does not import torch/torchvision/timm/safetensors/skimage" \
+       "(a torchvision built for another torch fails with 'operator torchvision::nms does not exist')." >&2
+  exit 1
+fi
+echo "Set up ${venv} with torch==${torch_version} torchvision==${torchvision_version} in $(( $(date +%s) - start )) s."

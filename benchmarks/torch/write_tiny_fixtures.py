@@ -1,0 +1,432 @@
+"""Writes the KB-sized torchvision/timm fixtures committed for CI.
+
+Runs in the PyTorch peer venv (benchmarks/torch/setup_venv.sh):
+
+  benchmarks/.venv-torch/bin/python benchmarks/torch/write_tiny_fixtures.py \
+      [--output-dir tests/fixtures/torch] [--seed 0]
+
+The full architectures' files are 45-170 MB (write_fixtures.py). These have
+the same state-dict layouts at narrow widths, written by torch itself, with
+the libraries' own outputs, so CI can check an importer without torch:
+
+  tv_resnet18_narrow    torchvision BasicBlock ResNet, depths 2/2/2/2 (resnet18's)
+  tv_resnet50_narrow    torchvision Bottleneck ResNet, depths 3/4/6/3 (resnet50's)
+  timm_resnet50_narrow  timm.models.resnet.ResNet, Bottleneck 3/4/6/3
+  tv_retinanet_narrow   torchvision RetinaNet (its RetinaNet, RetinaNetHead,
+                        BackboneWithFPN, LastLevelP6P7(16, 16) as v1, anchor
+                        generator, transform and post-processing) on the
+                        narrow ResNet-50, 8 classes, min_size 128 / max_size 192;
+                        backbone FrozenBatchNorm2d with eps 0.0 as COCO_V1 runs.
+  tv_retinanet_narrow_legacy_keys  the same weights in the state-dict layout
+                        of files saved before torchvision 0.13 (the layout the
+                        published COCO_V1 file has), checked by loading it back
+                        into torchvision (which renames on load): same outputs.
+
+torchvision's ResNet.__init__ fixes the widths (stem 64, stages 64/128/256/512),
+so NarrowResNet subclasses it and sets the same attributes at other widths,
+using torchvision's own BasicBlock/Bottleneck, _make_layer and forward; the
+key set is asserted equal to torchvision's resnet18/resnet50's. timm's ResNet
+takes the widths directly (stem_width, channels). Weights get the same
+treatment as write_fixtures.py (BN redrawn and calibrated on the photos, the
+RetinaNet head rescaled). Each file stays < 2 MB.
+"""
+
+import argparse
+import json
+import os
+import re
+import sys
+
+import numpy as np
+import safetensors.torch
+import PIL.Image
+import timm
+import timm.data
+import timm.models.resnet
+import torch
+import torchvision
+from torch import nn
+from torchvision.models import resnet as tv_resnet
+from torchvision.models.detection import backbone_utils
+from torchvision.ops import feature_pyramid_network
+from torchvision.transforms import _presets
+
+import write_fixtures
+
+STEM_WIDTH = 4
+STAGE_WIDTHS = (4, 8, 16, 32)
+NUM_CLASSES = 10
+DETECTOR_CLASSES = 8
+FPN_CHANNELS = 16
+CROP = 64
+# Detector photos: skimage photos reduced by PIL (box filter) to keep the files small.
+DETECTOR_PHOTOS = {'chelsea': 3, 'astronaut': 4}  # name: reduction factor
+MAX_FILE_BYTES = 2 * 1024 * 1024
+
+
+class NarrowResNet(tv_resnet.ResNet):
+  """torchvision's ResNet at narrow widths: same modules, names and forward."""
+
+  def __init__(self, block, layers, stem_width, widths, num_classes,
+               norm_layer=None):
+    nn.Module.__init__(self)
+    # The attributes torchvision's ResNet.__init__ sets, at the given widths.
+    self._norm_layer = norm_layer or nn.BatchNorm2d
+    self.inplanes = stem_width
+    self.dilation = 1
+    self.groups = 1
+    self.base_width = 64
+    self.conv1 = nn.Conv2d(3, stem_width, kernel_size=7, stride=2, padding=3, bias=False)
+    self.bn1 = self._norm_layer(stem_width)
+    self.relu = nn.ReLU(inplace=True)
+    self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+    self.layer1 = self._make_layer(block, widths[0], layers[0])
+    self.layer2 = self._make_layer(block, widths[1], layers[1], stride=2)
+    self.layer3 = self._make_layer(block, widths[2], layers[2], stride=2)
+    self.layer4 = self._make_layer(block, widths[3], layers[3], stride=2)
+    self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+    self.fc = nn.Linear(self.inplanes, num_classes)
+    for module in self.modules():
+      if isinstance(module, nn.Conv2d):
+        nn.init.kaiming_normal_(module.weight, mode='fan_out', nonlinearity='relu')
+
+
+def check_layout(narrow, full):
+  """Asserts `narrow` has exactly `full`'s state-dict keys and tensor ranks."""
+  narrow_sd, full_sd = narrow.state_dict(), full.state_dict()
+  if set(narrow_sd) != set(full_sd):
+    raise AssertionError(f'key sets differ: {sorted(set(narrow_sd) ^ set(full_sd))[:5]}')
+  for key, tensor in narrow_sd.items():
+    if tensor.dim() != full_sd[key].dim():
+      raise AssertionError(f'{key}: rank {tensor.dim()} vs {full_sd[key].dim()}')
+
+
+def check_size(path):
+  size = os.path.getsize(path)
+  if size > MAX_FILE_BYTES:
+    raise AssertionError(f'{path} is {size} bytes, over {MAX_FILE_BYTES}')
+  return size
+
+
+def write_npz(path, **arrays):
+  np.savez(path, **arrays)
+  return {'path': os.path.basename(path), 'bytes': check_size(path)}
+
+
+def relative_files(files):
+  return {kind: {'path': os.path.basename(f['path']), 'bytes': check_size(f['path']),
+                 'sha256': f['sha256']} for kind, f in files.items()}
+
+
+def write_classifier(name, model, builder, transform, preprocessing, images,
+                     output_dir, seed, formats=('safetensors',)):
+  """Calibrates `model`, writes its state dict and logits; returns its record."""
+  generator = torch.Generator().manual_seed(seed + 1)
+  model.eval()
+  inputs = torch.stack([transform(PIL.Image.fromarray(images[n]))
+                        for n in write_fixtures.PHOTO_NAMES])
+  redrawn = write_fixtures.redraw_batch_norm_affine(model, generator)
+  clamped = write_fixtures.calibrate_batch_norm(
+      model, [torch.cat([inputs, inputs.flip(-1)])])
+  logits = model(inputs)
+  logits_float64 = model.double()(inputs.double())
+  model.float()
+  state_dict = model.state_dict()
+  files = write_fixtures.save_state_dict(state_dict, output_dir, name, formats)
+  reference = write_npz(
+      os.path.join(output_dir, name + '_reference.npz'),
+      image_names=np.array(write_fixtures.PHOTO_NAMES),
+      inputs_nhwc=inputs.permute(0, 2, 3, 1).contiguous().numpy(),
+      logits=logits.numpy(),
+      logits_float64=logits_float64.numpy())
+  return {
+      'kind': 'classifier',
+      'builder': builder,
+      'seed': seed,
+      'weights': f'library init after torch.manual_seed({seed}); {redrawn} BN layers '
+                 'redrawn (weight U(0.5, 1.5), bias N(0, 0.1^2)) and their statistics '
+                 'measured in train mode on the inputs and their flips; BN eps 1e-5; '
+                 f'{clamped} running variances raised to {write_fixtures.MIN_RUNNING_VAR}',
+      'preprocessing': preprocessing,
+      'num_state_dict_keys': len(state_dict),
+      'num_parameters': sum(p.numel() for p in model.parameters()),
+      'files': relative_files(files),
+      'reference': reference,
+      'logits_shape': list(logits.shape),
+      'logits_abs_max': float(logits.abs().max()),
+      'torch_float32_vs_float64_max_abs': float((logits.double() - logits_float64).abs().max()),
+  }
+
+
+def tv_transform():
+  transform = _presets.ImageClassification(crop_size=CROP, resize_size=73)
+  return transform, {
+      'library': 'torchvision',
+      'transform': repr(transform),
+      'class': 'torchvision.transforms._presets.ImageClassification (the weights\' preset) '
+               'at crop 64 / resize 73 instead of 224 / 256',
+      'resize_shorter_side': 73, 'crop': CROP, 'interpolation': 'bilinear',
+      'antialias': True, 'mean': transform.mean, 'std': transform.std,
+      'applied_to': 'PIL.Image.fromarray(uint8 HWC RGB photo from skimage.data)',
+  }
+
+
+def timm_transform():
+  config = {'input_size': (3, CROP, CROP), 'interpolation': 'bicubic', 'crop_pct': 0.95,
+            'crop_mode': 'center', 'mean': timm.data.IMAGENET_DEFAULT_MEAN,
+            'std': timm.data.IMAGENET_DEFAULT_STD}
+  transform = timm.data.create_transform(**config)
+  return transform, {
+      'library': 'timm',
+      'transform': repr(transform),
+      'data_config': {k: list(v) if isinstance(v, tuple) else v for k, v in config.items()},
+      'note': "resnet50.a1_in1k's data config (bicubic, crop_pct 0.95) at input 64",
+      'resize_shorter_side': int(CROP / 0.95), 'crop': CROP, 'interpolation': 'bicubic',
+      'antialias': True, 'mean': list(config['mean']), 'std': list(config['std']),
+      'applied_to': 'PIL.Image.fromarray(uint8 HWC RGB photo from skimage.data)',
+  }
+
+
+def narrow_tv(block, layers, num_classes, norm_layer=None):
+  return NarrowResNet(block, layers, STEM_WIDTH, STAGE_WIDTHS, num_classes, norm_layer)
+
+
+def legacy_keys(state_dict):
+  """The layout of files saved before torchvision 0.13 (state-dict version 1)."""
+  renamed = {}
+  for key, tensor in state_dict.items():
+    key = re.sub(r'^(backbone\.fpn\.(?:inner|layer)_blocks\.\d+)\.0\.', r'\1.', key)
+    match = re.match(r'^(head\.\w+_head\.conv)\.(\d)\.0\.(.*)$', key)
+    if match:
+      key = f'{match.group(1)}.{2 * int(match.group(2))}.{match.group(3)}'
+    renamed[key] = tensor
+  return renamed
+
+
+def build_detector(seed):
+  torch.manual_seed(seed)
+  body = narrow_tv(tv_resnet.Bottleneck, [3, 4, 6, 3], 1000)
+  widths = [w * tv_resnet.Bottleneck.expansion for w in STAGE_WIDTHS]
+  backbone = backbone_utils.BackboneWithFPN(
+      body, return_layers={'layer2': '0', 'layer3': '1', 'layer4': '2'},
+      in_channels_list=widths[1:], out_channels=FPN_CHANNELS,
+      extra_blocks=feature_pyramid_network.LastLevelP6P7(FPN_CHANNELS, FPN_CHANNELS))
+  model = torchvision.models.detection.RetinaNet(
+      backbone, num_classes=DETECTOR_CLASSES, min_size=128, max_size=192)
+  return model.eval()
+
+
+def detector_outputs(model, image):
+  """Step-by-step forward of one image; checked against model([image])."""
+  original_size = tuple(image.shape[-2:])
+  batch, _ = model.transform([image])
+  feature_dict = model.backbone(batch.tensors)
+  features = list(feature_dict.values())
+  head_outputs = model.head(features)
+  anchors = model.anchor_generator(batch, features)
+  per_location = model.anchor_generator.num_anchors_per_location()[0]
+  counts = [f.shape[2] * f.shape[3] * per_location for f in features]
+  split_outputs = {k: list(v.split(counts, dim=1)) for k, v in head_outputs.items()}
+  split_anchors = [list(a.split(counts)) for a in anchors]
+  resized = model.postprocess_detections(split_outputs, split_anchors, batch.image_sizes)
+  final = model.transform.postprocess([dict(d) for d in resized], batch.image_sizes,
+                                      [original_size])
+  forward = model([image])
+  for key in ('boxes', 'scores', 'labels'):
+    if not torch.equal(forward[0][key], final[0][key]):
+      raise AssertionError(f'model([image])[0][{key!r}] differs from the step-by-step forward')
+  return {
+      'batch': batch, 'features': features, 'levels': list(feature_dict.keys()),
+      'split_outputs': split_outputs, 'split_anchors': split_anchors,
+      'resized': resized[0], 'final': final[0], 'counts': counts,
+      'original_size': original_size,
+  }
+
+
+def write_detector(images, output_dir, seed):
+  name = 'tv_retinanet_narrow'
+  generator = torch.Generator().manual_seed(seed + 1)
+  model = build_detector(seed)
+  photos = {}
+  for photo_name, factor in DETECTOR_PHOTOS.items():
+    photos[photo_name] = np.asarray(PIL.Image.fromarray(images[photo_name]).reduce(factor))
+  weights_enum = torchvision.models.detection.RetinaNet_ResNet50_FPN_Weights.COCO_V1
+  to_input = weights_enum.transforms()
+  inputs = {n: to_input(torch.from_numpy(p.copy()).permute(2, 0, 1)) for n, p in photos.items()}
+  redrawn = write_fixtures.redraw_batch_norm_affine(model.backbone.body, generator)
+  calibration = [model.transform([x])[0].tensors for x in inputs.values()]
+  calibration += [model.transform([x.flip(-1)])[0].tensors for x in inputs.values()]
+  clamped = write_fixtures.calibrate_batch_norm(model.backbone.body, calibration)
+  frozen = write_fixtures.freeze_batch_norm(model.backbone.body, eps=0.0)
+  model.eval()
+  write_fixtures.rescale_head(model, [[x] for x in inputs.values()], generator,
+                              logit_mean=-4.0, logit_std=1.0, delta_std=0.2)
+  state_dict = model.state_dict()
+  files = write_fixtures.save_state_dict(state_dict, output_dir, name, ('safetensors',))
+  legacy = legacy_keys(state_dict)
+  legacy_files = write_fixtures.save_state_dict(legacy, output_dir, name + '_legacy_keys',
+                                                ('safetensors',))
+  # torchvision itself must read the legacy layout back into the same model.
+  reloaded = build_detector(seed + 100)
+  write_fixtures.freeze_batch_norm(reloaded.backbone.body, eps=0.0)
+  reloaded.load_state_dict(
+      safetensors.torch.load_file(legacy_files['safetensors']['path']),
+      strict=True)
+  reloaded.eval()
+
+  arrays = {'image_names': np.array(list(photos))}
+  per_image = {}
+  for photo_name, image in inputs.items():
+    out = detector_outputs(model, image)
+    again = detector_outputs(reloaded, image)
+    for key in ('boxes', 'scores', 'labels'):
+      if not torch.equal(out['final'][key], again['final'][key]):
+        raise AssertionError(f'legacy-key file gives other {key} on {photo_name}')
+    prefix = photo_name + '/'
+    arrays[prefix + 'photo_uint8'] = photos[photo_name]
+    arrays[prefix + 'transformed_nhwc'] = (
+        out['batch'].tensors.permute(0, 2, 3, 1).contiguous().numpy())
+    arrays[prefix + 'image_size'] = np.array(out['batch'].image_sizes[0], np.int64)
+    arrays[prefix + 'original_size'] = np.array(out['original_size'], np.int64)
+    for level, level_name in enumerate(out['levels']):
+      arrays[prefix + f'cls_logits/{level_name}'] = out['split_outputs']['cls_logits'][level].numpy()
+      arrays[prefix + f'bbox_regression/{level_name}'] = (
+          out['split_outputs']['bbox_regression'][level].numpy())
+      arrays[prefix + f'anchors/{level_name}'] = out['split_anchors'][0][level].numpy()
+    for key in ('boxes', 'scores', 'labels'):
+      arrays[prefix + f'detections/{key}'] = out['final'][key].numpy()
+      arrays[prefix + f'detections_resized/{key}'] = out['resized'][key].numpy()
+    batch = out['batch']
+    per_image[photo_name] = {
+        'photo': f'skimage.data.{photo_name}() reduced {DETECTOR_PHOTOS[photo_name]}x by PIL',
+        'original_size_hw': list(out['original_size']),
+        'resized_size_hw': list(batch.image_sizes[0]),
+        'padded_size_hw': list(batch.tensors.shape[-2:]),
+        'feature_sizes_hw': [list(f.shape[-2:]) for f in out['features']],
+        'strides_hw': [[batch.tensors.shape[-2] // f.shape[-2],
+                        batch.tensors.shape[-1] // f.shape[-1]] for f in out['features']],
+        'anchors_per_level': out['counts'],
+        'num_detections': int(out['final']['scores'].numel()),
+        'score_margins': write_fixtures.score_margins(
+            model, out['split_outputs'], out['split_anchors'], batch.image_sizes),
+    }
+  reference = write_npz(os.path.join(output_dir, name + '_reference.npz'), **arrays)
+  return name, {
+      'kind': 'detector',
+      'builder': 'torchvision.models.detection.RetinaNet(BackboneWithFPN(NarrowResNet('
+                 'Bottleneck, [3, 4, 6, 3], stem 4, widths 4/8/16/32), return_layers '
+                 "{'layer2': '0', 'layer3': '1', 'layer4': '2'}, in_channels_list "
+                 '[32, 64, 128], out_channels 16, extra_blocks=LastLevelP6P7(16, 16)), '
+                 'num_classes=8, min_size=128, max_size=192)',
+      'seed': seed,
+      'weights': f'{redrawn} backbone BN layers redrawn and calibrated on the photos and '
+                 f'their flips ({clamped} variances raised to '
+                 f'{write_fixtures.MIN_RUNNING_VAR}), then {frozen} replaced by '
+                 'FrozenBatchNorm2d with eps 0.0 (no num_batches_tracked keys); head towers '
+                 'He-normal, cls_logits/bbox_reg scaled to logits mean -4 std 1, deltas std 0.2',
+      'backbone_batch_norm_eps': 0.0,
+      'num_classes': DETECTOR_CLASSES,
+      'postprocessing': {
+          'score_thresh': model.score_thresh, 'nms_thresh': model.nms_thresh,
+          'detections_per_img': model.detections_per_img,
+          'topk_candidates': model.topk_candidates,
+          'box_coder_weights': list(model.box_coder.weights),
+          'bbox_xform_clip': model.box_coder.bbox_xform_clip,
+      },
+      'transform': {'min_size': list(model.transform.min_size),
+                    'max_size': model.transform.max_size,
+                    'image_mean': model.transform.image_mean,
+                    'image_std': model.transform.image_std,
+                    'size_divisible': model.transform.size_divisible,
+                    'input': 'float32 [3, H, W] = photo_uint8 / 255, HWC -> CHW'},
+      'anchors': {'sizes': [list(s) for s in model.anchor_generator.sizes],
+                  'aspect_ratios': [list(a) for a in model.anchor_generator.aspect_ratios]},
+      'per_image': per_image,
+      'num_state_dict_keys': len(state_dict),
+      'files': relative_files(files),
+      'legacy_keys_files': relative_files(legacy_files),
+      'legacy_keys_check': 'torchvision loads the _legacy_keys file (strict) into a fresh '
+                           'model and gives identical detections',
+      'reference': reference,
+  }
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--output-dir', default=os.path.join(
+      os.path.dirname(os.path.abspath(__file__)), '..', '..', 'tests', 'fixtures', 'torch'))
+  parser.add_argument('--seed', type=int, default=0)
+  args = parser.parse_args(argv)
+  output_dir = os.path.normpath(args.output_dir)
+  os.makedirs(output_dir, exist_ok=True)
+  torch.set_num_threads(1)  # reproducible reductions; these models are tiny
+  images = write_fixtures.photos()
+  records = {}
+  with torch.no_grad():
+    torch.manual_seed(args.seed)
+    model = narrow_tv(tv_resnet.BasicBlock, [2, 2, 2, 2], NUM_CLASSES)
+    check_layout(model, torchvision.models.resnet18(weights=None))
+    transform, preprocessing = tv_transform()
+    records['tv_resnet18_narrow'] = write_classifier(
+        'tv_resnet18_narrow', model,
+        'NarrowResNet(BasicBlock, [2, 2, 2, 2], stem 4, widths 4/8/16/32, 10 classes)',
+        transform, preprocessing, images, output_dir, args.seed,
+        formats=('safetensors', 'pth'))  # one .pth, for the torch-installed path
+
+    torch.manual_seed(args.seed)
+    model = narrow_tv(tv_resnet.Bottleneck, [3, 4, 6, 3], NUM_CLASSES)
+    check_layout(model, torchvision.models.resnet50(weights=None))
+    records['tv_resnet50_narrow'] = write_classifier(
+        'tv_resnet50_narrow', model,
+        'NarrowResNet(Bottleneck, [3, 4, 6, 3], stem 4, widths 4/8/16/32, 10 classes)',
+        transform, preprocessing, images, output_dir, args.seed)
+
+    torch.manual_seed(args.seed)
+    builder = ('timm.models.resnet.ResNet(Bottleneck, [3, 4, 6, 3], stem_width=4, '
+               'channels=(4, 8, 16, 32), num_classes=10)')
+    model = timm.models.resnet.ResNet(
+        timm.models.resnet.Bottleneck, [3, 4, 6, 3], num_classes=NUM_CLASSES,
+        stem_width=STEM_WIDTH, channels=STAGE_WIDTHS)
+    check_layout(model, timm.create_model('resnet50', pretrained=False))
+    transform, preprocessing = timm_transform()
+    records['timm_resnet50_narrow'] = write_classifier(
+        'timm_resnet50_narrow', model, builder, transform, preprocessing, images,
+        output_dir, args.seed)
+
+    name, record = write_detector(images, output_dir, args.seed)
+    records[name] = record
+
+  manifest = {'versions': write_fixtures.versions(),
+              'written_by': 'benchmarks/torch/write_tiny_fixtures.py',
+              'arrays': {
+                  'classifier *_reference.npz': {
+                      'image_names': '[3] skimage.data names',
+                      'inputs_nhwc': f'[3, {CROP}, {CROP}, 3] float32, preprocessed as '
+                                     'preprocessing says (NCHW = transpose (0, 3, 1, 2))',
+                      'logits': '[3, 10] float32, eval mode, float32 forward',
+                      'logits_float64': 'the same in float64'},
+                  'detector *_reference.npz': {
+                      '{image}/photo_uint8': '[H, W, 3] uint8; model input = photo / 255, CHW',
+                      '{image}/transformed_nhwc': '[1, Hp, Wp, 3] float32 after normalise, '
+                                                  'resize, pad',
+                      '{image}/image_size, original_size': '(h, w) after resize; before',
+                      '{image}/cls_logits/{level}': "[1, h*w*9, 8] float32; levels '0', '1', "
+                                                    "'2' (P3-P5), 'p6', 'p7'",
+                      '{image}/bbox_regression/{level}': '[1, h*w*9, 4] (dx, dy, dw, dh)',
+                      '{image}/anchors/{level}': '[h*w*9, 4] x1, y1, x2, y2',
+                      '{image}/detections/{boxes,scores,labels}': 'model([image]) output, '
+                                                                  'original image pixels',
+                      '{image}/detections_resized/*': 'before transform.postprocess'}},
+              'photos': 'skimage.data ' + ', '.join(write_fixtures.PHOTO_NAMES),
+              'models': records}
+  with open(os.path.join(output_dir, 'manifest.json'), 'w') as f:
+    json.dump(manifest, f, indent=1)
+  for name, record in records.items():
+    sizes = ', '.join(f"{os.path.basename(v['path'])} {v['bytes'] / 1e3:.0f} KB"
+                      for v in list(record['files'].values()) + [record['reference']])
+    print(f'{name}: {sizes}')
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
