@@ -228,10 +228,15 @@ def _import_tensorflow_quietly() -> None:
       os.dup2(saved, 2)
       os.close(saved)
       captured.seek(0)
-      kept = [line for line in captured.read().splitlines(keepends=True)
-              if not any(notice.encode() in line for notice in notices)]
+      kept = _without_notices(captured.read(), notices)
       if kept:
-        os.write(2, b"".join(kept))
+        os.write(2, kept)
+
+
+def _without_notices(stderr: bytes, notices) -> bytes:
+  """`stderr` without the whole lines that contain one of `notices` (str)."""
+  return b"".join(line for line in stderr.splitlines(keepends=True)
+                  if not any(notice.encode() in line for notice in notices))
 
 
 def main(argv: Optional[List[str]] = None) -> int:
