@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from conftest import REPO
@@ -94,3 +95,12 @@ def test_convert_image_folder(tmp_path, capsys):
   records = sum(1 for _ in tf.data.TFRecordDataset(
       [str(tmp_path / "out" / s) for s in shards if s.startswith("train-")]))
   assert records == 6
+
+
+def test_a_family_cli_module_that_does_not_exist_is_an_error():
+  from tpu_models import registry
+  with registry.scoped():
+    registry.add_family(registry.Family("broken_cli", cli="tpu_models.no_such_cli"))
+    with pytest.raises(registry.FamilyError, match="Family 'broken_cli' declares CLI module "
+                                                   "'tpu_models.no_such_cli', which does not"):
+      cli.main(["list"])

@@ -1,10 +1,10 @@
 """`tpu-models`: list, config, train, evaluate, export, predict, check, benchmark, convert, ...
 
-    tpu-models train official/resnet/fashion_mnist_resnet.yaml --model-dir runs/fm
+    tpu-models train CONFIG --model-dir runs/mine    # CONFIG: an experiment YAML (official/)
     tpu-models train CONFIG --set trainer.train_steps=100 --set runtime.mixed_precision=bfloat16
-    tpu-models evaluate CONFIG --model-dir runs/fm [--continuous]
+    tpu-models evaluate CONFIG --model-dir runs/mine [--continuous]
     tpu-models check CONFIG          # TPU-readiness on the CPU; exit 1 when not ready
-    tpu-models predict CONFIG --model-dir runs/det a.jpg b.png --output-dir pictures
+    tpu-models predict CONFIG --model-dir runs/mine a.jpg b.png --output-dir pictures
     tpu-models migrate model-garden CONFIG --checkpoint MG_CKPT --output runs/from_mg
 
 This module holds the generic commands only. Every family (tpu_models/registry.py:
@@ -34,7 +34,7 @@ EXTENSIBLE_COMMANDS = ("train", "evaluate", "export", "predict", "check", "bench
 
 def add_config_args(parser: argparse.ArgumentParser, model_dir_required: bool = False) -> None:
   """CONFIG, --model-dir, --set and --import: what every experiment command takes."""
-  parser.add_argument("config", help="experiment YAML, e.g. official/resnet/fashion_mnist_resnet.yaml")
+  parser.add_argument("config", help="experiment YAML (see official/)")
   parser.add_argument("--model-dir", required=model_dir_required,
                       help="checkpoints, config.yaml, metrics.jsonl and TensorBoard summaries "
                            "(default: runs/<config name>)")
@@ -68,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
 
   p = generic["list"] = sub.add_parser("list", help="registered models, tasks and datasets")
   p.add_argument("kind", nargs="?", choices=("models", "tasks", "datasets"), default=None)
-  p.add_argument("--pattern", help="glob over names, e.g. 'resnet*'")
+  p.add_argument("--pattern", help="glob over names, e.g. 'my_*'")
 
   p = generic["config"] = sub.add_parser(
       "config", help="print the effective config (after --set overrides)")
@@ -133,7 +133,13 @@ def _add_family_commands(sub, convert_sources, generic: Dict[str, argparse.Argum
   for family in registry.families():
     if not family.cli:
       continue
-    module = importlib.import_module(family.cli)
+    try:
+      module = importlib.import_module(family.cli)
+    except ModuleNotFoundError as e:
+      if e.name is None or not family.cli.startswith(e.name):
+        raise  # Something the CLI module imports is missing: its own error.
+      raise registry.FamilyError(f"Family {family.name!r} declares CLI module {family.cli!r}, "
+                                 f"which does not exist; fix the family's declaration.") from None
     try:
       if hasattr(module, "add_parser"):
         module.add_parser(sub).set_defaults(run=module.run)

@@ -1,9 +1,9 @@
 """Registries: a dict and a decorator per kind of thing (models, tasks, datasets).
 
-    @register_model("resnet50")
-    def resnet50(num_classes: int = 1000, ...) -> keras.Model: ...
+    @register_model("my_mlp")
+    def my_mlp(num_classes: int = 10, hidden: int = 64) -> keras.Model: ...
 
-    model = create_model("resnet50", num_classes=10)
+    model = create_model("my_mlp", num_classes=3)
 
 An unknown name raises `UnknownNameError` (a KeyError) listing close matches.
 
@@ -20,9 +20,9 @@ it needs, and its CLI module. Families are found without a central table:
   - `add_family(Family(...))` at run time, or modules that simply register when
     imported (`tpu-models ... --import my_module`).
 
-Looking up "resnet50" imports only the module whose globs match it, so a family
-whose optional extra is missing (sentencepiece, pycocotools) cannot break the
-others, and asking for one of its names says which extra to install. A declared
+Looking up a name imports only the module whose globs match it, so a family
+whose optional extra is missing cannot break the others, and asking for one of
+its names says which extra to install. A declared
 module that does not exist is an error (a renamed module must not silently drop
 its names).
 
@@ -102,7 +102,7 @@ class Registry:
             f"(by {_describe(self._entries[name])}); pass overwrite=True to replace it.")
       self._entries[name] = obj
       # The module whose code called the decorator: what `origin` reports.
-      self._origins[name] = sys._getframe(1).f_globals.get("__name__")  # pylint: disable=protected-access
+      self._origins[name] = sys._getframe(1).f_globals.get("__name__")  # pylint: disable=W0212
       return obj
 
     return decorator
@@ -169,7 +169,7 @@ def create_model(name: str, **kwargs) -> Any:
 
 
 def list_models(pattern: Optional[str] = None) -> List[str]:
-  """Registered model names, optionally filtered by a glob such as 'resnet*'."""
+  """Registered model names, optionally filtered by a glob such as 'my_*'."""
   return MODELS.names(pattern)
 
 
@@ -282,8 +282,9 @@ def _family_of(obj, where: str) -> Family:
   """`obj` if it is a Family, else its FAMILY attribute (a family.py module)."""
   family = obj if isinstance(obj, Family) else getattr(obj, "FAMILY", None)
   if not isinstance(family, Family):
+    got = type(family if family is not None else obj).__name__
     raise FamilyError(f"{where} must be a tpu_models.registry.Family or a module defining "
-                      f"FAMILY = Family(...); got {type(family if family is not None else obj).__name__}.")
+                      f"FAMILY = Family(...); got {got}.")
   return family
 
 

@@ -199,8 +199,8 @@ class FilePredictor(Capability):
       model: the trained model (float32).
       paths: input files (any tf.io.gfile path).
       output_dir: where the results go (created).
-      options: the `predict` options the task's family added to the CLI (dest ->
-        value, e.g. {"min_score": 0.3}); missing keys mean the task's defaults.
+      options: the `predict` options the task's family added to the CLI (`add_options`
+        in tpu_models/cli.py: dest -> value); missing keys mean the task's defaults.
       say: receives one line per input; an input that cannot be read is reported
         through it and skipped, the others are still processed.
 
