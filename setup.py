@@ -46,6 +46,11 @@ setup(
         "tensorboard>=2.20",
     ],
     extras_require=EXTRAS,
+    # Families: the built-in ones are found on disk (every tpu_models/**/family.py), so
+    # they need no entry here. A separately installed family adds itself to the group
+    # "tpu_models.families" with an entry naming its registry.Family, e.g.
+    #   entry_points={"tpu_models.families": ["mine = my_models.family:FAMILY"]}
+    # (tests/plugin_package is one; docs/custom_model.md).
     entry_points={"console_scripts": ["tpu-models=tpu_models.cli:main"]},
     classifiers=[
         "Programming Language :: Python :: 3",

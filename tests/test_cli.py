@@ -1,10 +1,12 @@
 """The `tpu-models` command line: help, list, config, errors and convert."""
 
 import os
+import re
 import subprocess
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from conftest import REPO
@@ -19,11 +21,43 @@ def _run(*args):
                         capture_output=True, text=True, timeout=300)
 
 
+def _choices(error: str):
+  """The names argparse lists in `invalid choice: ... (choose from 'a', 'b')`."""
+  match = re.search(r"invalid choice: .*\(choose from (.*)\)", error)
+  assert match, error
+  return {name.strip().strip("'") for name in match.group(1).split(",")}
+
+
 def test_help_lists_commands():
   result = _run("--help")
   assert result.returncode == 0
-  for command in ("list", "train", "evaluate", "export", "check", "benchmark", "convert"):
-    assert command in result.stdout
+  assert "Train, evaluate, check and export" in result.stdout
+  # The real subparser list (not the epilog's text): argparse names it for an unknown command.
+  unknown = _run("no-such-command")
+  assert unknown.returncode == 2
+  generic = {"list", "config", "train", "evaluate", "export", "predict", "check", "benchmark",
+             "convert"}
+  families = {"migrate", "weights", "vocab", "sample"}  # weights/cli.py, text/cli.py
+  assert _choices(unknown.stderr) == generic | families
+  unknown = _run("convert", "no-such-source")
+  assert _choices(unknown.stderr) == {"image-folder", "fashion-mnist",  # classification/cli.py
+                                      "coco", "voc", "csv", "pasted-objects"}  # detection/cli.py
+  predict = _run("predict", "--help")
+  assert "detection options:" in predict.stdout and "--min-score" in predict.stdout
+  sample = _run("sample", "--help")
+  for option in ("--top-k", "--temperature", "--seed", "--max-new-tokens"):
+    assert option in sample.stdout
+  assert "--character-coverage" in _run("vocab", "--help").stdout
+
+
+def test_commands_a_task_lacks_name_the_tasks_that_have_them(tmp_path, capsys):
+  base = [os.path.join(TESTS, "toy.yaml"), "--import", "toy_task", "--model-dir", str(tmp_path)]
+  assert cli.main(["export", *base, "--output", str(tmp_path / "out")]) == 2
+  assert ("task 'toy' does not support `tpu-models export`; tasks that do: classification, "
+          "detection, language_modeling, translation.") in capsys.readouterr().err
+  assert cli.main(["sample", *base, "--prompt", "x"]) == 2
+  assert ("task 'toy' does not support `tpu-models sample`; tasks that do: language_modeling, "
+          "translation.") in capsys.readouterr().err
 
 
 def test_list_and_config(capsys):
@@ -61,3 +95,12 @@ def test_convert_image_folder(tmp_path, capsys):
   records = sum(1 for _ in tf.data.TFRecordDataset(
       [str(tmp_path / "out" / s) for s in shards if s.startswith("train-")]))
   assert records == 6
+
+
+def test_a_family_cli_module_that_does_not_exist_is_an_error():
+  from tpu_models import registry
+  with registry.scoped():
+    registry.add_family(registry.Family("broken_cli", cli="tpu_models.no_such_cli"))
+    with pytest.raises(registry.FamilyError, match="Family 'broken_cli' declares CLI module "
+                                                   "'tpu_models.no_such_cli', which does not"):
+      cli.main(["list"])

@@ -1,23 +1,41 @@
-"""`tpu-models`: list, train, evaluate, export, predict, check, benchmark, convert, migrate,
-weights.
+"""`tpu-models`: list, config, train, evaluate, export, predict, check, benchmark, convert, ...
 
-    tpu-models train official/resnet/fashion_mnist_resnet.yaml --model-dir runs/fm
+    tpu-models train CONFIG --model-dir runs/mine    # CONFIG: an experiment YAML (official/)
     tpu-models train CONFIG --set trainer.train_steps=100 --set runtime.mixed_precision=bfloat16
-    tpu-models evaluate CONFIG --model-dir runs/fm [--continuous]
+    tpu-models evaluate CONFIG --model-dir runs/mine [--continuous]
     tpu-models check CONFIG          # TPU-readiness on the CPU; exit 1 when not ready
-    tpu-models predict CONFIG --model-dir runs/det a.jpg b.png --output-dir pictures
+    tpu-models predict CONFIG --model-dir runs/mine a.jpg b.png --output-dir pictures
     tpu-models migrate model-garden CONFIG --checkpoint MG_CKPT --output runs/from_mg
     tpu-models weights list; tpu-models weights import NAME FILE_OR_DIR --output MODEL_DIR
+
+This module holds the generic commands only. Every family (tpu_models/registry.py:
+`Family.cli`) contributes the rest from its own CLI module, which may define
+
+    add_commands(subparsers)            whole commands; each parser sets
+                                        `set_defaults(run=FUNCTION)` (FUNCTION(args) -> exit code)
+    add_convert_sources(sources)        `convert` sources, the same way
+    add_options(command, parser)        options of a generic command (e.g. `predict`); their
+                                        values reach the task as `options` (dest -> value)
+    add_parser(subparsers), run(args)   one command (e.g. `migrate`)
+
+Those modules are imported while the parser is built (before TensorFlow), so
+they import only argparse at module level and the rest inside their run
+functions; `add_config_args` and `load_experiment` are theirs to use.
 """
 
 import argparse
+import importlib
 import os
 import sys
-from typing import List, Optional
+from typing import Any, Callable, Dict, List, Optional
+
+# The generic commands whose options families may extend (`add_options`).
+EXTENSIBLE_COMMANDS = ("train", "evaluate", "export", "predict", "check", "benchmark")
 
 
-def _add_config_args(parser: argparse.ArgumentParser, model_dir_required: bool = False) -> None:
-  parser.add_argument("config", help="experiment YAML, e.g. official/resnet/fashion_mnist_resnet.yaml")
+def add_config_args(parser: argparse.ArgumentParser, model_dir_required: bool = False) -> None:
+  """CONFIG, --model-dir, --set and --import: what every experiment command takes."""
+  parser.add_argument("config", help="experiment YAML (see official/)")
   parser.add_argument("--model-dir", required=model_dir_required,
                       help="checkpoints, config.yaml, metrics.jsonl and TensorBoard summaries "
                            "(default: runs/<config name>)")
@@ -29,155 +47,120 @@ def _add_config_args(parser: argparse.ArgumentParser, model_dir_required: bool =
                            "(repeatable; the current directory is on the path)")
 
 
+class _OptionRecorder:
+  """An argument group that remembers the dests a family added (they become `args.options`)."""
+
+  def __init__(self, group, dests: List[str]):
+    self._group, self._dests = group, dests
+
+  def add_argument(self, *args, **kwargs):
+    action = self._group.add_argument(*args, **kwargs)
+    self._dests.append(action.dest)
+    return action
+
+
 def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog="tpu-models", description="Train, evaluate, check and export tpu_models experiments.",
       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
   parser.add_argument("--version", action="version", version=_version())
   sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+  generic = {}
 
-  p = sub.add_parser("list", help="registered models, tasks and datasets")
+  p = generic["list"] = sub.add_parser("list", help="registered models, tasks and datasets")
   p.add_argument("kind", nargs="?", choices=("models", "tasks", "datasets"), default=None)
-  p.add_argument("--pattern", help="glob over names, e.g. 'resnet*'")
+  p.add_argument("--pattern", help="glob over names, e.g. 'my_*'")
 
-  p = sub.add_parser("config", help="print the effective config (after --set overrides)")
-  _add_config_args(p)
+  p = generic["config"] = sub.add_parser(
+      "config", help="print the effective config (after --set overrides)")
+  add_config_args(p)
 
-  p = sub.add_parser("train", help="train (and evaluate) an experiment")
-  _add_config_args(p)
+  p = generic["train"] = sub.add_parser("train", help="train (and evaluate) an experiment")
+  add_config_args(p)
   p.add_argument("--mode", choices=("train", "train_and_evaluate"), default="train_and_evaluate")
   p.add_argument("--allow-model-change", action="store_true",
                  help="resume a model_dir whose config.yaml names another model (e.g. a changed "
                       "dropout rate); by default that is refused")
 
-  p = sub.add_parser("evaluate", help="evaluate the latest checkpoint of a model_dir")
-  _add_config_args(p, model_dir_required=True)
+  p = generic["evaluate"] = sub.add_parser(
+      "evaluate", help="evaluate the latest checkpoint of a model_dir")
+  add_config_args(p, model_dir_required=True)
   p.add_argument("--continuous", action="store_true",
                  help="evaluate every new checkpoint until the run's last step")
   p.add_argument("--timeout", type=float, default=None,
                  help="with --continuous: stop after this many seconds without a new checkpoint")
 
-  p = sub.add_parser("export", help="write a SavedModel with serving signatures")
-  _add_config_args(p, model_dir_required=True)
+  p = generic["export"] = sub.add_parser(
+      "export", help="write a SavedModel with serving signatures")
+  add_config_args(p, model_dir_required=True)
   p.add_argument("--output", required=True, help="SavedModel directory to write")
   p.add_argument("--overwrite", action="store_true",
                  help="replace an existing --output (by default that is refused)")
 
-  p = sub.add_parser("predict", help="run a trained model on files and write pictures of its "
-                                     "predictions (detection: boxes, class names, scores)")
-  _add_config_args(p, model_dir_required=True)
-  p.add_argument("inputs", nargs="+", metavar="IMAGE", help="JPEG/PNG files")
-  p.add_argument("--output-dir", required=True, help="where the drawn PNGs go (created)")
-  p.add_argument("--min-score", type=float, default=0.3,
-                 help="the lowest score drawn and printed (default 0.3)")
+  p = generic["predict"] = sub.add_parser(
+      "predict", help="run a trained model on input files and write what it predicts (the "
+                      "task says what: e.g. pictures of its predictions)")
+  add_config_args(p, model_dir_required=True)
+  p.add_argument("inputs", nargs="+", metavar="FILE", help="input files, e.g. JPEG/PNG images")
+  p.add_argument("--output-dir", required=True, help="where the results go (created)")
 
-  p = sub.add_parser("sample", help="continue a prompt with a trained language model (or "
-                                    "translate it with a translation model)")
-  _add_config_args(p, model_dir_required=True)
-  p.add_argument("--prompt", action="append", required=True,
-                 help="text to continue (repeatable: one output line each)")
-  p.add_argument("--max-new-tokens", type=int, default=None,
-                 help="tokens to generate (default: task.sample_max_new_tokens)")
-  p.add_argument("--top-k", type=int, default=None,
-                 help="sample among the k most likely tokens (default: greedy decoding)")
-  p.add_argument("--temperature", type=float, default=None,
-                 help="with --top-k: divides the logits (default: task.sample_temperature)")
-  p.add_argument("--seed", type=int, default=None, help="with --top-k: reproducible sampling")
-
-  p = sub.add_parser("check", help="TPU-readiness: compile the train step with XLA on the CPU")
-  _add_config_args(p)
+  p = generic["check"] = sub.add_parser(
+      "check", help="TPU-readiness: compile the train step with XLA on the CPU")
+  add_config_args(p)
   p.add_argument("--batch-size", type=int, default=2, help="per-replica batch used for the check")
 
-  p = sub.add_parser("benchmark", help="train-step throughput of an experiment on synthetic data "
-                                       "(the run goes to --model-dir if given, else a temporary "
-                                       "directory)")
-  _add_config_args(p)
+  p = generic["benchmark"] = sub.add_parser(
+      "benchmark", help="train-step throughput of an experiment on synthetic data (the run goes "
+                        "to --model-dir if given, else a temporary directory)")
+  add_config_args(p)
   p.add_argument("--steps", type=int, default=20, help="timed steps")
   p.add_argument("--warmup", type=int, default=5, help="untimed steps (compilation)")
   p.add_argument("--real-data", action="store_true", help="use the config's data, not synthetic")
 
-  p = sub.add_parser("convert", help="write TFRecords (classification and detection)")
-  conv = p.add_subparsers(dest="source", required=True, metavar="SOURCE")
-  c = conv.add_parser("image-folder", help="INPUT_DIR/<class>/*.jpg -> sharded TFRecords")
-  c.add_argument("input_dir")
-  c.add_argument("output_prefix", help="e.g. /data/mine/train (writes train-00000-of-00008 ...)")
-  c.add_argument("--num-shards", type=int, default=8)
-  c.add_argument("--seed", type=int, default=0)
-  c = conv.add_parser("fashion-mnist", help="local Fashion-MNIST idx files -> JPEG TFRecords")
-  c.add_argument("output_dir")
-  c.add_argument("--num-shards", type=int, default=8)
-  c.add_argument("--path", default="", help="directory of the idx .gz files (default: search)")
-  c.add_argument("--validation-size", type=int, default=5000,
-                 help="last N training images written as validation-* (0: none)")
-  _add_detection_convert_parsers(conv)
+  p = sub.add_parser("convert", help="write TFRecords from other formats (sources: see "
+                                     "`tpu-models convert --help`)")
+  convert_sources = p.add_subparsers(dest="source", required=True, metavar="SOURCE")
 
-  from tpu_models.weights import cli as weights_cli  # argparse only; light.
-  weights_cli.add_parser(sub)
-
-  p = sub.add_parser("vocab", help="train a SentencePiece vocabulary (pad 0, EOS 1, UNK 2) on "
-                                   "the training split of a text source")
-  p.add_argument("source", help="a text dataset: de_en_dictionary, tsv, text_tfrecord, "
-                                "wmt14_de_en; or an experiment YAML (its task.train_data)")
-  p.add_argument("--output", required=True, metavar="PREFIX",
-                 help="writes PREFIX.model and PREFIX.vocab, e.g. vocab/de_en_8k")
-  p.add_argument("--vocab-size", type=int, default=8000)
-  p.add_argument("--path", default="", help="without a YAML: the source's files or data "
-                                            "directory (de_en_dictionary searches by default)")
-  p.add_argument("--split", default="train", help="without a YAML: the split to learn from; "
-                                                  "held-out splits (test, validation) are refused")
-  p.add_argument("--fields", default="inputs,targets",
-                 help="features to learn from, comma-separated (both sides: one shared vocabulary)")
-  p.add_argument("--model-type", choices=("unigram", "bpe"), default="unigram")
-  p.add_argument("--max-sentences", type=int, default=2_000_000,
-                 help="learn from a reproducible random sample of at most this many sentences")
-  p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                 help="with a YAML: override a config value (repeatable)")
-  p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
-                 help="with a YAML: import a module that registers your own datasets")
+  for command, run in _GENERIC_COMMANDS.items():
+    generic[command].set_defaults(run=run, option_dests=[])
+  _add_family_commands(sub, convert_sources, generic)
   return parser
 
 
-def _add_detection_convert_parsers(conv) -> None:
-  """`convert coco|voc|csv|pasted-objects`: detection TFRecords (data/detection_convert.py)."""
+def _add_family_commands(sub, convert_sources, generic: Dict[str, argparse.ArgumentParser]
+                         ) -> None:
+  """Lets every family's CLI module add its commands, `convert` sources and options."""
+  from tpu_models import registry  # Light: finding families imports only their family.py.
+  for family in registry.families():
+    if not family.cli:
+      continue
+    try:
+      module = importlib.import_module(family.cli)
+    except ModuleNotFoundError as e:
+      if e.name is None or not family.cli.startswith(e.name):
+        raise  # Something the CLI module imports is missing: its own error.
+      raise registry.FamilyError(f"Family {family.name!r} declares CLI module {family.cli!r}, "
+                                 f"which does not exist; fix the family's declaration.") from None
+    try:
+      if hasattr(module, "add_parser"):
+        module.add_parser(sub).set_defaults(run=module.run)
+      if hasattr(module, "add_commands"):
+        module.add_commands(sub)
+      if hasattr(module, "add_convert_sources"):
+        module.add_convert_sources(convert_sources)
+      if hasattr(module, "add_options"):
+        for command in EXTENSIBLE_COMMANDS:
+          parser = generic[command]
+          dests = parser.get_default("option_dests")
+          group = parser.add_argument_group(f"{family.name} options")
+          module.add_options(command, _OptionRecorder(group, dests))
+    except argparse.ArgumentError as e:  # E.g. two families adding one command.
+      raise argparse.ArgumentError(None, f"{family.cli} (family {family.name!r}): {e}") from e
 
-  def common(c):
-    c.add_argument("output_prefix", help="e.g. /data/coco/train (writes train-00000-of-00008 "
-                                         "... and label_map.json beside them)")
-    c.add_argument("--num-shards", type=int, default=8)
-    c.add_argument("--seed", type=int, default=0, help="image order seed")
-    c.add_argument("--skip-empty", action="store_true", help="leave out images without boxes")
 
-  c = conv.add_parser("coco", help="COCO instances JSON + image folder -> detection TFRecords")
-  c.add_argument("annotation_file", help="e.g. annotations/instances_train2017.json")
-  c.add_argument("image_dir", help="the folder the JSON's file_names are relative to")
-  common(c)
-  c.add_argument("--no-crowd", action="store_true", help="drop iscrowd boxes instead of "
-                                                         "writing them as ignored regions")
-  c = conv.add_parser("voc", help="Pascal VOC XML folder -> detection TFRecords")
-  c.add_argument("annotations_dir", help="the *.xml files, e.g. VOC2012/Annotations")
-  common(c)
-  c.add_argument("--image-dir", help="default: JPEGImages beside annotations_dir, else it")
-  c.add_argument("--image-set", help="ids to convert, e.g. VOC2012/ImageSets/Main/train.txt")
-  c.add_argument("--classes", help="class names: a file of `name,id` lines, or name,name,...")
-  c.add_argument("--difficult-as-boxes", action="store_true",
-                 help="write <difficult> objects as ordinary boxes (default: ignored regions)")
-  c = conv.add_parser("csv", help="path,x1,y1,x2,y2,class lines (keras-retinanet) -> "
-                                  "detection TFRecords")
-  c.add_argument("csv_file", help="one box per line; `path,,,,,` = an image without boxes")
-  common(c)
-  c.add_argument("--image-dir", help="what relative paths are relative to (default: the "
-                                     "CSV's folder)")
-  c.add_argument("--classes", help="class names: a file of `name,id` lines, or name,name,...")
-  c = conv.add_parser("pasted-objects",
-                      help="build the pasted-objects detection set (Fashion-MNIST items on "
-                           "scikit-image photos): JPEGs, COCO JSON and TFRecords")
-  c.add_argument("output_dir")
-  c.add_argument("--num-train", type=int, default=3000)
-  c.add_argument("--num-validation", type=int, default=500)
-  c.add_argument("--num-test", type=int, default=500)
-  c.add_argument("--seed", type=int, default=0)
-  c.add_argument("--num-shards", type=int, default=4)
-  c.add_argument("--path", default="", help="directory of the Fashion-MNIST idx .gz files")
+def options(args) -> Dict[str, Any]:
+  """The values of the options families added to this command (`add_options`): dest -> value."""
+  return {dest: getattr(args, dest) for dest in getattr(args, "option_dests", [])}
 
 
 def _version() -> str:
@@ -196,8 +179,8 @@ def _version() -> str:
           f"{installed('tensorflow')}, Keras {installed('keras')})")
 
 
-def _load(args):
-  import importlib
+def load_experiment(args):
+  """(config, model_dir) of an experiment command's args, after its --import modules."""
   from tpu_models import config as config_lib
   from tpu_models.errors import ConfigError
   if args.imports and os.getcwd() not in sys.path:
@@ -252,10 +235,15 @@ def _import_tensorflow_quietly() -> None:
       os.dup2(saved, 2)
       os.close(saved)
       captured.seek(0)
-      kept = [line for line in captured.read().splitlines(keepends=True)
-              if not any(notice.encode() in line for notice in notices)]
+      kept = _without_notices(captured.read(), notices)
       if kept:
-        os.write(2, b"".join(kept))
+        os.write(2, kept)
+
+
+def _without_notices(stderr: bytes, notices) -> bytes:
+  """`stderr` without the whole lines that contain one of `notices` (str)."""
+  return b"".join(line for line in stderr.splitlines(keepends=True)
+                  if not any(notice.encode() in line for notice in notices))
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -264,7 +252,7 @@ def main(argv: Optional[List[str]] = None) -> int:
   _import_tensorflow_quietly()
   from tpu_models.errors import USER_ERRORS
   try:
-    return _COMMANDS[args.command](args)
+    return args.run(args)
   except USER_ERRORS as e:  # Wrong input: one clear line. Anything else is a bug: a traceback.
     print(f"tpu-models {args.command}: error: {e}", file=sys.stderr)
     return 2
@@ -285,7 +273,7 @@ def _list(args) -> int:
 
 def _config(args) -> int:
   from tpu_models.config import config_warnings, dump_config
-  config, _ = _load(args)
+  config, _ = load_experiment(args)
   print(dump_config(config), end="")
   for line in config_warnings(config):
     print(f"tpu-models config: warning: {line}", file=sys.stderr)
@@ -294,7 +282,7 @@ def _config(args) -> int:
 
 def _train(args) -> int:
   from tpu_models.training.trainer import NonFiniteLoss, Preempted, Trainer
-  config, model_dir = _load(args)
+  config, model_dir = load_experiment(args)
   print(f"model_dir: {model_dir}", flush=True)
   trainer = Trainer(config, model_dir, allow_model_change=args.allow_model_change)
   print(trainer.describe(), flush=True)
@@ -328,7 +316,7 @@ def _summary(metrics) -> str:
 def _evaluate(args) -> int:
   from tpu_models.training import checkpoints
   from tpu_models.training.trainer import Trainer
-  config, model_dir = _load(args)
+  config, model_dir = load_experiment(args)
   if not args.continuous and not checkpoints.find_resume(model_dir).path:
     raise FileNotFoundError(f"No checkpoint in {model_dir!r}; train first or pass --continuous.")
   trainer = Trainer(config, model_dir)
@@ -344,35 +332,19 @@ def _evaluate(args) -> int:
 
 def _export(args) -> int:
   from tpu_models import export
-  config, model_dir = _load(args)
+  config, model_dir = load_experiment(args)
   export.export_saved_model(config, model_dir, args.output, overwrite=args.overwrite, say=print)
-  return 0
-
-
-def _sample(args) -> int:
-  from tpu_models import export
-  config, model_dir = _load(args)
-  task, model = export.load_model(config, model_dir)
-  if not hasattr(task, "sample"):
-    raise ValueError(f"task {config.task.name!r} cannot sample; `tpu-models sample` needs a "
-                     f"language_modeling (or translation) experiment.")
-  texts = task.sample(model, args.prompt, max_new_tokens=args.max_new_tokens, top_k=args.top_k,
-                      temperature=args.temperature, seed=args.seed)
-  for text in texts:
-    print(text)
   return 0
 
 
 def _predict(args) -> int:
   from tpu_models import export
-  from tpu_models.errors import ConfigError
-  from tpu_models import task as base
-  config, model_dir = _load(args)
-  task = base.create_task(config.task)
-  if type(task).predict_files is base.Task.predict_files:  # Say so before loading weights.
-    raise ConfigError(base.unsupported_message(task, "predict_files", "predict"))
-  _, model = export.load_model(config, model_dir)
-  failed = task.predict_files(model, args.inputs, args.output_dir, min_score=args.min_score,
+  from tpu_models import task as task_lib
+  config, model_dir = load_experiment(args)
+  task_lib.require(config.task.name, task_lib.FilePredictor)  # Before loading weights.
+  task, model = export.load_model(config, model_dir)
+  task_lib.require(task, task_lib.FilePredictor)
+  failed = task.predict_files(model, args.inputs, args.output_dir, options=options(args),
                               say=lambda line: print(line, flush=True))
   if failed:
     print(f"tpu-models predict: {len(failed)} of {len(args.inputs)} input(s) failed: "
@@ -383,7 +355,7 @@ def _predict(args) -> int:
 
 def _check(args) -> int:
   from tpu_models.training import tpu_check
-  config, _ = _load(args)
+  config, _ = load_experiment(args)
   report = tpu_check.check_config(config, per_replica_batch=args.batch_size)
   print(report.format())
   return 0 if report.ready else 1
@@ -391,7 +363,7 @@ def _check(args) -> int:
 
 def _benchmark(args) -> int:
   from tpu_models.training import benchmark
-  config, model_dir = _load(args)
+  config, model_dir = load_experiment(args)
   # Without --model-dir the run goes to a temporary directory (not runs/<config name>).
   result = benchmark.train_throughput(config, steps=args.steps, warmup=args.warmup,
                                       synthetic=not args.real_data, model_dir=args.model_dir)
@@ -399,83 +371,9 @@ def _benchmark(args) -> int:
   return 0
 
 
-def _convert(args) -> int:
-  from tpu_models.vision.classification import convert
-  if args.source in ("coco", "voc", "csv", "pasted-objects"):
-    return _convert_detection(args)
-  if args.source == "image-folder":
-    stats = convert.convert_image_folder(args.input_dir, args.output_prefix,
-                                         num_shards=args.num_shards, shuffle_seed=args.seed)
-  else:
-    stats = convert.convert_fashion_mnist(args.output_dir, num_shards=args.num_shards,
-                                          path=args.path, validation_size=args.validation_size)
-  print(stats)
-  return 0
-
-
-def _convert_detection(args) -> int:
-  from tpu_models.vision.detection import convert as detection_convert
-  from tpu_models.vision.detection import pasted_objects
-  if args.source == "pasted-objects":
-    result = pasted_objects.build_pasted_objects(
-        args.output_dir, num_train=args.num_train, num_validation=args.num_validation,
-        num_test=args.num_test, seed=args.seed, num_shards=args.num_shards,
-        fashion_mnist_path=args.path)
-    for split, info in result["splits"].items():
-      print(f"{split}: {info['images']} images, {info['objects']} objects, "
-            f"{info['annotation_file']}, {args.output_dir}/{split}-*")
-    print(f"Built in {result['seconds']:.1f} s; label map {result['label_map_file']}")
-    return 0
-  common = dict(num_shards=args.num_shards, shuffle_seed=args.seed,
-                skip_images_without_boxes=args.skip_empty)
-  classes = getattr(args, "classes", None)
-  if classes and not os.path.isfile(classes):
-    classes = [name.strip() for name in classes.split(",") if name.strip()]
-  if args.source == "coco":
-    detection_convert.convert_coco(args.annotation_file, args.image_dir, args.output_prefix,
-                                   include_crowd=not args.no_crowd, **common)
-  elif args.source == "voc":
-    detection_convert.convert_voc(args.annotations_dir, args.output_prefix,
-                                  image_dir=args.image_dir, image_set_file=args.image_set,
-                                  class_names=classes,
-                                  difficult_as_crowd=not args.difficult_as_boxes, **common)
-  else:
-    detection_convert.convert_csv(args.csv_file, args.output_prefix, image_dir=args.image_dir,
-                                  class_names=classes, **common)
-  return 0
-
-
-def _vocab(args) -> int:
-  from tpu_models.config import DataConfig
-  from tpu_models.text import inputs as text
-  if args.source.endswith((".yaml", ".yml")):
-    args.config, args.model_dir = args.source, None
-    config, _ = _load(args)
-    data_config = getattr(config.task, "train_data", None)
-    if data_config is None:
-      raise ValueError(f"{args.source}: task {config.task.name!r} has no train_data to learn "
-                       f"a vocabulary from.")
-  else:
-    data_config = DataConfig(source=args.source, path=args.path, split=args.split)
-  fields = tuple(f.strip() for f in args.fields.split(",") if f.strip())
-  path = text.train_vocab_from_source(data_config, args.output, args.vocab_size, keys=fields,
-                                      model_type=args.model_type,
-                                      max_sentences=args.max_sentences)
-  print(f"Wrote {path} and {args.output}.vocab: {args.vocab_size} pieces (pad 0, EOS 1, UNK 2) "
-        f"learned from {data_config.source} split {data_config.split!r}, fields "
-        f"{', '.join(fields)}.")
-  return 0
-
-
-def _weights(args) -> int:
-  from tpu_models.weights import cli as weights_cli
-  return weights_cli.run(args)
-
-
-_COMMANDS = {"list": _list, "config": _config, "train": _train, "evaluate": _evaluate,
-             "export": _export, "check": _check, "benchmark": _benchmark, "convert": _convert,
-             "vocab": _vocab, "sample": _sample, "predict": _predict,
-             "migrate": _weights, "weights": _weights}
+_GENERIC_COMMANDS: Dict[str, Callable[[Any], int]] = {
+    "list": _list, "config": _config, "train": _train, "evaluate": _evaluate, "export": _export,
+    "predict": _predict, "check": _check, "benchmark": _benchmark}
 
 
 if __name__ == "__main__":

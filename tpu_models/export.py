@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from tpu_models import config as config_lib
 from tpu_models.errors import ConfigError
-from tpu_models.task import create_task
+from tpu_models.task import Servable, create_task, require
 from tpu_models.training import checkpoints
 
 
@@ -80,11 +80,13 @@ def export_saved_model(config: config_lib.ExperimentConfig, model_dir: str, outp
       raise ConfigError(f"Export output {output!r} already exists; pass --overwrite "
                         f"(export_saved_model(overwrite=True)) to replace it, or choose "
                         f"another --output.")
+  require(config.task.name, Servable)  # Before any checkpoint is read.
   from tpu_models.training.trainer import precision_policy
   checkpoint = newest_checkpoint(model_dir, say)
   step = checkpoints.saved_step(checkpoint)
   with precision_policy("float32"):
     task, model = load_model(config, model_dir, checkpoint)
+    require(task, Servable)
     signatures = task.serving_signatures(model)
   module = tf.Module()
   module.model = model

@@ -26,7 +26,8 @@ dropped, and the rest is folded in by `aggregate` and turned into numbers by
 `finalize`.
 """
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+import abc
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import keras
 import tensorflow as tf
@@ -155,20 +156,6 @@ class Task:
     """
     return []
 
-  def predict_files(self, model: keras.Model, paths: Sequence[str], output_dir: str, *,
-                    min_score: Optional[float] = None,
-                    say: Optional[Callable[[str], None]] = None) -> List[str]:
-    """`tpu-models predict`: runs `model` on input files, writes results to `output_dir`.
-
-    A task that supports it overrides this (see `tasks_supporting`). An input
-    that cannot be read is reported through `say` and skipped, the others are
-    still processed.
-
-    Returns:
-      The paths that failed (empty when all succeeded).
-    """
-    raise ConfigError(unsupported_message(self, "predict_files", "predict"))
-
   def eval_metric_names(self) -> Optional[List[str]]:
     """The names `evaluate()` reports for this task's config, or None if not known up front.
 
@@ -177,16 +164,67 @@ class Task:
     """
     return None
 
-  def data_report(self) -> List[Tuple[str, str]]:
-    """(severity "warning"|"error", message) findings about the training data, for `check`.
 
-    E.g. a detector's anchor coverage of its ground-truth boxes. The default finds nothing.
-    """
-    return []
+# ----------------------------------------------------------------------------
+# Optional capabilities: small named interfaces a task class also derives from.
+# The CLI checks `isinstance(task, Capability)`; a task without one gets a
+# one-line error naming the registered tasks that have it (`require`).
 
+
+class Capability(abc.ABC):
+  """Base of the optional task interfaces; `command` is the CLI command that needs it."""
+  command: str = ""
+
+
+class Servable(Capability):
+  """`tpu-models export`: the task knows the SavedModel's serving signatures."""
+  command = "export"
+
+  @abc.abstractmethod
   def serving_signatures(self, model: keras.Model) -> Dict[str, Any]:
     """Name -> concrete `tf.function` for SavedModel export (preprocessing included)."""
-    raise NotImplementedError(f"{type(self).__name__} does not define serving signatures.")
+
+
+class FilePredictor(Capability):
+  """`tpu-models predict`: the task runs a model on input files and writes its results."""
+  command = "predict"
+
+  @abc.abstractmethod
+  def predict_files(self, model: keras.Model, paths: Sequence[str], output_dir: str, *,
+                    options: Optional[Mapping[str, Any]] = None,
+                    say: Optional[Callable[[str], None]] = None) -> List[str]:
+    """Runs `model` on the files `paths`, writes results to `output_dir`.
+
+    Args:
+      model: the trained model (float32).
+      paths: input files (any tf.io.gfile path).
+      output_dir: where the results go (created).
+      options: the `predict` options the task's family added to the CLI (`add_options`
+        in tpu_models/cli.py: dest -> value); missing keys mean the task's defaults.
+      say: receives one line per input; an input that cannot be read is reported
+        through it and skipped, the others are still processed.
+
+    Returns:
+      The paths that failed (empty when all succeeded).
+    """
+
+
+class Sampler(Capability):
+  """`tpu-models sample`: the task turns text prompts into generated text."""
+  command = "sample"
+
+  @abc.abstractmethod
+  def sample(self, model: keras.Model, prompts: Sequence[str], **options) -> List[str]:
+    """One output string per prompt; `options` are the sample command's (e.g. top_k, seed)."""
+
+
+class DataReporter(Capability):
+  """`tpu-models check`: the task has findings about its training data."""
+  command = "check"
+
+  @abc.abstractmethod
+  def data_report(self) -> List[Tuple[str, str]]:
+    """(severity "warning"|"error", message) findings about the training data."""
 
 
 def create_task(config: TaskConfig) -> Task:
@@ -194,22 +232,31 @@ def create_task(config: TaskConfig) -> Task:
   return TASKS.get(config.name)(config)
 
 
-def tasks_supporting(hook: str) -> List[str]:
-  """Names of the registered tasks whose class overrides the `Task` method `hook`."""
-  default = getattr(Task, hook)
-  names = []
-  for name in TASKS.names():
-    task_class = TASKS.get(name)
-    if getattr(task_class, hook, default) is not default:
-      names.append(name)
-  return names
+def tasks_with(capability: type) -> List[str]:
+  """Names of the registered tasks whose class derives from `capability` (e.g. `Servable`)."""
+  return [name for name in TASKS.names() if issubclass(TASKS.get(name), capability)]
 
 
-def unsupported_message(task: Task, hook: str, command: str) -> str:
-  """The error text for a task that does not override `hook`: which tasks do."""
-  supporting = tasks_supporting(hook)
-  return (f"task {task.config.name!r} does not support `tpu-models {command}`; tasks that do: "
-          f"{', '.join(supporting) if supporting else '(none registered)'}.")
+def unsupported_message(task_name: str, capability: type) -> str:
+  """The error text for a task that lacks `capability`: which tasks have it."""
+  having = tasks_with(capability)
+  return (f"task {task_name!r} does not support `tpu-models {capability.command}`; tasks that "
+          f"do: {', '.join(having) if having else '(none registered)'}.")
+
+
+def require(task: Union[str, Task], capability: type) -> None:
+  """Raises ConfigError (`unsupported_message`) unless `task` has `capability`.
+
+  Args:
+    task: a task, or the registered name of one (checked without building it).
+    capability: e.g. `Servable`.
+  """
+  if isinstance(task, str):
+    name, has_it = task, issubclass(TASKS.get(task), capability)
+  else:
+    name, has_it = task.config.name, isinstance(task, capability)
+  if not has_it:
+    raise ConfigError(unsupported_message(name, capability))
 
 
 def weighted_mean(values: tf.Tensor, weights: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:

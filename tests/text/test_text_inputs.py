@@ -171,6 +171,25 @@ def test_vocab_command_on_a_tsv_file(tmp_path, capsys):
   assert not os.path.exists(str(tmp_path / "never.model"))
 
 
+def test_vocab_command_character_coverage(tmp_path, capsys):
+  """--character-coverage is SentencePiece's: 1.0 keeps a character seen once, less drops it."""
+  from tpu_models import cli
+  lines = ["\t".join(pair) for pair in _sentence_pairs()] + ["Ein Qu\u00e4ker.\tA Quaker."]
+  (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+  unknown = {}
+  for coverage in ("1.0", "0.995"):
+    prefix = str(tmp_path / f"coverage_{coverage}")
+    assert cli.main(["vocab", "tsv", "--path", str(tmp_path / "train.tsv"), "--vocab-size", "80",
+                     "--output", prefix, "--character-coverage", coverage]) == 0
+    assert f"character coverage {float(coverage):g}" in capsys.readouterr().out
+    ids = text.SentencePieceVocab(prefix + ".model").encode("\u00e4").numpy().tolist()
+    unknown[coverage] = text.UNK_ID in ids
+  assert unknown == {"1.0": False, "0.995": True}, unknown
+  assert cli.main(["vocab", "tsv", "--path", str(tmp_path / "train.tsv"), "--output",
+                   str(tmp_path / "never"), "--character-coverage", "1.5"]) == 2
+  assert "--character-coverage 1.5: expected a share in (0, 1]" in capsys.readouterr().err
+
+
 # ----------------------------------------------------------------------------
 # Length filter and padding.
 

@@ -160,8 +160,10 @@ from tpu_models import registry
 from tpu_models.errors import MissingExtraError
 model = tpu_models.create_model("resnet18", num_classes=3, input_shape=[32, 32, 3], stem="small")
 assert "tpu_models.vision.detection.retinanet" not in sys.modules  # Only the ResNet family was imported.
-registry.BUILTIN_FAMILIES.append(registry.Family("needs_sentencepiece", "text",
-                                                 models=("fake_text_*",)))
+assert "tpu_models.text.transformer" not in sys.modules
+registry.add_family(registry.Family(
+    "fake_text", modules=(registry.Module("needs_sentencepiece", models=("fake_text_*",)),),
+    extra="text", extra_packages=("sentencepiece",)))
 try:
   tpu_models.create_model("fake_text_model")
 except MissingExtraError as e:

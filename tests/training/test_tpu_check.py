@@ -35,11 +35,9 @@ def test_dynamic_input_dimension_and_float64_are_flagged():
       return tf.data.Dataset.from_tensor_slices((x.astype("float64"), y)).batch(4)
 
   from tpu_models import registry
-  registry.register_task("toy_ragged", overwrite=True)(RaggedToy)
-  try:
+  with registry.scoped():
+    registry.register_task("toy_ragged")(RaggedToy)
     report = tpu_check.check_config(toy_task.toy_config(["task.name=toy_ragged"]))
-  finally:
-    registry.TASKS._entries.pop("toy_ragged")
   kinds = {f.kind for f in report.findings if f.severity == "error"}
   assert {"dynamic_shape", "float64"} <= kinds, report.format()
   assert not report.ready

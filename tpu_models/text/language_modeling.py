@@ -40,6 +40,7 @@ from tpu_models.text import inputs as text_lib
 from tpu_models.errors import ConfigError
 from tpu_models.registry import register_dataset, register_task
 from tpu_models.text import task as text_task
+from tpu_models.task import Sampler, Servable
 from tpu_models.text.task import TextTask
 
 SAMPLE_METHODS = ("greedy", "top_k")
@@ -92,7 +93,7 @@ def text_lines_source(config: DataConfig, training: bool,
 
 
 @register_task("language_modeling")
-class LanguageModelingTask(TextTask):
+class LanguageModelingTask(TextTask, Servable, Sampler):
   """Decoder-only language modeling with a `transformer_lm*` model; see the module docstring."""
 
   config_class = LanguageModelingConfig

@@ -47,6 +47,7 @@ from tpu_models.data import pipeline
 from tpu_models.text import inputs as text_lib
 from tpu_models.errors import ConfigError
 from tpu_models.registry import register_task
+from tpu_models.task import Sampler, Servable
 from tpu_models.text.task import TextTask, model_param, token_sums
 
 
@@ -119,7 +120,7 @@ def encode_batch(vocab: text_lib.SentencePieceVocab, texts: tf.Tensor, length: i
 
 
 @register_task("translation")
-class TranslationTask(TextTask):
+class TranslationTask(TextTask, Servable, Sampler):
   """Sequence-to-sequence translation with a `transformer*` model; see the module docstring."""
 
   config_class = TranslationConfig

@@ -11,8 +11,8 @@ reports what a TPU would reject or run slowly:
   - float64 tensors (no float64 on TPU);
   - `tf.py_function` / `tf.numpy_function` in the model (cannot run on a TPU)
     or in the input pipeline (runs in Python on the host, holding the GIL);
-  - whatever the task's `data_report()` finds in its data (e.g. targets that
-    the model's fixed output layout cannot represent).
+  - whatever a `DataReporter` task's `data_report()` finds in its data (e.g.
+    targets that the model's fixed output layout cannot represent).
 
 Inputs come from the task (`build_inputs`, or `synthetic_inputs` when the data
 is not on this machine), so any task, a user's included, can be checked.
@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from tpu_models import config as config_lib
 from tpu_models.errors import ConfigError, DataError
+from tpu_models.task import DataReporter
 from tpu_models.training.trainer import Trainer
 
 _PY_FUNC_OPS = {"PyFunc", "PyFuncStateless", "EagerPyFunc"}
@@ -112,8 +113,9 @@ def check_config(config: config_lib.ExperimentConfig, per_replica_batch: int = 2
       except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError,
               tf.errors.InternalError, ValueError, TypeError) as e:
         report.add("error", "xla_compile", _summarize_xla_error(str(e), split))
-    for severity, message in trainer.task.data_report():
-      report.add(severity, "data", message)
+    if isinstance(trainer.task, DataReporter):
+      for severity, message in trainer.task.data_report():
+        report.add(severity, "data", message)
     trainer.close()
   return report
 

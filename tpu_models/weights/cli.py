@@ -14,10 +14,11 @@ Light at import time (the CLI builds its parser before TensorFlow loads):
 import argparse
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
-  """Adds `weights` (list, import) and `migrate` (model-garden) to the CLI; returns `weights`."""
+def add_commands(subparsers) -> None:
+  """Adds `weights` (list, import) and `migrate` (model-garden) to the CLI."""
   migrate = subparsers.add_parser(
       "migrate", help="convert another model zoo's checkpoint into a model_dir of ours")
+  migrate.set_defaults(run=_migrate)
   sources = migrate.add_subparsers(dest="source", required=True, metavar="SOURCE")
   p = sources.add_parser(
       "model-garden", help="a TF Model Garden (tf-models-official) checkpoint of a model with "
@@ -33,6 +34,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
   weights = subparsers.add_parser(
       "weights", help="the catalogue of public pretrained weights; import a downloaded file")
+  weights.set_defaults(run=run)
   actions = weights.add_subparsers(dest="action", required=True, metavar="ACTION")
   p = actions.add_parser("list", help="catalogue entries: source, download location, file, "
                                       "architecture, published accuracy, preprocessing")
@@ -44,7 +46,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                  help="the downloaded file, or the directory holding it")
   p.add_argument("--output", required=True, help="new model_dir to write")
   _add_overrides(p)
-  return weights
 
 
 def _add_overrides(p) -> None:
@@ -58,9 +59,7 @@ def _add_options(p) -> None:
 
 
 def run(args) -> int:
-  """Runs `tpu-models weights ...` or `tpu-models migrate ...`; returns the exit code."""
-  if args.command == "migrate":
-    return _migrate(args)
+  """Runs `tpu-models weights list|import`; returns the exit code."""
   if args.action == "list":
     return _list(args)
   from tpu_models.weights import importing

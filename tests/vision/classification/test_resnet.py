@@ -38,7 +38,7 @@ def _layers_by_name(model):
 
 def test_builders_are_registered_with_typed_keyword_defaults():
   for name, builder in {"resnet": resnet.resnet, **BUILDERS}.items():
-    assert MODELS._entries[name] is builder
+    assert MODELS.get(name) is builder
     hints = typing.get_type_hints(builder)
     for param in inspect.signature(builder).parameters.values():
       assert param.kind == inspect.Parameter.KEYWORD_ONLY, (name, param)

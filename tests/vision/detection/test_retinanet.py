@@ -30,8 +30,8 @@ def _images(batch=2, size=(64, 64), seed=0):
 
 
 def test_builders_are_registered_with_typed_keyword_defaults():
-  assert MODELS._entries["retinanet"] is retinanet.retinanet
-  assert MODELS._entries["retinanet_resnet50_fpn"] is retinanet.retinanet_resnet50_fpn
+  assert MODELS.get("retinanet") is retinanet.retinanet
+  assert MODELS.get("retinanet_resnet50_fpn") is retinanet.retinanet_resnet50_fpn
   for builder in (retinanet.retinanet, retinanet.retinanet_resnet50_fpn):
     hints = typing.get_type_hints(builder)
     for param in inspect.signature(builder).parameters.values():

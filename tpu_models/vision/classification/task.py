@@ -23,7 +23,7 @@ from tpu_models.vision import image as image_lib
 from tpu_models.data import pipeline
 from tpu_models.errors import ConfigError
 from tpu_models.registry import model_signature, register_task
-from tpu_models.task import Task, weighted_mean
+from tpu_models.task import Servable, Task, weighted_mean
 
 
 @dataclasses.dataclass
@@ -54,7 +54,7 @@ _AUGMENTATIONS = ("inception_crop", "pad_crop_flip", "none")
 
 
 @register_task("classification")
-class ClassificationTask(Task):
+class ClassificationTask(Task, Servable):
   """Softmax classification over `num_classes` (taken from the model config)."""
 
   config_class = ClassificationConfig

@@ -40,7 +40,7 @@ input pipeline, the loss and post-processing all read.
 import dataclasses
 import inspect
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import keras
 import numpy as np
@@ -56,7 +56,7 @@ from tpu_models.vision.detection import anchors as anchors_lib
 from tpu_models.vision.detection import losses as detection_losses
 from tpu_models.vision.detection import nms as nms_lib
 from tpu_models.registry import create_model, model_signature, register_task
-from tpu_models.task import Task
+from tpu_models.task import DataReporter, FilePredictor, Servable, Task
 
 # split_id of evaluation examples: host metrics need to know which split they
 # score (its annotation file), and `aggregate` is not told.
@@ -118,7 +118,7 @@ class DetectionConfig(TaskConfig):
 
 
 @register_task("detection")
-class DetectionTask(Task):
+class DetectionTask(Task, Servable, FilePredictor, DataReporter):
   """RetinaNet-style detection over `num_classes` (from the model config)."""
 
   config_class = DetectionConfig
@@ -497,14 +497,16 @@ class DetectionTask(Task):
     return detect
 
   def predict_files(self, model: keras.Model, paths, output_dir: str, *,
-                    min_score: Optional[float] = None, say=None) -> List[str]:
+                    options: Optional[Mapping[str, Any]] = None, say=None) -> List[str]:
     """Detects objects in JPEG/PNG files; writes each drawn at its size to output_dir/<name>.png.
 
     Args:
       model: the trained detector (float32).
       paths: image files (any tf.io.gfile path).
       output_dir: where the pictures go (created).
-      min_score: the lowest score drawn and printed (default: eval_image_min_score).
+      options: `predict`'s options from this family's CLI (vision/detection/cli.py):
+        "min_score", the lowest score drawn and printed (None or absent:
+        eval_image_min_score).
       say: receives one line per image: "<path>: N detections: name 0.91 [ymin, xmin,
         ymax, xmax], ... -> <png>", or "<path>: error: ..." for a file that cannot be
         read or decoded (skipped; the others are still processed).
@@ -515,6 +517,7 @@ class DetectionTask(Task):
     from tpu_models.vision.detection import draw
 
     say = say or print
+    min_score = (options or {}).get("min_score")
     min_score = self.config.eval_image_min_score if min_score is None else float(min_score)
     names = self.display_names()
     detect = self._detect_pixels_fn(model)

@@ -1,0 +1,12 @@
+"""The object detection family: what it registers and where, read without importing it."""
+
+from tpu_models.registry import Family, Module
+
+FAMILY = Family(
+    "detection",
+    modules=(
+        Module("tpu_models.vision.detection.retinanet", models=("retinanet*",)),
+        Module("tpu_models.vision.detection.task", tasks=("detection",)),
+    ),
+    cli="tpu_models.vision.detection.cli",
+    extra="coco", extra_packages=("pycocotools",))
