@@ -102,8 +102,8 @@ def test_packed_and_unpacked_give_the_same_loss(corpus):
   packed = {k: tf.constant(np.stack([r[k] for r in packed_rows])) for k in packed_rows[0]}
   unpacked = tf.constant(np.stack([r["targets"] for r in text_lib.pad_to_length(
       examples, {"targets": 64}).as_numpy_iterator()]))
-  packed_sum, packed_tokens = task.loss({"targets": packed["targets"]}, model(packed))
-  sum_, tokens = task.loss({"targets": unpacked}, model({"targets": unpacked}))
+  packed_sum, packed_tokens = task.loss({"targets": packed["targets"]}, model(packed)).loss
+  sum_, tokens = task.loss({"targets": unpacked}, model({"targets": unpacked})).loss
   assert float(packed_tokens) == float(tokens) == float(np.count_nonzero(unpacked.numpy()))
   np.testing.assert_allclose(float(packed_sum), float(sum_), rtol=1e-4)
 
@@ -155,6 +155,29 @@ def test_export_sample_command_and_check(corpus, tmp_path, capsys):
 
   report = tpu_check.check_config(config)
   assert report.ready and report.compiled == ["train", "eval"], report.format()
+
+
+@pytest.mark.parametrize("packing", [True, False])
+def test_synthetic_inputs_have_the_real_batches_shapes(corpus, packing):
+  task = create_task(make_config(corpus, [f"task.packing={str(packing).lower()}"]).task)
+  for split in ("train", "eval"):
+    synthetic = task.synthetic_inputs(split)
+    assert synthetic.element_spec == task.build_inputs(split).element_spec, split
+    ids = next(iter(synthetic))[0]["targets"].numpy()
+    assert 0 <= ids.min() and ids.max() < task.vocab.vocab_size
+    assert ((ids == text_lib.EOS_ID).sum(axis=1) >= 1).all()
+
+
+def test_synthetic_source_trains_and_evaluates_without_data_or_vocabulary(corpus, tmp_path):
+  config = make_config(corpus, [f"task.vocab_path={tmp_path / 'none.model'}",
+                                "task.model.vocab_size=34", "task.train_data.source=synthetic",
+                                "task.eval_data.source=synthetic", "task.unigram_baseline=false",
+                                "trainer.train_steps=2", "trainer.steps_per_loop=1",
+                                "trainer.checkpoint_every=2"])
+  trainer = Trainer(config, str(tmp_path / "run"))
+  assert np.isfinite(trainer.train()["loss"])
+  metrics = trainer.evaluate()
+  assert metrics["examples"] == 4 and np.isfinite(metrics["perplexity"])
 
 
 def test_official_lm_config_loads():
