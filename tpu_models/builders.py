@@ -5,7 +5,8 @@ A registered builder's signature is the schema of its model config (see
 must show its own: the fixed arguments gone, the new defaults in place, the
 annotations kept.
 
-    resnet50 = register_model("resnet50")(preset(resnet, "resnet50", fixed={"depth": 50}))
+    mlp_wide = register_model("mlp_wide")(preset(mlp, "mlp_wide", defaults={"width": 1024}))
+    mlp_3 = register_model("mlp_3")(preset(mlp, "mlp_3", fixed={"layers": 3}))
 """
 
 import inspect

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import synthetic_checks
 from conftest import REPO
 from tpu_models import cli
 from tpu_models import config as config_lib
@@ -159,24 +160,13 @@ def test_export_sample_command_and_check(corpus, tmp_path, capsys):
 
 @pytest.mark.parametrize("packing", [True, False])
 def test_synthetic_inputs_have_the_real_batches_shapes(corpus, packing):
-  task = create_task(make_config(corpus, [f"task.packing={str(packing).lower()}"]).task)
-  for split in ("train", "eval"):
-    synthetic = task.synthetic_inputs(split)
-    assert synthetic.element_spec == task.build_inputs(split).element_spec, split
-    ids = next(iter(synthetic))[0]["targets"].numpy()
-    assert 0 <= ids.min() and ids.max() < task.vocab.vocab_size
-    assert ((ids == text_lib.EOS_ID).sum(axis=1) >= 1).all()
+  config = make_config(corpus, [f"task.packing={str(packing).lower()}"])
+  synthetic_checks.assert_synthetic_like_real(config, 34, ("targets",))
 
 
 def test_synthetic_source_trains_and_evaluates_without_data_or_vocabulary(corpus, tmp_path):
-  config = make_config(corpus, [f"task.vocab_path={tmp_path / 'none.model'}",
-                                "task.model.vocab_size=34", "task.train_data.source=synthetic",
-                                "task.eval_data.source=synthetic", "task.unigram_baseline=false",
-                                "trainer.train_steps=2", "trainer.steps_per_loop=1",
-                                "trainer.checkpoint_every=2"])
-  trainer = Trainer(config, str(tmp_path / "run"))
-  assert np.isfinite(trainer.train()["loss"])
-  metrics = trainer.evaluate()
+  metrics = synthetic_checks.train_and_evaluate_synthetic(
+      make_config(corpus), str(tmp_path), 34, ["task.unigram_baseline=false"])
   assert metrics["examples"] == 4 and np.isfinite(metrics["perplexity"])
 
 

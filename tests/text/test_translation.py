@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import synthetic_checks
 from conftest import REPO
 from tpu_models import config as config_lib
 from tpu_models import export
@@ -187,28 +188,16 @@ def test_oversampling_draws_the_given_share_from_the_second_split(corpus):
 
 @pytest.mark.parametrize("packing", [True, False])
 def test_synthetic_inputs_have_the_real_batches_shapes(corpus, packing):
-  task = create_task(make_config(corpus, [f"task.packing={str(packing).lower()}"]).task)
-  for split in ("train", "eval"):
-    synthetic = task.synthetic_inputs(split)
-    assert synthetic.element_spec == task.build_inputs(split).element_spec, split
-    features = next(iter(synthetic))[0]
-    for ids in (features["inputs"].numpy(), features["targets"].numpy()):
-      assert 0 <= ids.min() and ids.max() < 56
-      assert ((ids == text_lib.EOS_ID).sum(axis=1) >= 1).all()  # Every row ends a text.
-  batches = list(task.synthetic_inputs("eval").take(3).as_numpy_iterator())
+  config = make_config(corpus, [f"task.packing={str(packing).lower()}"])
+  synthetic_checks.assert_synthetic_like_real(config, 56, ("inputs", "targets"))
+  batches = list(create_task(config.task).synthetic_inputs("eval").take(3).as_numpy_iterator())
   assert [b[2].tolist() for b in batches] == [[1.0] * 4, [0.0] * 4, [0.0] * 4]  # Then padding.
 
 
 def test_synthetic_source_trains_and_evaluates_without_data_or_vocabulary(corpus, tmp_path):
-  config = make_config(corpus, [f"task.vocab_path={tmp_path / 'none.model'}",
-                                "task.model.vocab_size=56", "task.train_data.source=synthetic",
-                                "task.eval_data.source=synthetic", "task.eval_bleu=false",
-                                "trainer.train_steps=2", "trainer.steps_per_loop=1",
-                                "trainer.checkpoint_every=2"])
-  trainer = Trainer(config, str(tmp_path / "run"))
-  assert np.isfinite(trainer.train()["loss"])
-  metrics = trainer.evaluate()
-  assert metrics["examples"] == 4 and np.isfinite(metrics["loss"])
+  metrics = synthetic_checks.train_and_evaluate_synthetic(
+      make_config(corpus), str(tmp_path), 56, ["task.eval_bleu=false"])
+  assert metrics["examples"] == 4 and np.isfinite(metrics["perplexity"])
 
 
 def test_missing_vocabulary_names_the_command(corpus, tmp_path):

@@ -437,29 +437,6 @@ class _Sublayer(_Layer):
     return x if self.pre_layer_norm else norm(x)
 
 
-class EncoderLayer(_Sublayer):
-  """Self-attention + FFN."""
-
-  def __init__(self, hidden_size, num_heads, filter_size, dropout, attention_dropout,
-               activation_dropout, activation, pre_layer_norm, **kwargs):
-    super().__init__(hidden_size, dropout, pre_layer_norm, **kwargs)
-    self.self_attention = MultiHeadAttention(hidden_size, num_heads, True, attention_dropout,
-                                             name="self_attention")
-    self.self_attention_norm = self._norm("self_attention_norm")
-    self.ffn = FeedForward(hidden_size, filter_size, activation, activation_dropout, name="ffn")
-    self.ffn_norm = self._norm("ffn_norm")
-
-  def build(self, input_shape=None):
-    self.self_attention.build()
-    self.ffn.build()
-    self._build_norms([self.self_attention_norm, self.ffn_norm])
-
-  def call(self, x, bias, training=False):
-    x = self._residual(x, self.self_attention_norm,
-                       lambda h: self.self_attention(h, bias, training=training), training)
-    return self._residual(x, self.ffn_norm, lambda h: self.ffn(h, training=training), training)
-
-
 class DecoderLayer(_Sublayer):
   """Causal self-attention, cross-attention (encoder-decoder only), FFN."""
 
@@ -515,6 +492,20 @@ class DecoderLayer(_Sublayer):
                                                       group), False)
     x = self._residual(x, self.ffn_norm, lambda h: self.ffn(h, training=False), False)
     return x, new_cache
+
+
+class EncoderLayer(DecoderLayer):
+  """Self-attention + FFN: a decoder layer without cross-attention (same variables and order).
+
+  Whether attention is causal is the bias's business: the encoder passes a
+  padding (or segment) bias, the decoder a causal one.
+  """
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, cross_attention=False, **kwargs)
+
+  def call(self, x, bias, training=False):
+    return super().call(x, bias, training=training)
 
 
 # ----------------------------------------------------------------------------

@@ -197,8 +197,11 @@ class Trainer:
             f"--allow-model-change (Trainer(allow_model_change=True)) to resume it anyway.")
 
   def _check_target_metric(self) -> None:
-    """A `trainer.target_metric` the task does not report, or whose direction it does not
-    declare, is an error now, not at the first eval (when the task knows its names up front)."""
+    """Refuses a `trainer.target_metric` the task does not report or gives no direction.
+
+    Checked before training when the task knows its metric names up front
+    (`eval_metric_names`), else at the first evaluation (`_check_target`).
+    """
     target = self.config.trainer.target_metric
     names = self.task.eval_metric_names()
     if target and names is not None and target not in names:
@@ -218,10 +221,10 @@ class Trainer:
     if direction in (HIGHER, LOWER):
       return direction
     targets = ", ".join(name for name, d in directions.items() if d in (HIGHER, LOWER))
-    what = ("is a count, with no better direction" if target in directions else
-            "has no declared direction (higher or lower is better; Task.metric_directions)")
-    raise ConfigError(f"Config key 'trainer.target_metric' is {target!r}, which {what} in task "
-                      f"{self.config.task.name!r}. Metrics it can target: {targets}.")
+    what = ("declares has no better direction (a count or a setting)" if target in directions
+            else "does not say whether higher or lower is better (Task.metric_directions)")
+    raise ConfigError(f"Config key 'trainer.target_metric' is {target!r}, which task "
+                      f"{self.config.task.name!r} {what}. Metrics it can target: {targets}.")
 
   def _restore_or_warm_start(self, latest: Optional[str]) -> None:
     for line in self._config_warnings:
