@@ -19,7 +19,7 @@ from tpu_models import config as config_lib
 from tpu_models.config import TaskConfig
 from tpu_models.data import pipeline
 from tpu_models.registry import register_model, register_task
-from tpu_models.task import Task, weighted_mean
+from tpu_models.task import HIGHER, NO_DIRECTION, Task, weighted_mean
 
 NUM_FEATURES = 8
 NUM_CLASSES = 4
@@ -108,13 +108,17 @@ class ToyTask(Task):
     return {"label": labels, "prediction": tf.argmax(outputs, -1, output_type=tf.int32),
             "feature_sum": tf.reduce_sum(features, axis=-1)}
 
-  def aggregate(self, state, step_outputs):
+  def metric_directions(self):
+    return dict(super().metric_directions(), accuracy=HIGHER, host_accuracy=HIGHER,
+                host_examples=NO_DIRECTION, host_median_feature_sum=NO_DIRECTION)
+
+  def aggregate(self, state, step_outputs, *, split):
     state = state or {"label": [], "prediction": [], "feature_sum": []}
     for key, values in step_outputs.items():
       state[key].append(values)
     return state
 
-  def finalize(self, state):
+  def finalize(self, state, *, split):
     if state is None:
       return {}
     label, prediction, feature_sum = (np.concatenate(state[k])

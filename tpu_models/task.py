@@ -10,23 +10,29 @@ checkpoints, logging), so a new task is only these few methods:
       def build_model(self): ...
       def build_inputs(self, split, input_context=None): ...
       def loss(self, labels, outputs): ...
-      def metrics(self, labels, outputs, weights): ...
+      def metrics(self, labels, outputs, weights, aux=None): ...
+      def metric_directions(self): ...   # {"accuracy": HIGHER, ...}
 
 The loss is either per-example values [batch] (averaged over the GLOBAL batch)
 or a `(sum, normaliser)` pair: the Trainer sums both over every replica before
 dividing, so a per-token or per-positive-anchor mean is exact for any replica
-count. Metrics are (sum, count) pairs summed over replicas and steps and
-reported as sum / count, exact for padded batches too.
+count. A loss whose parts are metrics too returns `LossResult(loss, aux)`: the
+Trainer hands `aux` to `metrics`, which reuses it instead of computing the
+parts again. Metrics are (sum, count) pairs summed over replicas and steps and
+reported as sum / count, exact for padded batches too. `metric_directions`
+says for each evaluation metric whether higher or lower is better
+(`trainer.target_metric` needs it).
 
 Evaluation runs `eval_step` on every replica inside one compiled function; a
 task that decodes (beam search) or post-processes (NMS) overrides it. Metrics
 computed on the host (BLEU, COCO AP) come from `eval_step`'s host outputs:
 they are gathered from every replica of every host, padded examples are
 dropped, and the rest is folded in by `aggregate` and turned into numbers by
-`finalize`.
+`finalize`, both told the split ("eval", "test") they score.
 """
 
 import abc
+import dataclasses
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import keras
@@ -38,6 +44,44 @@ from tpu_models.registry import TASKS, create_model
 
 MetricSums = Dict[str, Tuple[tf.Tensor, tf.Tensor]]
 Loss = Union[tf.Tensor, Tuple[tf.Tensor, tf.Tensor]]
+
+# Metric directions (`Task.metric_directions`): which way is better.
+HIGHER = "higher"
+LOWER = "lower"
+# Declared for a metric that is a count or a setting, not a quality (e.g. "examples").
+NO_DIRECTION = None
+MetricDirection = Optional[str]
+LossAux = Mapping[str, tf.Tensor]
+
+
+@dataclasses.dataclass(frozen=True)
+class LossResult:
+  """A task's loss with intermediates its `metrics` reuses (`Task.loss` may return one).
+
+  Attributes:
+    loss: per-example float32 [batch] or a (sum, normaliser) pair, as `Task.loss`.
+    aux: tensors computed on the way (e.g. the loss's parts), handed unchanged to
+      `Task.metrics(..., aux=aux)` of the same batch. Computed without the
+      evaluation weights: in evaluation, padded examples must contribute nothing
+      to them (all-zero labels), or the task overrides `eval_step`.
+  """
+  loss: Loss
+  aux: LossAux
+
+
+def split_loss(result: Union[Loss, LossResult]) -> Tuple[Loss, Optional[LossAux]]:
+  """(the loss, its aux or None) of what `Task.loss` returned."""
+  if isinstance(result, LossResult):
+    return result.loss, result.aux
+  return result, None
+
+
+def task_metrics(task: "Task", labels, outputs, weights: tf.Tensor,
+                 aux: Optional[LossAux]) -> MetricSums:
+  """`task.metrics` of a batch, given the aux of its `LossResult` when the loss returned one."""
+  if aux is None:
+    return task.metrics(labels, outputs, weights)
+  return task.metrics(labels, outputs, weights, aux=aux)
 
 
 class Task:
@@ -83,20 +127,36 @@ class Task:
     padding = first.map(lambda *batch: (*batch[:-1], tf.zeros_like(batch[-1])))
     return first.concatenate(padding.repeat())
 
-  def loss(self, labels, outputs) -> Loss:
+  def loss(self, labels, outputs) -> Union[Loss, LossResult]:
     """Per-example loss float32 [batch], or a (sum, normaliser) pair of float32 scalars.
 
     Per-example values are averaged over the global batch. A pair is summed over
     all replicas before the division (the normaliser clamped at >= 1), e.g.
     (sum of token losses, number of real tokens). In evaluation padded examples
     have all-zero labels: a pair must let them contribute nothing (zero tokens,
-    zero positives), or the task overrides `eval_step`.
+    zero positives), or the task overrides `eval_step`. Either may be wrapped in
+    a `LossResult` whose `aux` the Trainer passes to `metrics`.
     """
     raise NotImplementedError
 
-  def metrics(self, labels, outputs, weights: tf.Tensor) -> MetricSums:
-    """(sum, count) pairs for this batch; `weights` [batch] is 0 for padding."""
+  def metrics(self, labels, outputs, weights: tf.Tensor,
+              aux: Optional[LossAux] = None) -> MetricSums:
+    """(sum, count) pairs for this batch; `weights` [batch] is 0 for padding.
+
+    `aux` is the `LossResult.aux` of the same batch's loss (passed only when the
+    loss returned a `LossResult`).
+    """
     return {}
+
+  def metric_directions(self) -> Dict[str, MetricDirection]:
+    """{evaluation metric: HIGHER or LOWER (which way is better), or NO_DIRECTION}.
+
+    The Trainer reads the direction of `trainer.target_metric` here (the target
+    is reached at >= target_value for HIGHER, <= for LOWER); a target metric
+    that is not declared, or declared NO_DIRECTION, is a ConfigError. A task
+    adds its own metrics to these.
+    """
+    return {"loss": LOWER, "examples": NO_DIRECTION}
 
   def eval_step(self, model: keras.Model, features, labels,
                 weights: tf.Tensor) -> Tuple[MetricSums, Any]:
@@ -112,8 +172,9 @@ class Task:
       a nest of tensors whose first dimension is the batch; see `eval_outputs`.
     """
     outputs = model(features, training=False)
-    sums = {"loss": loss_sums(self.loss(labels, outputs), weights)}
-    sums.update(self.metrics(labels, outputs, weights))
+    loss, aux = split_loss(self.loss(labels, outputs))
+    sums = {"loss": loss_sums(loss, weights)}
+    sums.update(task_metrics(self, labels, outputs, weights, aux))
     return sums, self.eval_outputs(features, labels, outputs, weights)
 
   # Host-side metrics (computed off-device, e.g. COCO AP or BLEU).
@@ -125,17 +186,18 @@ class Task:
     """
     return None
 
-  def aggregate(self, state: Any, step_outputs: Any) -> Any:
+  def aggregate(self, state: Any, step_outputs: Any, *, split: str) -> Any:
     """Folds one eval step's host outputs into `state` (None at the start).
 
     `step_outputs` has the structure `eval_outputs` returned, as numpy arrays
     holding the real examples of this step from EVERY replica on every host
-    (padding removed): [n_real, ...].
+    (padding removed): [n_real, ...]. `split` is the split evaluated ("eval",
+    "test"), e.g. to pick its ground truth.
     """
     return state
 
-  def finalize(self, state: Any) -> Dict[str, float]:
-    """Metrics from the aggregated `state` at the end of evaluation."""
+  def finalize(self, state: Any, *, split: str) -> Dict[str, float]:
+    """Metrics from the aggregated `state` of `split` at the end of evaluation."""
     return {}
 
   def derived_metrics(self, metrics: Dict[str, float]) -> Dict[str, float]:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import synthetic_checks
 from conftest import REPO
 from tpu_models import cli
 from tpu_models import config as config_lib
@@ -102,8 +103,8 @@ def test_packed_and_unpacked_give_the_same_loss(corpus):
   packed = {k: tf.constant(np.stack([r[k] for r in packed_rows])) for k in packed_rows[0]}
   unpacked = tf.constant(np.stack([r["targets"] for r in text_lib.pad_to_length(
       examples, {"targets": 64}).as_numpy_iterator()]))
-  packed_sum, packed_tokens = task.loss({"targets": packed["targets"]}, model(packed))
-  sum_, tokens = task.loss({"targets": unpacked}, model({"targets": unpacked}))
+  packed_sum, packed_tokens = task.loss({"targets": packed["targets"]}, model(packed)).loss
+  sum_, tokens = task.loss({"targets": unpacked}, model({"targets": unpacked})).loss
   assert float(packed_tokens) == float(tokens) == float(np.count_nonzero(unpacked.numpy()))
   np.testing.assert_allclose(float(packed_sum), float(sum_), rtol=1e-4)
 
@@ -155,6 +156,18 @@ def test_export_sample_command_and_check(corpus, tmp_path, capsys):
 
   report = tpu_check.check_config(config)
   assert report.ready and report.compiled == ["train", "eval"], report.format()
+
+
+@pytest.mark.parametrize("packing", [True, False])
+def test_synthetic_inputs_have_the_real_batches_shapes(corpus, packing):
+  config = make_config(corpus, [f"task.packing={str(packing).lower()}"])
+  synthetic_checks.assert_synthetic_like_real(config, 34, ("targets",))
+
+
+def test_synthetic_source_trains_and_evaluates_without_data_or_vocabulary(corpus, tmp_path):
+  metrics = synthetic_checks.train_and_evaluate_synthetic(
+      make_config(corpus), str(tmp_path), 34, ["task.unigram_baseline=false"])
+  assert metrics["examples"] == 4 and np.isfinite(metrics["perplexity"])
 
 
 def test_official_lm_config_loads():

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import synthetic_checks
 from conftest import REPO
 from tpu_models import config as config_lib
 from tpu_models import export
@@ -78,7 +79,7 @@ def test_loss_is_a_sum_over_real_tokens(corpus):
   de, en = zip(*corpus["train"][:3])
   features = {"inputs": _encode(task.vocab, de, 32), "targets": _encode(task.vocab, en, 32)}
   logits = model(features)
-  loss_sum, tokens = task.loss({"targets": features["targets"]}, logits)
+  loss_sum, tokens = task.loss({"targets": features["targets"]}, logits).loss
   assert float(tokens) == float(np.count_nonzero(features["targets"].numpy()))
 
   # The same by hand: smoothed targets (0.9 on the truth, 0.1 / 55 elsewhere) minus their entropy.
@@ -93,7 +94,7 @@ def test_loss_is_a_sum_over_real_tokens(corpus):
 
   # Extra padding columns and all-padding rows (eval padding) add nothing.
   padded = {k: tf.pad(v, [[0, 2], [0, 8]]) for k, v in features.items()}
-  padded_sum, padded_tokens = task.loss({"targets": padded["targets"]}, model(padded))
+  padded_sum, padded_tokens = task.loss({"targets": padded["targets"]}, model(padded)).loss
   assert float(padded_tokens) == float(tokens)
   np.testing.assert_allclose(float(padded_sum), float(loss_sum), rtol=1e-5)
 
@@ -112,8 +113,8 @@ def test_packed_and_unpacked_give_the_same_loss(corpus):
   packed = {k: tf.constant(np.stack([r[k] for r in packed_rows])) for k in packed_rows[0]}
   unpacked = {k: tf.constant(np.stack([r[k] for r in text_lib.pad_to_length(
       examples, lengths).as_numpy_iterator()])) for k in ("inputs", "targets")}
-  packed_sum, packed_tokens = task.loss({"targets": packed["targets"]}, model(packed))
-  sum_, tokens = task.loss({"targets": unpacked["targets"]}, model(unpacked))
+  packed_sum, packed_tokens = task.loss({"targets": packed["targets"]}, model(packed)).loss
+  sum_, tokens = task.loss({"targets": unpacked["targets"]}, model(unpacked)).loss
   assert float(packed_tokens) == float(tokens)
   np.testing.assert_allclose(float(packed_sum), float(sum_), rtol=1e-4)
 
@@ -183,6 +184,20 @@ def test_oversampling_draws_the_given_share_from_the_second_split(corpus):
   config = config_lib.override(config, ["task.sentences_split=sentences"])
   with pytest.raises(config_lib.ConfigError, match="sentences_split"):
     create_task(config.task).build_inputs("train")
+
+
+@pytest.mark.parametrize("packing", [True, False])
+def test_synthetic_inputs_have_the_real_batches_shapes(corpus, packing):
+  config = make_config(corpus, [f"task.packing={str(packing).lower()}"])
+  synthetic_checks.assert_synthetic_like_real(config, 56, ("inputs", "targets"))
+  batches = list(create_task(config.task).synthetic_inputs("eval").take(3).as_numpy_iterator())
+  assert [b[2].tolist() for b in batches] == [[1.0] * 4, [0.0] * 4, [0.0] * 4]  # Then padding.
+
+
+def test_synthetic_source_trains_and_evaluates_without_data_or_vocabulary(corpus, tmp_path):
+  metrics = synthetic_checks.train_and_evaluate_synthetic(
+      make_config(corpus), str(tmp_path), 56, ["task.eval_bleu=false"])
+  assert metrics["examples"] == 4 and np.isfinite(metrics["perplexity"])
 
 
 def test_missing_vocabulary_names_the_command(corpus, tmp_path):

@@ -21,12 +21,14 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
+from tpu_models.text.inputs import PAD_ID
+
 # Added to the scores of masked keys. Finite so that a fully masked row gives a
 # uniform softmax, not NaN (NaN would poison the gradients even when masked).
 MASK_BIAS = -1e9
 
 
-def padding_mask(ids: tf.Tensor, pad_id: int = 0) -> tf.Tensor:
+def padding_mask(ids: tf.Tensor, pad_id: int = PAD_ID) -> tf.Tensor:
   """Keys that are not padding.
 
   Args:

@@ -40,7 +40,7 @@ from tpu_models.text import inputs as text_lib
 from tpu_models.errors import ConfigError
 from tpu_models.registry import register_dataset, register_task
 from tpu_models.text import task as text_task
-from tpu_models.task import Sampler, Servable
+from tpu_models.task import LOWER, Sampler, Servable
 from tpu_models.text.task import TextTask
 
 SAMPLE_METHODS = ("greedy", "top_k")
@@ -123,9 +123,11 @@ class LanguageModelingTask(TextTask, Servable, Sampler):
   def build_inputs(self, split: str,
                    input_context: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
     """Per-replica batches: ({"targets": int32 [B, L]} (+ packing keys), {"targets"})
-    for 'train', plus a mask [B] otherwise."""
+    for 'train', plus a mask [B] otherwise. Source "synthetic": `synthetic_inputs`."""
     cfg = self.config
     data = self.data_config(split)
+    if data.source == "synthetic":
+      return self.synthetic_inputs(split, input_context)
     training = split == "train"
     vocab = self.vocab
     lengths = {"targets": cfg.max_length}
@@ -181,6 +183,9 @@ class LanguageModelingTask(TextTask, Servable, Sampler):
     if self.config.unigram_baseline:
       names += ["unigram_nll", "unigram_perplexity"]
     return names
+
+  def metric_directions(self):
+    return dict(super().metric_directions(), unigram_nll=LOWER, unigram_perplexity=LOWER)
 
   def derived_metrics(self, metrics: Dict[str, float]) -> Dict[str, float]:
     out = {}

@@ -21,7 +21,7 @@ from tpu_models.data import pipeline
 from tpu_models.text import inputs as text_lib
 from tpu_models.errors import ConfigError
 from tpu_models.registry import DATASETS, create_model, model_signature
-from tpu_models.task import Task
+from tpu_models.task import HIGHER, LOWER, LossResult, Task
 
 VOCAB_COMMAND = "tpu-models vocab SOURCE --output PREFIX --vocab-size N"
 
@@ -269,12 +269,25 @@ class TextTask(Task):
 
   # Loss and metrics.
 
-  def loss(self, labels, outputs):
-    """((label-smoothed) cross-entropy summed over real target tokens, number of them)."""
-    loss_sum, tokens, _, _ = token_sums(labels["targets"], outputs, self.config.label_smoothing)
-    return loss_sum, tokens
+  def loss(self, labels, outputs) -> LossResult:
+    """((label-smoothed) cross-entropy summed over real target tokens, number of them).
 
-  def metrics(self, labels, outputs, weights):
+    The aux {"correct", "tokens"} (float32 scalars, from the same pass) is what
+    `metrics` reports.
+    """
+    loss_sum, tokens, _, correct = token_sums(labels["targets"], outputs,
+                                              self.config.label_smoothing)
+    return LossResult((loss_sum, tokens), {"correct": correct, "tokens": tokens})
+
+  def metrics(self, labels, outputs, weights, aux=None):
+    """Token accuracy and the global real tokens per step (from `aux` when given)."""
     del weights  # Padding examples have all-zero targets: no tokens count.
-    correct, tokens = token_accuracy(labels["targets"], outputs)
+    if aux is None:
+      correct, tokens = token_accuracy(labels["targets"], outputs)
+    else:
+      correct, tokens = aux["correct"], aux["tokens"]
     return {"accuracy": (correct, tokens), "tokens_per_step": tokens_per_step(tokens)}
+
+  def metric_directions(self):
+    """Token losses and perplexities lower, accuracy higher."""
+    return dict(super().metric_directions(), accuracy=HIGHER, nll=LOWER, perplexity=LOWER)

@@ -61,6 +61,7 @@ written one position per step with a select, and padded outputs. Both compile
 inside `tf.function(jit_compile=True)` (eval steps, serving signatures).
 """
 
+import dataclasses
 import inspect
 import math
 from typing import Any, Dict, List, Optional, Tuple
@@ -70,11 +71,10 @@ import tensorflow as tf
 
 from tpu_models.text import attention as attention_ops
 from tpu_models.text import beam_search as beam_search_ops
+from tpu_models.builders import preset
+from tpu_models.text.inputs import EOS_ID, PAD_ID
 from tpu_models.registry import register_model
 
-PAD_ID = 0
-EOS_ID = 1
-UNK_ID = 2
 LAYER_NORM_EPSILON = 1e-6
 DEFAULT_EXTRA_DECODE_LENGTH = 50  # translate(): decode up to input length + this.
 GENERATE_METHODS = ("greedy", "top_k")
@@ -437,29 +437,6 @@ class _Sublayer(_Layer):
     return x if self.pre_layer_norm else norm(x)
 
 
-class EncoderLayer(_Sublayer):
-  """Self-attention + FFN."""
-
-  def __init__(self, hidden_size, num_heads, filter_size, dropout, attention_dropout,
-               activation_dropout, activation, pre_layer_norm, **kwargs):
-    super().__init__(hidden_size, dropout, pre_layer_norm, **kwargs)
-    self.self_attention = MultiHeadAttention(hidden_size, num_heads, True, attention_dropout,
-                                             name="self_attention")
-    self.self_attention_norm = self._norm("self_attention_norm")
-    self.ffn = FeedForward(hidden_size, filter_size, activation, activation_dropout, name="ffn")
-    self.ffn_norm = self._norm("ffn_norm")
-
-  def build(self, input_shape=None):
-    self.self_attention.build()
-    self.ffn.build()
-    self._build_norms([self.self_attention_norm, self.ffn_norm])
-
-  def call(self, x, bias, training=False):
-    x = self._residual(x, self.self_attention_norm,
-                       lambda h: self.self_attention(h, bias, training=training), training)
-    return self._residual(x, self.ffn_norm, lambda h: self.ffn(h, training=training), training)
-
-
 class DecoderLayer(_Sublayer):
   """Causal self-attention, cross-attention (encoder-decoder only), FFN."""
 
@@ -517,14 +494,61 @@ class DecoderLayer(_Sublayer):
     return x, new_cache
 
 
+class EncoderLayer(DecoderLayer):
+  """Self-attention + FFN: a decoder layer without cross-attention (same variables and order).
+
+  Whether attention is causal is the bias's business: the encoder passes a
+  padding (or segment) bias, the decoder a causal one.
+  """
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, cross_attention=False, **kwargs)
+
+  def call(self, x, bias, training=False):
+    return super().call(x, bias, training=training)
+
+
 # ----------------------------------------------------------------------------
 # Models.
 
 
-def _layer_kwargs(config: Dict[str, Any]) -> Dict[str, Any]:
-  return {k: config[k] for k in ("hidden_size", "num_heads", "filter_size", "dropout",
-                                 "attention_dropout", "activation_dropout", "activation",
-                                 "pre_layer_norm")}
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+  """The architecture both Transformers share: with the stack depths, the builders' arguments.
+
+  Defaults are the base size. Attributes:
+    vocab_size: shared source/target vocabulary size (0 = pad, 1 = EOS).
+    hidden_size: model width d (embeddings, residual stream).
+    num_heads: attention heads (must divide hidden_size).
+    filter_size: FFN inner width.
+    dropout: on the embeddings and on every sublayer output (residual dropout).
+    attention_dropout: on the attention probabilities.
+    activation_dropout: after the FFN activation (Tensor2Tensor's relu_dropout).
+    activation: FFN activation, a Keras activation name ("relu", "gelu").
+    share_embeddings: one matrix for the embeddings (source and target) and the
+      softmax; False: a matrix each.
+    pre_layer_norm: True = pre-LN (norm before each sublayer, plus a final
+      norm per stack); False = post-LN (the paper).
+    max_length: longest sequence the model decodes (`translate`'s and
+      `generate`'s cap: prompt + generated tokens).
+  """
+  vocab_size: int
+  hidden_size: int = 512
+  num_heads: int = 8
+  filter_size: int = 2048
+  dropout: float = 0.1
+  attention_dropout: float = 0.1
+  activation_dropout: float = 0.1
+  activation: str = "relu"
+  share_embeddings: bool = True
+  pre_layer_norm: bool = True
+  max_length: int = 256
+
+  def layer_kwargs(self) -> Dict[str, Any]:
+    """The keyword arguments of `EncoderLayer` and `DecoderLayer`."""
+    return {k: getattr(self, k) for k in ("hidden_size", "num_heads", "filter_size", "dropout",
+                                          "attention_dropout", "activation_dropout",
+                                          "activation", "pre_layer_norm")}
 
 
 def _validate_config(config: Dict[str, Any]) -> None:
@@ -560,9 +584,15 @@ def _stack_norm(name: str) -> keras.layers.LayerNormalization:
 class _TransformerBase(keras.Model):
   """Pieces shared by the encoder-decoder and the language model."""
 
-  def _init_config(self, config: Dict[str, Any]):
+  def _init_config(self, architecture: TransformerConfig, **depths: int):
+    """Checks and keeps the architecture and the stack depths (`get_config`)."""
+    for key, value in depths.items():
+      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"Transformer {key} must be a positive int, got {value!r}.")
+    config = dataclasses.asdict(architecture)
+    config = {"vocab_size": config.pop("vocab_size"), **depths, **config}
     _validate_config(config)
-    self._config = dict(config)
+    self._config = config
     self.vocab_size = config["vocab_size"]
     self.hidden_size = config["hidden_size"]
     self.num_heads = config["num_heads"]
@@ -638,23 +668,13 @@ class _TransformerBase(keras.Model):
 class TransformerModel(_TransformerBase):
   """Encoder-decoder Transformer; see the module docstring. Build it with `transformer*`."""
 
-  def __init__(self, *, vocab_size: int, num_encoder_layers: int, num_decoder_layers: int,
-               hidden_size: int, num_heads: int, filter_size: int, dropout: float,
-               attention_dropout: float, activation_dropout: float, activation: str,
-               share_embeddings: bool, pre_layer_norm: bool, max_length: int,
-               name: str = "transformer"):
+  def __init__(self, architecture: TransformerConfig, *, num_encoder_layers: int,
+               num_decoder_layers: int, name: str = "transformer"):
     super().__init__(name=name)
-    config = dict(vocab_size=vocab_size, num_encoder_layers=num_encoder_layers,
-                  num_decoder_layers=num_decoder_layers, hidden_size=hidden_size,
-                  num_heads=num_heads, filter_size=filter_size, dropout=dropout,
-                  attention_dropout=attention_dropout, activation_dropout=activation_dropout,
-                  activation=activation, share_embeddings=share_embeddings,
-                  pre_layer_norm=pre_layer_norm, max_length=max_length)
-    for key in ("num_encoder_layers", "num_decoder_layers"):
-      if not isinstance(config[key], int) or config[key] < 1:
-        raise ValueError(f"Transformer {key} must be a positive int, got {config[key]!r}.")
-    self._init_config(config)
-    if share_embeddings:
+    self._init_config(architecture, num_encoder_layers=num_encoder_layers,
+                      num_decoder_layers=num_decoder_layers)
+    vocab_size, hidden_size = architecture.vocab_size, architecture.hidden_size
+    if architecture.share_embeddings:
       self.shared_embedding = TokenEmbedding(vocab_size, hidden_size, name="shared_embedding")
       self.source_embedding = self.target_embedding = self.softmax_embedding = \
           self.shared_embedding
@@ -662,7 +682,7 @@ class TransformerModel(_TransformerBase):
       self.source_embedding = TokenEmbedding(vocab_size, hidden_size, name="source_embedding")
       self.target_embedding = TokenEmbedding(vocab_size, hidden_size, name="target_embedding")
       self.softmax_embedding = TokenEmbedding(vocab_size, hidden_size, name="softmax_embedding")
-    layer_kwargs = _layer_kwargs(config)
+    layer_kwargs = architecture.layer_kwargs()
     self._num_encoder_layers = num_encoder_layers
     self._num_decoder_layers = num_decoder_layers
     self._set_layers("encoder_layer", [EncoderLayer(**layer_kwargs, name=f"encoder_layer_{i}")
@@ -836,27 +856,20 @@ class TransformerModel(_TransformerBase):
 class TransformerLM(_TransformerBase):
   """Decoder-only language model; see the module docstring. Build it with `transformer_lm*`."""
 
-  def __init__(self, *, vocab_size: int, num_layers: int, hidden_size: int, num_heads: int,
-               filter_size: int, dropout: float, attention_dropout: float,
-               activation_dropout: float, activation: str, share_embeddings: bool,
-               pre_layer_norm: bool, max_length: int, name: str = "transformer_lm"):
+  def __init__(self, architecture: TransformerConfig, *, num_layers: int,
+               name: str = "transformer_lm"):
     super().__init__(name=name)
-    config = dict(vocab_size=vocab_size, num_layers=num_layers, hidden_size=hidden_size,
-                  num_heads=num_heads, filter_size=filter_size, dropout=dropout,
-                  attention_dropout=attention_dropout, activation_dropout=activation_dropout,
-                  activation=activation, share_embeddings=share_embeddings,
-                  pre_layer_norm=pre_layer_norm, max_length=max_length)
-    if not isinstance(num_layers, int) or num_layers < 1:
-      raise ValueError(f"Transformer num_layers must be a positive int, got {num_layers!r}.")
-    self._init_config(config)
-    if share_embeddings:
+    self._init_config(architecture, num_layers=num_layers)
+    vocab_size, hidden_size = architecture.vocab_size, architecture.hidden_size
+    if architecture.share_embeddings:
       self.shared_embedding = TokenEmbedding(vocab_size, hidden_size, name="shared_embedding")
       self.target_embedding = self.softmax_embedding = self.shared_embedding
     else:
       self.target_embedding = TokenEmbedding(vocab_size, hidden_size, name="target_embedding")
       self.softmax_embedding = TokenEmbedding(vocab_size, hidden_size, name="softmax_embedding")
     self._num_decoder_layers = num_layers
-    self._set_layers("decoder_layer", [DecoderLayer(**_layer_kwargs(config), cross_attention=False,
+    self._set_layers("decoder_layer", [DecoderLayer(**architecture.layer_kwargs(),
+                                                    cross_attention=False,
                                                     name=f"decoder_layer_{i}")
                                        for i in range(num_layers)])
     self.decoder_norm = _stack_norm("decoder_norm")
@@ -1012,69 +1025,52 @@ class TransformerLM(_TransformerBase):
 # Builders.
 
 
-@register_model("transformer")
-def transformer(*,
-                vocab_size: int,
-                num_encoder_layers: int = 6,
-                num_decoder_layers: int = 6,
-                hidden_size: int = 512,
-                num_heads: int = 8,
-                filter_size: int = 2048,
-                dropout: float = 0.1,
-                attention_dropout: float = 0.1,
-                activation_dropout: float = 0.1,
-                activation: str = "relu",
-                share_embeddings: bool = True,
-                pre_layer_norm: bool = True,
-                max_length: int = 256,
-                name: str = "transformer") -> TransformerModel:
-  """Builds an encoder-decoder Transformer (defaults: the base size).
+def _builder(model_class, name: str, depths: Dict[str, int], doc: str):
+  """The registered builder `name` of `model_class`; see `transformer` and `transformer_lm`.
+
+  Its keyword arguments (the model config's schema, in its signature and
+  annotations) are vocab_size, the stack `depths` (with their defaults), the
+  other `TransformerConfig` fields and the model name.
+  """
+  keyword = inspect.Parameter.KEYWORD_ONLY
+  fields = {f.name: f for f in dataclasses.fields(TransformerConfig)}
+  parameters = [inspect.Parameter("vocab_size", keyword, annotation=int)]
+  parameters += [inspect.Parameter(k, keyword, default=v, annotation=int)
+                 for k, v in depths.items()]
+  parameters += [inspect.Parameter(f.name, keyword, default=f.default, annotation=f.type)
+                 for f in fields.values() if f.name != "vocab_size"]
+  parameters.append(inspect.Parameter("name", keyword, default=name, annotation=str))
+  signature = inspect.Signature(parameters, return_annotation=model_class)
+
+  def build(**kwargs):
+    arguments = signature.bind(**kwargs)
+    arguments.apply_defaults()
+    values = dict(arguments.arguments)
+    architecture = TransformerConfig(**{k: values[k] for k in fields})
+    return model_class(architecture, **{k: values[k] for k in depths}, name=values["name"])
+
+  build.__signature__ = signature
+  build.__annotations__ = {**{p.name: p.annotation for p in parameters}, "return": model_class}
+  build.__name__ = build.__qualname__ = name
+  build.__doc__ = doc
+  return register_model(name)(build)
+
+
+transformer = _builder(TransformerModel, "transformer",
+                       {"num_encoder_layers": 6, "num_decoder_layers": 6}, """\
+Builds an encoder-decoder Transformer (defaults: the base size).
 
   Args:
-    vocab_size: shared source/target vocabulary size (0 = pad, 1 = EOS).
+    vocab_size, ..., max_length: the architecture (`TransformerConfig`).
     num_encoder_layers, num_decoder_layers: stack depths.
-    hidden_size: model width d (embeddings, residual stream).
-    num_heads: attention heads (must divide hidden_size).
-    filter_size: FFN inner width.
-    dropout: on the embeddings and on every sublayer output (residual dropout).
-    attention_dropout: on the attention probabilities.
-    activation_dropout: after the FFN activation (Tensor2Tensor's relu_dropout).
-    activation: FFN activation, a Keras activation name ("relu", "gelu").
-    share_embeddings: one matrix for source and target embeddings and the
-      softmax; False: three separate matrices.
-    pre_layer_norm: True = pre-LN (norm before each sublayer, plus a final
-      norm per stack); False = post-LN (the paper).
-    max_length: longest sequence the model decodes (`translate`'s cap).
     name: model name (the root of the variable paths).
 
   Returns:
     A built `TransformerModel`.
-  """
-  return TransformerModel(
-      vocab_size=vocab_size, num_encoder_layers=num_encoder_layers,
-      num_decoder_layers=num_decoder_layers, hidden_size=hidden_size, num_heads=num_heads,
-      filter_size=filter_size, dropout=dropout, attention_dropout=attention_dropout,
-      activation_dropout=activation_dropout, activation=activation,
-      share_embeddings=share_embeddings, pre_layer_norm=pre_layer_norm, max_length=max_length,
-      name=name)
+  """)
 
-
-@register_model("transformer_lm")
-def transformer_lm(*,
-                   vocab_size: int,
-                   num_layers: int = 6,
-                   hidden_size: int = 512,
-                   num_heads: int = 8,
-                   filter_size: int = 2048,
-                   dropout: float = 0.1,
-                   attention_dropout: float = 0.1,
-                   activation_dropout: float = 0.1,
-                   activation: str = "relu",
-                   share_embeddings: bool = True,
-                   pre_layer_norm: bool = True,
-                   max_length: int = 256,
-                   name: str = "transformer_lm") -> TransformerLM:
-  """Builds a decoder-only Transformer language model.
+transformer_lm = _builder(TransformerLM, "transformer_lm", {"num_layers": 6}, """\
+Builds a decoder-only Transformer language model.
 
   Args: as `transformer` (one stack of `num_layers` decoder layers without
   cross-attention; `share_embeddings` ties the input embedding and the
@@ -1082,35 +1078,12 @@ def transformer_lm(*,
 
   Returns:
     A built `TransformerLM`.
-  """
-  return TransformerLM(
-      vocab_size=vocab_size, num_layers=num_layers, hidden_size=hidden_size,
-      num_heads=num_heads, filter_size=filter_size, dropout=dropout,
-      attention_dropout=attention_dropout, activation_dropout=activation_dropout,
-      activation=activation, share_embeddings=share_embeddings,
-      pre_layer_norm=pre_layer_norm, max_length=max_length, name=name)
+  """)
 
 
 def _preset(builder, name: str, **defaults):
-  """`builder` with new defaults; its signature (the config schema) shows them."""
-
-  def preset(**kwargs):
-    return builder(**{**defaults, "name": name, **kwargs})
-
-  signature = inspect.signature(builder)
-  parameters = []
-  for param in signature.parameters.values():
-    if param.name in defaults:
-      param = param.replace(default=defaults[param.name])
-    elif param.name == "name":
-      param = param.replace(default=name)
-    parameters.append(param)
-  preset.__signature__ = signature.replace(parameters=parameters)
-  preset.__annotations__ = dict(builder.__annotations__)
-  preset.__name__ = preset.__qualname__ = name
-  preset.__doc__ = (f"`{builder.__name__}` with defaults "
-                    f"{', '.join(f'{k}={v}' for k, v in defaults.items())}.")
-  return register_model(name)(preset)
+  """`builder` with new defaults, registered as `name`; its signature shows them."""
+  return register_model(name)(preset(builder, name, defaults={**defaults, "name": name}))
 
 
 transformer_tiny = _preset(transformer, "transformer_tiny", num_encoder_layers=3,

@@ -47,7 +47,7 @@ from tpu_models.data import pipeline
 from tpu_models.text import inputs as text_lib
 from tpu_models.errors import ConfigError
 from tpu_models.registry import register_task
-from tpu_models.task import Sampler, Servable
+from tpu_models.task import HIGHER, Sampler, Servable
 from tpu_models.text.task import TextTask, model_param, token_sums
 
 
@@ -153,10 +153,12 @@ class TranslationTask(TextTask, Servable, Sampler):
     int32 [B, T]} (+ "*_segment_ids", "*_positions" int32 when packing) and
     labels {"targets": int32 [B, T]}. Eval/test: (features, labels, mask) with
     unpacked features and labels {"targets", "reference": int32 [B, R] UTF-8
-    bytes of the reference text}.
+    bytes of the reference text}. Source "synthetic": `synthetic_inputs`.
     """
     cfg = self.config
     data = self.data_config(split)
+    if data.source == "synthetic":
+      return self.synthetic_inputs(split, input_context)
     training = split == "train"
     vocab = self.vocab  # Fails early, with the `tpu-models vocab` hint.
     if training:
@@ -217,13 +219,14 @@ class TranslationTask(TextTask, Servable, Sampler):
                               max_decode_length=self.max_decode_length)
     return sums, {"hypotheses": decoded["ids"], "references": labels["reference"]}
 
-  def aggregate(self, state, step_outputs):
+  def aggregate(self, state, step_outputs, *, split):
+    del split  # Every split is scored against its own references.
     state = state or {"hypotheses": [], "references": []}
     state["hypotheses"].append(step_outputs["hypotheses"])
     state["references"].append(step_outputs["references"])
     return state
 
-  def finalize(self, state) -> Dict[str, float]:
+  def finalize(self, state, *, split) -> Dict[str, float]:
     """sacreBLEU and chrF of the detokenised hypotheses against the reference texts."""
     if not state:
       return {}
@@ -246,6 +249,9 @@ class TranslationTask(TextTask, Servable, Sampler):
   def eval_metric_names(self) -> List[str]:
     names = ["loss", "accuracy", "nll", "examples", "perplexity"]
     return names + (["bleu", "chrf"] if self.config.eval_bleu else [])
+
+  def metric_directions(self):
+    return dict(super().metric_directions(), bleu=HIGHER, chrf=HIGHER)
 
   def derived_metrics(self, metrics: Dict[str, float]) -> Dict[str, float]:
     if "nll" in metrics:

@@ -21,7 +21,7 @@ import keras
 import tensorflow as tf
 
 from tpu_models.config import OptimizerConfig
-from tpu_models.task import MetricSums, Task, is_pair, loss_sums
+from tpu_models.task import MetricSums, Task, is_pair, loss_sums, split_loss, task_metrics
 from tpu_models.training import optimizers as optimizers_lib
 from tpu_models.training import precision
 
@@ -58,7 +58,8 @@ class Steps:
   def train_step(self, batch) -> MetricSums:
     """One optimizer step on this replica's `(features, labels)`; returns metric sums.
 
-    Sums: "loss" (this replica's loss sum and normaliser), the task's metrics,
+    Sums: "loss" (this replica's loss sum and normaliser), the task's metrics
+    (given the loss's `LossResult.aux` when it returned one),
     "grad_norm" (the global unscaled norm, over steps that did not overflow) and
     NONFINITE_GRADS (1 when the global gradient had a NaN/Inf).
     """
@@ -70,7 +71,7 @@ class Steps:
     scale = precision.loss_scale(self.optimizer)
     with tf.GradientTape() as tape:
       outputs = self._forward(features)
-      raw_loss = self.task.loss(labels, outputs)
+      raw_loss, aux = split_loss(self.task.loss(labels, outputs))
       loss_sum, normaliser = loss_sums(raw_loss)
       if is_pair(raw_loss):
         global_normaliser = normaliser if replicas == 1 else context.all_reduce(
@@ -97,7 +98,7 @@ class Steps:
     self.optimizer.apply_gradients(zip(grads, variables))
 
     sums = {"loss": (loss_sum, normaliser)}
-    sums.update(self.task.metrics(labels, outputs, _batch_ones(labels)))
+    sums.update(task_metrics(self.task, labels, outputs, _batch_ones(labels), aux))
     sums["examples"] = (tf.reduce_sum(_batch_ones(labels)), tf.constant(1.0))
     ok = tf.cast(finite, tf.float32)
     sums["grad_norm"] = (tf.where(finite, grad_norm, 0.0), ok)

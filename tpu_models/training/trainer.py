@@ -45,7 +45,7 @@ from tpu_models.config import (DataConfig, ExperimentConfig, config_warnings, du
                                to_dict, validate)
 from tpu_models.data import pipeline
 from tpu_models.errors import ConfigError, DataError
-from tpu_models.task import Task, create_task
+from tpu_models.task import HIGHER, LOWER, Task, create_task
 from tpu_models.training import checkpoints
 from tpu_models.training import host_memory
 from tpu_models.training import model_dir as model_dir_lib
@@ -75,10 +75,6 @@ class Preempted(RuntimeError):
     self.path = path
     self.signal_name = signal_name
     self.exit_code = 128 + int(getattr(signal, signal_name, signal.SIGTERM))
-
-
-def _lower_is_better(metric: str) -> bool:
-  return any(word in metric for word in ("loss", "perplexity", "error"))
 
 
 class Trainer:
@@ -204,7 +200,11 @@ class Trainer:
             f"--allow-model-change (Trainer(allow_model_change=True)) to resume it anyway.")
 
   def _check_target_metric(self) -> None:
-    """A `trainer.target_metric` the task does not report is an error now, not at the first eval."""
+    """Refuses a `trainer.target_metric` the task does not report or gives no direction.
+
+    Checked before training when the task knows its metric names up front
+    (`eval_metric_names`), else at the first evaluation (`_check_target`).
+    """
     target = self.config.trainer.target_metric
     names = self.task.eval_metric_names()
     if target and names is not None and target not in names:
@@ -214,6 +214,20 @@ class Trainer:
       raise ConfigError(f"Config key 'trainer.target_metric' is {target!r}, which task "
                         f"{self.config.task.name!r} does not report.{hint} Its eval metrics: "
                         f"{', '.join(names)}.")
+    if target and names is not None:
+      self._target_direction(target)
+
+  def _target_direction(self, target: str) -> str:
+    """HIGHER or LOWER: which way the task says `target` gets better (a ConfigError if neither)."""
+    directions = self.task.metric_directions()
+    direction = directions.get(target)
+    if direction in (HIGHER, LOWER):
+      return direction
+    targets = ", ".join(name for name, d in directions.items() if d in (HIGHER, LOWER))
+    what = ("declares has no better direction (a count or a setting)" if target in directions
+            else "does not say whether higher or lower is better (Task.metric_directions)")
+    raise ConfigError(f"Config key 'trainer.target_metric' is {target!r}, which task "
+                      f"{self.config.task.name!r} {what}. Metrics it can target: {targets}.")
 
   def _restore_or_warm_start(self, latest: Optional[str]) -> None:
     for line in self._config_warnings:
@@ -630,7 +644,7 @@ class Trainer:
       sums = tf.nest.map_structure(lambda t: t.numpy(), sums)
       totals = sums if totals is None else tf.nest.map_structure(np.add, totals, sums)
       if host is not None:
-        state = self.task.aggregate(state, _real_examples(host))
+        state = self.task.aggregate(state, _real_examples(host), split=split)
     if totals is None:
       report = self._skip_reports.get(split)
       skipped = (f" on_corrupt=skip {report.describe()}." if report is not None and report.enabled
@@ -638,7 +652,7 @@ class Trainer:
       raise DataError(f"The {split} split produced no examples; check task.{split}_data.{skipped}")
     metrics = _means(totals)
     metrics["examples"] = float(totals["examples"][0])
-    metrics.update(self.task.finalize(state))
+    metrics.update(self.task.finalize(state, split=split))
     metrics.update(self.task.derived_metrics(metrics))
     # This pass's on_corrupt=skip drops (records) and the damaged files seen so far.
     for key, value in self._skip_counts(split).items():
@@ -670,7 +684,7 @@ class Trainer:
       raise ConfigError(f"trainer.target_metric {cfg.target_metric!r} is not an eval metric; "
                         f"eval metrics are {', '.join(metrics)}.")
     value = metrics[cfg.target_metric]
-    reached = (value <= cfg.target_value if _lower_is_better(cfg.target_metric)
+    reached = (value <= cfg.target_value if self._target_direction(cfg.target_metric) == LOWER
                else value >= cfg.target_value)
     if reached and not self._target_reached:
       self._target_reached = True

@@ -106,7 +106,8 @@ def test_loss_is_a_pair_normalised_by_positive_anchors_and_padding_weighs_nothin
   n = len(task.anchors)
   outputs = {"class_logits": tf.constant(rng.normal(size=(4, n, 10)), tf.float32),
              "box_deltas": tf.constant(rng.normal(size=(4, n, 4)) * 0.1, tf.float32)}
-  loss_sum, normaliser = task.loss(labels, outputs)
+  result = task.loss(labels, outputs)
+  loss_sum, normaliser = result.loss
   positives = float(tf.reduce_sum(tf.cast(labels["class_targets"] >= 0, tf.float32)))
   assert positives > 0 and float(normaliser) == positives
   focal = detection_losses.focal_loss_sum(labels["class_targets"], outputs["class_logits"],
@@ -114,6 +115,14 @@ def test_loss_is_a_pair_normalised_by_positive_anchors_and_padding_weighs_nothin
   box = detection_losses.box_loss_sum(labels["class_targets"], labels["box_targets"],
                                       outputs["box_deltas"], delta=0.1)
   np.testing.assert_allclose(float(loss_sum), float(focal + 50.0 * box), rtol=1e-5)
+  # The metrics reuse the loss's parts (its aux) and report what they would compute.
+  ones = tf.ones([4])
+  reused = task.metrics(labels, outputs, ones, aux=result.aux)
+  computed = task.metrics(labels, outputs, ones)
+  assert set(reused) == {"cls_loss", "box_loss", "num_positives"}
+  for key in reused:
+    np.testing.assert_array_equal(np.array(reused[key]), np.array(computed[key]))
+  np.testing.assert_allclose(float(reused["cls_loss"][0]), float(focal), rtol=1e-6)
 
   # A padding example (all-zero labels: class_targets 0 would be "class 0 positive"
   # everywhere) with weight 0 changes no sum.

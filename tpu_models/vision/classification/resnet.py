@@ -26,13 +26,13 @@ Stems:
                    feeds the TPU matrix unit 12 input channels instead of 3.
 """
 
-import inspect
 from typing import Dict, List, Optional
 
 import keras
 import numpy as np
 
 from tpu_models.vision.layers import FusedBatchNormalization, PointwiseConv2D, SpaceToDepth
+from tpu_models.builders import preset
 from tpu_models.registry import register_model
 from tpu_models.errors import ConfigError
 
@@ -310,25 +310,16 @@ def resnet(*,
 
 
 def _fixed_depth(depth: int):
-  """`resnet` with `depth` fixed; signature and annotations are the config schema."""
-
-  def builder(**kwargs) -> keras.Model:
-    return resnet(depth=depth, **kwargs)
-
-  signature = inspect.signature(resnet)
-  builder.__signature__ = signature.replace(
-      parameters=[p for n, p in signature.parameters.items() if n != "depth"])
-  builder.__annotations__ = {
-      k: v for k, v in resnet.__annotations__.items() if k != "depth"}
-  builder.__name__ = builder.__qualname__ = f"resnet{depth}"
-  builder.__doc__ = (f"Builds ResNet-{depth} v1.5; arguments as `resnet` "
-                     f"(without `depth`).")
-  return builder
+  """`resnet` with `depth` fixed, registered as resnet<depth>."""
+  name = f"resnet{depth}"
+  return register_model(name)(preset(
+      resnet, name, fixed={"depth": depth},
+      doc=f"Builds ResNet-{depth} v1.5; arguments as `resnet` (without `depth`)."))
 
 
-resnet18 = register_model("resnet18")(_fixed_depth(18))
-resnet34 = register_model("resnet34")(_fixed_depth(34))
-resnet50 = register_model("resnet50")(_fixed_depth(50))
-resnet101 = register_model("resnet101")(_fixed_depth(101))
-resnet152 = register_model("resnet152")(_fixed_depth(152))
-resnet200 = register_model("resnet200")(_fixed_depth(200))
+resnet18 = _fixed_depth(18)
+resnet34 = _fixed_depth(34)
+resnet50 = _fixed_depth(50)
+resnet101 = _fixed_depth(101)
+resnet152 = _fixed_depth(152)
+resnet200 = _fixed_depth(200)

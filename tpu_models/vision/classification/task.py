@@ -23,7 +23,7 @@ from tpu_models.vision import image as image_lib
 from tpu_models.data import pipeline
 from tpu_models.errors import ConfigError
 from tpu_models.registry import model_signature, register_task
-from tpu_models.task import Servable, Task, weighted_mean
+from tpu_models.task import HIGHER, Servable, Task, weighted_mean
 
 
 @dataclasses.dataclass
@@ -126,6 +126,12 @@ class ClassificationTask(Task, Servable):
 
   def eval_metric_names(self) -> List[str]:
     return ["loss", "top1"] + (["top5"] if self.num_classes > 5 else []) + ["examples"]
+
+  def metric_directions(self):
+    directions = dict(super().metric_directions(), top1=HIGHER)
+    if self.num_classes > 5:
+      directions["top5"] = HIGHER
+    return directions
 
   def _from_bytes(self, image_bytes, training: bool):
     cfg = self.config

@@ -24,8 +24,9 @@ image (the references require the multiple).
 """
 
 import functools
+import inspect
 import math
-from typing import Dict, Sequence, Tuple
+from typing import Any, Dict, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -34,6 +35,8 @@ from tpu_models.errors import ConfigError
 from tpu_models.vision.detection import boxes as box_ops
 
 DEFAULT_ASPECT_RATIOS = (0.5, 1.0, 2.0)
+# The anchor layout besides image_size: the keyword arguments of `multilevel_anchors`.
+LAYOUT_KEYS = ("min_level", "max_level", "num_scales", "aspect_ratios", "anchor_size")
 
 # Values of `class_targets` besides the class ids (>= 0) of positive anchors.
 NEGATIVE = -1  # Background: every class's focal-loss target is 0.
@@ -99,6 +102,25 @@ def multilevel_anchors(image_size: box_ops.ImageSize, min_level: int = 3, max_le
   key = (box_ops.image_hw(image_size), int(min_level), int(max_level), int(num_scales),
          tuple(float(r) for r in aspect_ratios), float(anchor_size))
   return tf.constant(_anchor_array(*key))
+
+
+def complete_layout(**layout) -> Dict[str, Any]:
+  """`layout` (some of LAYOUT_KEYS) with `multilevel_anchors`' defaults for the others.
+
+  Returns:
+    {key: value} for every key of LAYOUT_KEYS, in that order; aspect_ratios a tuple.
+
+  Raises:
+    TypeError: for a key that is not part of the layout.
+  """
+  unknown = sorted(set(layout) - set(LAYOUT_KEYS))
+  if unknown:
+    raise TypeError(f"Not anchor layout arguments: {', '.join(unknown)} (expected "
+                    f"{', '.join(LAYOUT_KEYS)}).")
+  defaults = inspect.signature(multilevel_anchors).parameters
+  complete = {key: layout.get(key, defaults[key].default) for key in LAYOUT_KEYS}
+  complete["aspect_ratios"] = tuple(complete["aspect_ratios"])
+  return complete
 
 
 @functools.lru_cache(maxsize=32)

@@ -590,14 +590,7 @@ def _size_bucket(area: np.ndarray) -> np.ndarray:
   return np.digitize(area, [32.0**2, 96.0**2])  # 0 small, 1 medium, 2 large.
 
 
-def best_anchor_iou(boxes: np.ndarray,
-                    image_size: int,
-                    *,
-                    min_level: int = 3,
-                    max_level: int = 7,
-                    num_scales: int = 3,
-                    aspect_ratios: Sequence[float] = anchors_lib.DEFAULT_ASPECT_RATIOS,
-                    anchor_size: float = 4.0) -> np.ndarray:
+def best_anchor_iou(boxes: np.ndarray, image_size: int, **layout) -> np.ndarray:
   """Each box's highest IoU with any anchor of `ops.anchors.multilevel_anchors`.
 
   Exact without building the [N, B] IoU matrix: for anchors of one shape the
@@ -607,11 +600,16 @@ def best_anchor_iou(boxes: np.ndarray,
 
   Args:
     boxes: float [B, 4] [ymin, xmin, ymax, xmax] in model-input pixels.
-    image_size, min_level, ...: the anchor layout (see ops/anchors.py).
+    image_size: the model input side.
+    **layout: the rest of the anchor layout (`anchors.LAYOUT_KEYS`; defaults as
+      `anchors.multilevel_anchors`).
 
   Returns:
     float64 [B].
   """
+  layout = anchors_lib.complete_layout(**layout)
+  min_level, max_level = layout["min_level"], layout["max_level"]
+  num_scales, anchor_size = layout["num_scales"], layout["anchor_size"]
   boxes = np.asarray(boxes, np.float64).reshape(-1, 4)
   best = np.zeros(len(boxes))
   if not len(boxes):
@@ -625,7 +623,7 @@ def best_anchor_iou(boxes: np.ndarray,
     anchor_x = (np.clip(np.floor(center_x / stride), 0, grid_w - 1) + 0.5) * stride
     for scale in range(num_scales):
       side = anchor_size * stride * 2.0**(scale / num_scales)
-      for ratio in aspect_ratios:
+      for ratio in layout["aspect_ratios"]:
         half_h, half_w = side / np.sqrt(ratio) / 2, side * np.sqrt(ratio) / 2
         inter_h = np.maximum(np.minimum(boxes[:, 2], anchor_y + half_h) -
                              np.maximum(boxes[:, 0], anchor_y - half_h), 0)
@@ -688,35 +686,30 @@ def box_coverage(boxes: np.ndarray,
                  classes: np.ndarray,
                  image_size: int,
                  *,
-                 min_level: int = 3,
-                 max_level: int = 7,
-                 num_scales: int = 3,
-                 aspect_ratios: Sequence[float] = anchors_lib.DEFAULT_ASPECT_RATIOS,
-                 anchor_size: float = 4.0,
                  matched_threshold: float = 0.5,
                  target: float = 0.9,
                  class_names: Optional[Sequence[str]] = None,
-                 num_images: int = 0) -> CoverageReport:
+                 num_images: int = 0,
+                 **layout) -> CoverageReport:
   """Anchor coverage of boxes already in model-input pixels (see `anchor_coverage`).
 
   Args:
     boxes: float [B, 4] [ymin, xmin, ymax, xmax], the images resized as for
       evaluation (longer side = image_size).
     classes: int [B] labels.
-    image_size, min_level, max_level, num_scales, aspect_ratios, anchor_size:
-      the anchor layout.
+    image_size: the model input side.
     matched_threshold: the matcher's positive IoU.
     target: a size bucket below this share gets a warning with suggestions.
     class_names: names of the labels (default "class_<i>").
     num_images: for the report.
+    **layout: the rest of the anchor layout (`anchors.LAYOUT_KEYS`).
 
   Returns:
     A CoverageReport.
   """
   boxes = np.asarray(boxes, np.float64).reshape(-1, 4)
   classes = np.asarray(classes, np.int64).reshape(-1)
-  params = dict(min_level=min_level, max_level=max_level, num_scales=num_scales,
-                aspect_ratios=tuple(aspect_ratios), anchor_size=anchor_size)
+  params = anchors_lib.complete_layout(**layout)
   area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
   buckets = _size_bucket(area)
   covered = best_anchor_iou(boxes, image_size, **params) >= matched_threshold
@@ -805,15 +798,11 @@ def _suggest(boxes, selected, image_size, params, matched_threshold, target) -> 
 def anchor_coverage(records_pattern: str,
                     image_size: int,
                     *,
-                    min_level: int = 3,
-                    max_level: int = 7,
-                    num_scales: int = 3,
-                    aspect_ratios: Sequence[float] = anchors_lib.DEFAULT_ASPECT_RATIOS,
-                    anchor_size: float = 4.0,
                     matched_threshold: float = 0.5,
                     target: float = 0.9,
                     max_images: Optional[int] = 5000,
-                    class_names: Optional[Sequence[str]] = None) -> CoverageReport:
+                    class_names: Optional[Sequence[str]] = None,
+                    **layout) -> CoverageReport:
   """How many ground-truth boxes of a record set the anchors can match.
 
   The first reason a detector trains to nothing on custom data is anchors
@@ -824,12 +813,12 @@ def anchor_coverage(records_pattern: str,
   Args:
     records_pattern: TFRecord files (glob, comma-separated globs or a folder).
     image_size: the model input side.
-    min_level, max_level, num_scales, aspect_ratios, anchor_size: the anchors.
     matched_threshold: the matcher's positive IoU.
     target: size buckets below this share get a warning with suggestions
       (each suggestion re-measured on the failing boxes).
     max_images: read at most this many images (None: all).
     class_names: label names; default: label_map.json beside the records.
+    **layout: the rest of the anchor layout (`anchors.LAYOUT_KEYS`).
 
   Returns:
     A CoverageReport; `print(report)` for the table, `report.ok`.
@@ -872,7 +861,6 @@ def anchor_coverage(records_pattern: str,
   boxes = np.concatenate(all_boxes) if all_boxes else np.zeros([0, 4])
   classes = np.concatenate(all_classes) if all_classes else np.zeros([0], np.int64)
   valid = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
-  return box_coverage(boxes[valid], classes[valid], image_size, min_level=min_level,
-                      max_level=max_level, num_scales=num_scales, aspect_ratios=aspect_ratios,
-                      anchor_size=anchor_size, matched_threshold=matched_threshold,
-                      target=target, class_names=class_names, num_images=num_images)
+  return box_coverage(boxes[valid], classes[valid], image_size,
+                      matched_threshold=matched_threshold, target=target,
+                      class_names=class_names, num_images=num_images, **layout)

@@ -50,12 +50,11 @@ from tpu_models.vision.classification import resnet as resnet_lib
 from tpu_models.vision.layers import FusedBatchNormalization
 from tpu_models.vision.detection import anchors as anchor_ops
 from tpu_models.vision.detection import boxes as box_ops
+from tpu_models.builders import preset
 from tpu_models.registry import register_model
 
 _BACKBONE_MAX_LEVEL = 5  # ResNet's last stage, C5: stride 32.
 _BACKBONE_STEMS = ("imagenet", "space_to_depth")  # Stride-4 stems: C_l has stride 2^l.
-_ANCHOR_KEYS = ("image_size", "min_level", "max_level", "num_scales", "aspect_ratios",
-                "anchor_size")
 
 
 def _head_conv(filters: int, name: str, bias: float = 0.0) -> keras.layers.Conv2D:
@@ -259,29 +258,16 @@ def anchor_layout(**model_params) -> Dict[str, object]:
     "anchor_size"}, e.g. `anchors.multilevel_anchors(**anchor_layout(**params))`.
   """
   defaults = inspect.signature(retinanet).parameters
-  layout = {key: model_params.get(key, defaults[key].default) for key in _ANCHOR_KEYS}
+  layout = {key: model_params.get(key, defaults[key].default)
+            for key in ("image_size",) + anchor_ops.LAYOUT_KEYS}
   layout["aspect_ratios"] = tuple(float(r) for r in layout["aspect_ratios"])
   if not isinstance(layout["image_size"], int):
     layout["image_size"] = tuple(int(s) for s in layout["image_size"])
   return layout
 
 
-def _fixed_backbone(depth: int):
-  """`retinanet` with backbone_depth fixed; signature and annotations are the config schema."""
-
-  def builder(**kwargs) -> keras.Model:
-    kwargs.setdefault("name", f"retinanet_resnet{depth}_fpn")
-    return retinanet(backbone_depth=depth, **kwargs)
-
-  signature = inspect.signature(retinanet)
-  builder.__signature__ = signature.replace(
-      parameters=[p for n, p in signature.parameters.items() if n != "backbone_depth"])
-  builder.__annotations__ = {
-      k: v for k, v in retinanet.__annotations__.items() if k != "backbone_depth"}
-  builder.__name__ = builder.__qualname__ = f"retinanet_resnet{depth}_fpn"
-  builder.__doc__ = (f"Builds RetinaNet with a ResNet-{depth}-FPN backbone; arguments as "
-                     f"`retinanet` (without `backbone_depth`).")
-  return builder
-
-
-retinanet_resnet50_fpn = register_model("retinanet_resnet50_fpn")(_fixed_backbone(50))
+retinanet_resnet50_fpn = register_model("retinanet_resnet50_fpn")(preset(
+    retinanet, "retinanet_resnet50_fpn", fixed={"backbone_depth": 50},
+    defaults={"name": "retinanet_resnet50_fpn"},
+    doc="Builds RetinaNet with a ResNet-50-FPN backbone; arguments as `retinanet` (without "
+        "`backbone_depth`)."))

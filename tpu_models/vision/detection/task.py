@@ -8,7 +8,7 @@ truth padded to `max_instances`, every anchor labelled):
     labels    class_targets int32 [N] (>= 0 class, -1 background, -2 ignored)
               box_targets float32 [N, 4] (encoded); in evaluation also boxes
               [K, 4], classes [K], is_crowd [K], num_instances [], image_info
-              [4, 2], source_id [] and split_id []
+              [4, 2] and source_id []
 
 The loss is the (focal + box_loss_weight * Huber) sum with the number of
 positive anchors as normaliser, which the Trainer sums over all replicas before
@@ -56,11 +56,9 @@ from tpu_models.vision.detection import anchors as anchors_lib
 from tpu_models.vision.detection import losses as detection_losses
 from tpu_models.vision.detection import nms as nms_lib
 from tpu_models.registry import create_model, model_signature, register_task
-from tpu_models.task import DataReporter, FilePredictor, Servable, Task
+from tpu_models.task import (HIGHER, LOWER, NO_DIRECTION, DataReporter, FilePredictor, LossResult,
+                              Servable, Task)
 
-# split_id of evaluation examples: host metrics need to know which split they
-# score (its annotation file), and `aggregate` is not told.
-_SPLIT_IDS = {"eval": 1, "test": 2}
 _TRAIN_LABELS = ("class_targets", "box_targets")
 
 
@@ -210,8 +208,7 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter):
         image = tf.identity(features["image"])
       if training:  # Only what the loss needs crosses to the device.
         return image, {key: labels[key] for key in _TRAIN_LABELS}
-      labels = dict(labels, image_info=features["image_info"], source_id=features["source_id"],
-                    split_id=tf.constant(_SPLIT_IDS.get(split, 1), tf.int32))
+      labels = dict(labels, image_info=features["image_info"], source_id=features["source_id"])
       return image, labels
 
     return decode_and_arrange
@@ -242,8 +239,7 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter):
         "num_positives": targets["num_positives"], "boxes": tf.constant(boxes),
         "classes": tf.constant(classes), "is_crowd": tf.zeros([k], tf.int32),
         "num_instances": tf.constant(min(2, k), tf.int32),
-        "image_info": tf.constant([[size, size], [size, size], [1, 1], [0, 0]], tf.float32),
-        "split_id": tf.constant(_SPLIT_IDS.get(split, 1), tf.int32)}
+        "image_info": tf.constant([[size, size], [size, size], [1, 1], [0, 0]], tf.float32)}
     count = max(1, (data.num_examples or batch) // batch) * batch
     # Distinct image ids: the host metrics refuse an image evaluated twice.
     real = tf.data.Dataset.range(count).map(
@@ -259,29 +255,49 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter):
         outputs["box_deltas"], num_classes=self.num_classes, alpha=cfg.focal_alpha,
         gamma=cfg.focal_gamma, delta=cfg.huber_delta, weights=weights)
 
+  def _combined(self, parts: Dict[str, tf.Tensor]) -> Tuple[tf.Tensor, tf.Tensor]:
+    """The loss pair from its parts: (cls sum + box_loss_weight * box sum, positives)."""
+    return (parts["cls_loss_sum"] + self.config.box_loss_weight * parts["box_loss_sum"],
+            parts["num_positives"])
+
   def _sums(self, parts: Dict[str, tf.Tensor], weights) -> Dict[str, Tuple[tf.Tensor, tf.Tensor]]:
     positives = parts["num_positives"]
     return {
-        "loss": (parts["cls_loss_sum"] + self.config.box_loss_weight * parts["box_loss_sum"],
-                 positives),
+        "loss": self._combined(parts),
         "cls_loss": (parts["cls_loss_sum"], positives),
         "box_loss": (parts["box_loss_sum"], positives),
         "num_positives": (positives, tf.reduce_sum(tf.cast(weights, tf.float32))),
     }
 
-  def loss(self, labels, outputs):
-    """(focal sum + box_loss_weight * Huber sum, number of positive anchors): float32 scalars."""
-    cfg = self.config
-    return detection_losses.retinanet_loss(
-        labels["class_targets"], labels["box_targets"], outputs["class_logits"],
-        outputs["box_deltas"], num_classes=self.num_classes, alpha=cfg.focal_alpha,
-        gamma=cfg.focal_gamma, delta=cfg.huber_delta, box_loss_weight=cfg.box_loss_weight)
+  def loss(self, labels, outputs) -> LossResult:
+    """(focal sum + box_loss_weight * Huber sum, number of positive anchors): float32 scalars.
 
-  def metrics(self, labels, outputs, weights):
-    """cls_loss and box_loss per positive anchor, num_positives per image."""
-    sums = self._sums(self._loss_parts(labels, outputs, weights), weights)
+    Its parts (`retinanet_loss_components`) are the aux that `metrics` reports.
+    """
+    parts = self._loss_parts(labels, outputs)
+    return LossResult(self._combined(parts), parts)
+
+  def metrics(self, labels, outputs, weights, aux=None):
+    """cls_loss and box_loss per positive anchor, num_positives per image.
+
+    From the loss's parts (`aux`) when given, else computed with `weights`.
+    """
+    parts = aux if aux is not None else self._loss_parts(labels, outputs, weights)
+    sums = self._sums(parts, weights)
     sums.pop("loss")  # The Trainer reports the loss itself.
     return sums
+
+  def metric_directions(self):
+    """Losses lower, COCO AP/AR higher; num_positives is a count."""
+    from tpu_models.vision.detection import coco
+
+    directions = dict(super().metric_directions(), cls_loss=LOWER, box_loss=LOWER,
+                      num_positives=NO_DIRECTION)
+    directions.update({name: HIGHER for name in coco.METRIC_NAMES})
+    directions.update({f"{name}_class_agnostic": HIGHER for name in ("AP", "AP50")})
+    names = self.eval_metric_names() or []
+    directions.update({name: HIGHER for name in names if name.startswith("AP/")})
+    return directions
 
   def postprocess(self, outputs) -> Dict[str, tf.Tensor]:
     """Model outputs -> padded detections in model-input pixels (`ops.nms.postprocess`)."""
@@ -299,7 +315,6 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter):
     detections = self.postprocess(outputs)
     host = {
         "source_id": labels["source_id"],
-        "split_id": labels["split_id"],
         "image_info": labels["image_info"],
         "detection_boxes": detections["boxes"],
         "detection_scores": detections["scores"],
@@ -338,12 +353,12 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter):
     names = [entry["name"] for entry in self.label_map()]
     return names or [f"class_{i}" for i in range(self.num_classes)]
 
-  def _new_evaluator(self, split_id: int):
+  def _new_evaluator(self, split: str):
     from tpu_models.vision.detection import coco
 
     cfg = self.config
-    annotation_file = {_SPLIT_IDS["eval"]: cfg.eval_annotation_file,
-                       _SPLIT_IDS["test"]: cfg.test_annotation_file}.get(split_id)
+    annotation_file = {"eval": cfg.eval_annotation_file,
+                       "test": cfg.test_annotation_file}.get(split)
     entries = self.label_map()
     # Metric keys: "AP/<name>" with the name made safe for TensorBoard tags.
     names = [name.replace("/", "_").replace(" ", "_") for name in self.class_names()]
@@ -352,17 +367,16 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter):
         category_ids=[e["category_id"] for e in entries] if entries else None,
         class_names=names, per_class=cfg.per_class_ap, max_detections=cfg.max_detections)
 
-  def aggregate(self, state, step_outputs):
-    """Adds one step's real examples (boxes mapped back to original pixels) to the evaluator."""
+  def aggregate(self, state, step_outputs, *, split):
+    """Adds one step's real examples (boxes mapped back to original pixels) to the evaluator.
+
+    The evaluator of `split` scores against its annotation file
+    (`<split>_annotation_file`), else the ground truth of the records.
+    """
     if not len(step_outputs["source_id"]):
       return state
-    split_ids = np.unique(step_outputs["split_id"])
     if state is None:
-      state = {"split_id": int(split_ids[0]), "evaluator": self._new_evaluator(int(split_ids[0])),
-               "samples": []}
-    if len(split_ids) != 1 or int(split_ids[0]) != state["split_id"]:
-      raise ValueError(f"One evaluation mixed examples of splits {sorted(split_ids)} and "
-                       f"{state['split_id']}; expected one split per evaluation.")
+      state = {"evaluator": self._new_evaluator(split), "samples": []}
     evaluator = state["evaluator"]
     info = step_outputs["image_info"]
     source_ids = step_outputs["source_id"]
@@ -390,7 +404,7 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter):
           "gt_classes": step_outputs["gt_classes"][i, :instances]})
     return state
 
-  def finalize(self, state) -> Dict[str, float]:
+  def finalize(self, state, *, split) -> Dict[str, float]:
     """COCO AP, AP50, AP75, APs/m/l, AR1/10/100, ARs/m/l (+ per class, class-agnostic)."""
     if state is None:
       return {}
