@@ -38,11 +38,6 @@ FORBIDDEN = (
 )
 WORD = re.compile(r"(?<![A-Za-z])(?:" + "|".join(FORBIDDEN) + r")(?![A-Za-z])", re.IGNORECASE)
 
-# Core files that other branches of the family-packages work rewrite; until they
-# are merged these still hold task words (training/steps.py already holds none).
-NOT_YET_CLEANED = ("task.py", "training/trainer.py")
-
-
 def core_files():
   """Every .py file of the core, as paths relative to tpu_models/, sorted."""
   files = []
@@ -60,14 +55,6 @@ def task_words(path: pathlib.Path):
     for match in WORD.finditer(line):
       found.append(f"tpu_models/{path.relative_to(PACKAGE).as_posix()}:{number}:{match.group(0)}")
   return found
-
-
-def _param(relative):
-  if relative.startswith(NOT_YET_CLEANED):
-    # cleaned by the family-packages merge
-    return pytest.param(relative, marks=pytest.mark.xfail(
-        strict=False, reason="cleaned by the family-packages merge"))
-  return pytest.param(relative)
 
 
 def test_the_walk_covers_the_whole_core():
@@ -89,7 +76,7 @@ def test_the_matcher_finds_identifiers_and_spares_ordinary_words():
     assert not WORD.search(text), text
 
 
-@pytest.mark.parametrize("relative", [_param(f) for f in core_files()])
+@pytest.mark.parametrize("relative", core_files())
 def test_core_file_names_no_task(relative):
   found = task_words(PACKAGE / relative)
   assert not found, "The core names a task (reword generically):\n" + "\n".join(found)

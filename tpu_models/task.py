@@ -15,7 +15,7 @@ checkpoints, logging), so a new task is only these few methods:
 
 The loss is either per-example values [batch] (averaged over the GLOBAL batch)
 or a `(sum, normaliser)` pair: the Trainer sums both over every replica before
-dividing, so a per-token or per-positive-anchor mean is exact for any replica
+dividing, so a per-token or per-matched-target mean is exact for any replica
 count. A loss whose parts are metrics too returns `LossResult(loss, aux)`: the
 Trainer hands `aux` to `metrics`, which reuses it instead of computing the
 parts again. Metrics are (sum, count) pairs summed over replicas and steps and
@@ -24,8 +24,8 @@ says for each evaluation metric whether higher or lower is better
 (`trainer.target_metric` needs it).
 
 Evaluation runs `eval_step` on every replica inside one compiled function; a
-task that decodes (beam search) or post-processes (NMS) overrides it. Metrics
-computed on the host (BLEU, COCO AP) come from `eval_step`'s host outputs:
+task that decodes (a search over outputs) or post-processes overrides it. Metrics
+computed on the host (corpus-level scores, library evaluators) come from `eval_step`'s host outputs:
 they are gathered from every replica of every host, padded examples are
 dropped, and the rest is folded in by `aggregate` and turned into numbers by
 `finalize`, both told the split ("eval", "test") they score.
@@ -118,7 +118,7 @@ class Task:
     """Batches of the real shapes that cost no input work, for `benchmark` and `check`.
 
     The default repeats the first real batch forever (for evaluation: once, then
-    as padding with mask 0); a task whose data may be absent (ImageNet on a
+    as padding with mask 0); a task whose data may be absent (a large dataset on a
     laptop) overrides this with generated tensors.
     """
     first = self.build_inputs(split, input_context).take(1).cache()
@@ -177,7 +177,7 @@ class Task:
     sums.update(task_metrics(self, labels, outputs, weights, aux))
     return sums, self.eval_outputs(features, labels, outputs, weights)
 
-  # Host-side metrics (computed off-device, e.g. COCO AP or BLEU).
+  # Host-side metrics (computed off-device, e.g. by a third-party evaluator).
 
   def eval_outputs(self, features, labels, outputs, weights) -> Any:
     """Tensors [batch, ...] fetched to the host each eval step for `aggregate`; None = nothing.
@@ -201,7 +201,7 @@ class Task:
     return {}
 
   def derived_metrics(self, metrics: Dict[str, float]) -> Dict[str, float]:
-    """Metrics computed from the averaged ones (e.g. perplexity = exp(loss))."""
+    """Metrics computed from the averaged ones (e.g. exp(loss))."""
     return {}
 
   def write_eval_artifacts(self, state: Any, *, model_dir: str, step: int, split: str,

@@ -329,7 +329,7 @@ class Trainer:
     """`iter(dataset)` for a distributed dataset, then undoes TF 2.21's malloc pin.
 
     Creating a distributed iterator makes TF 2.21 pin glibc's mmap threshold at
-    128 KiB (~10% of a ResNet-50 CPU step lost to page faults); see host_memory.
+    128 KiB (~10% of a large convolutional model's CPU step lost to page faults); see host_memory.
     """
     iterator = iter(dataset)
     if self.config.runtime.restore_malloc_thresholds:
