@@ -72,10 +72,14 @@ class Family:
     extra: the `pip install "tpu_models[extra]"` that provides `extra_packages`.
     extra_packages: optional Python packages the modules import; a module that
       fails to import for lack of one is reported as unavailable, not as a bug.
+    weights: modules that register pretrained-weights catalogue entries and
+      importers (tpu_models/weights/catalogue.py); imported only when the
+      catalogue or an importer is looked up.
   """
   name: str
   modules: Tuple[Module, ...] = ()
   cli: Optional[str] = None
+  weights: Tuple[str, ...] = ()
   extra: Optional[str] = None
   extra_packages: Tuple[str, ...] = ()
 

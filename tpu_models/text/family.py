@@ -14,4 +14,5 @@ FAMILY = Family(
                datasets=("de_en_dictionary", "tsv", "text_tfrecord", "wmt14_de_en")),
     ),
     cli="tpu_models.text.cli",
-    extra="text", extra_packages=("sentencepiece", "sacrebleu"))
+    extra="text", extra_packages=("sentencepiece", "sacrebleu"),
+    weights=("tpu_models.text.pretrained",))

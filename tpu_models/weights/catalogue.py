@@ -13,20 +13,18 @@ format says whose naming the file follows ("torchvision", "timm",
 receives it. `models` (globs over our model names) lets a caller find the
 importer from a model name alone.
 
-The built-in families register their importers and entries in a module named
-`pretrained.py` inside their package; `load_families()` imports every such
-module under `tpu_models/` (only when the catalogue is asked for).
+Families register their importers and entries in the modules their
+declaration names (`Family.weights` in their family.py, or a third-party
+family's entry point); `load_families()` imports them the first time the
+catalogue or an importer is asked for.
 """
 
 import dataclasses
 import fnmatch
 import importlib
-import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from tpu_models.errors import ConfigError, UnknownNameError
-
-_FAMILY_MODULE = "pretrained.py"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,14 +192,12 @@ _loaded = False
 
 
 def load_families() -> None:
-  """Imports every built-in family's `pretrained.py` (once)."""
+  """Imports the weights modules every family declares (`Family.weights`), once."""
   global _loaded
   if _loaded:
     return
   _loaded = True
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  for directory, subdirectories, files in sorted(os.walk(root)):
-    subdirectories[:] = sorted(d for d in subdirectories if not d.startswith(("_", ".")))
-    if _FAMILY_MODULE in files and directory != root:
-      relative = os.path.relpath(directory, os.path.dirname(root))
-      importlib.import_module(".".join(relative.split(os.sep) + [_FAMILY_MODULE[:-3]]))
+  from tpu_models import registry
+  for family in registry.families():
+    for module in family.weights:
+      importlib.import_module(module)

@@ -9,4 +9,5 @@ FAMILY = Family(
         Module("tpu_models.vision.classification.task", tasks=("classification",)),
         Module("tpu_models.vision.classification.fashion_mnist", datasets=("fashion_mnist",)),
     ),
-    cli="tpu_models.vision.classification.cli")
+    cli="tpu_models.vision.classification.cli",
+    weights=("tpu_models.vision.classification.pretrained",))

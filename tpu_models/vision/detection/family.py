@@ -9,4 +9,5 @@ FAMILY = Family(
         Module("tpu_models.vision.detection.task", tasks=("detection",)),
     ),
     cli="tpu_models.vision.detection.cli",
-    extra="coco", extra_packages=("pycocotools",))
+    extra="coco", extra_packages=("pycocotools",),
+    weights=("tpu_models.vision.detection.pretrained",))
