@@ -29,8 +29,8 @@ EXTRAS["bench"] = ["keras-hub>=0.32"]
 setup(
     name="tpu-models",
     version=VERSION,
-    description="ResNet (Transformer and RetinaNet in progress) on one TPU-first training "
-                "loop (TensorFlow 2 + Keras 3).",
+    description="ResNet, Transformer and RetinaNet on one TPU-first training loop "
+                "(TensorFlow 2 + Keras 3), with offline pretrained-weight import.",
     long_description=LONG_DESCRIPTION,
     long_description_content_type="text/markdown",
     packages=find_packages(include=["tpu_models", "tpu_models.*"]),
