@@ -28,24 +28,8 @@ if [[ -x "${venv}/bin/python" ]] && "${venv}/bin/python" -c "${check}" 2>/dev/nu
 fi
 
 # The Python the venv is made from: $PYTHON if set, else python3 on PATH (>= 3.10).
-python="${PYTHON:-python3}"
-if ! command -v "${python}" >/dev/null 2>&1; then
-  echo "No Python interpreter '${python}'$([[ -n "${PYTHON:-}" ]] && echo " (from \$PYTHON)" || echo " on PATH")." >&2
-  echo "Install Python >= 3.10, or point PYTHON at one: PYTHON=/path/to/python3.11 bash $0" >&2
-  exit 1
-fi
-if ! "${python}" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)'; then
-  echo "$("${python}" -c 'import sys; print(sys.executable, sys.version.split()[0])') is too old:" \
-       "this benchmark needs Python >= 3.10." >&2
-  echo "Point PYTHON at a newer one: PYTHON=/path/to/python3.11 bash $0" >&2
-  exit 1
-fi
-if ! "${python}" -c 'import venv, ensurepip' 2>/dev/null; then
-  echo "${python} cannot create virtualenvs (no venv/ensurepip module)." >&2
-  echo "On Debian/Ubuntu: apt-get install python3-venv (or python3.X-venv)." >&2
-  exit 1
-fi
-echo "Using $("${python}" -c 'import sys; print(sys.executable, sys.version.split()[0])')"
+# shellcheck source=../venv_python.sh
+source "${here}/../venv_python.sh"
 start=$(date +%s)
 "${python}" -m venv "${venv}"
 "${venv}/bin/python" -m pip install --quiet --upgrade pip wheel setuptools
