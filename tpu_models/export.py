@@ -29,6 +29,7 @@ from tpu_models import config as config_lib
 from tpu_models.errors import ConfigError
 from tpu_models.task import Servable, create_task, require
 from tpu_models.training import checkpoints
+from tpu_models.training import model_dir as model_dir_lib
 
 
 def newest_checkpoint(model_dir: str, say: Optional[Callable[[str], None]] = None) -> str:
@@ -52,6 +53,7 @@ def load_model(config: config_lib.ExperimentConfig, model_dir: str,
   """(task, float32 Keras model with the newest readable weights of `model_dir`, or `checkpoint`)."""
   checkpoint = checkpoint or newest_checkpoint(model_dir)
   task = create_task(config.task)
+  model_dir_lib.check_fingerprints(model_dir, task.required_files())
   model = task.build_model()  # float32: the caller's policy (default float32).
   tf.train.Checkpoint(model=model).restore(checkpoint).expect_partial().assert_existing_objects_matched()
   return task, model

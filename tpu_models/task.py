@@ -204,6 +204,16 @@ class Task:
     """Metrics computed from the averaged ones (e.g. exp(loss))."""
     return {}
 
+  def required_files(self) -> Dict[str, str]:
+    """Files the trained model cannot be used without, as {config key: path}.
+
+    E.g. a tokenizer the model's ids mean nothing without. Their fingerprints
+    (sha256) are recorded in the model_dir when training starts, and resuming,
+    evaluating or exporting with a file of other contents is refused, naming
+    both. The default: none.
+    """
+    return {}
+
   def write_eval_artifacts(self, state: Any, *, model_dir: str, step: int, split: str,
                            tensorboard: bool = True) -> List[str]:
     """Host-side files from one evaluation (e.g. pictures of predictions); the default: none.

@@ -36,6 +36,9 @@ def add_commands(subparsers) -> None:
                       "character)")
   p.add_argument("--max-sentences", type=int, default=2_000_000,
                  help="learn from a reproducible random sample of at most this many sentences")
+  p.add_argument("--overwrite", action="store_true",
+                 help="replace an existing PREFIX.model (trained runs fingerprint their "
+                      "vocabulary and refuse another one; by default this is refused)")
   p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                  help="with a YAML: override a config value (repeatable)")
   p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
@@ -65,6 +68,13 @@ def _vocab(args: argparse.Namespace) -> int:
   if not 0 < args.character_coverage <= 1:
     raise ConfigError(f"--character-coverage {args.character_coverage}: expected a share in "
                       f"(0, 1], e.g. 0.9995 or 1.0.")
+  import tensorflow as tf
+  existing = [f"{args.output}{suffix}" for suffix in (".model", ".vocab")
+              if tf.io.gfile.exists(f"{args.output}{suffix}")]
+  if existing and not args.overwrite:
+    raise ConfigError(f"{' and '.join(existing)} already exist(s): runs trained with it would "
+                      f"no longer match it. Pass --overwrite to replace it, or choose another "
+                      f"--output.")
   if args.source.endswith((".yaml", ".yml")):
     args.config, args.model_dir = args.source, None
     config, _ = cli.load_experiment(args)

@@ -205,6 +205,10 @@ class TextTask(Task):
   def vocab(self) -> text_lib.SentencePieceVocab:
     return load_vocab(self.config.vocab_path)
 
+  def required_files(self) -> Dict[str, str]:
+    """The vocabulary: ids mean nothing with another one (fingerprinted in the model_dir)."""
+    return {"task.vocab_path": self.config.vocab_path}
+
   def build_model(self) -> keras.Model:
     model = model_with_vocab_size(self.config.model, self.config.vocab_path)
     return create_model(model.name, **model.params)

@@ -7,6 +7,12 @@ export leave it alone): a run resumed with a config that differs in anything but
 logged) prints the differences and keeps the earlier record as `config.N.yaml`
 (N = 1, 2, ...: never overwritten) before writing the new one.
 
+The fingerprints (`model_dir/fingerprints.json`): the sha256 of every file the
+task says the trained model cannot be used without (`Task.required_files`),
+recorded when training starts; resuming, evaluating or exporting with a file of
+other contents under that key is refused, naming both files (the same contents
+at another path are fine).
+
 The lock (`model_dir/train.lock`) is held by the chief of a training run from
 the moment training starts until `release` (the Trainer's `close`, and at the
 latest the process's exit). A second training process on the same model_dir is
@@ -27,6 +33,7 @@ succeed. Whether a holder on another host is alive cannot be known: its lock
 is never taken over automatically (the message says which file to delete).
 """
 
+import hashlib
 import json
 import os
 import socket
@@ -41,6 +48,7 @@ from tpu_models.errors import ConfigError
 
 LOCK_FILE = "train.lock"
 CONFIG_FILE = "config.yaml"
+FINGERPRINTS_FILE = "fingerprints.json"
 # Config keys (and sections) a resumed run may change without keeping a new record: they
 # change how long the run is and how it is evaluated, checkpointed and logged, not how its
 # steps train.
@@ -293,3 +301,84 @@ def record_config(model_dir: str, config_text: str, resumed_step: Optional[int],
     f.write(config_text)
   tf.io.gfile.rename(tmp, path, overwrite=True)
   return kept
+
+
+# ----------------------------------------------------------------------------
+# Fingerprints of the files a trained model cannot be used without.
+
+
+def file_fingerprint(path: str) -> Dict[str, Any]:
+  """{"path", "sha256", "bytes"} of the file at `path` (any `tf.io.gfile` filesystem)."""
+  digest = hashlib.sha256()
+  size = 0
+  with tf.io.gfile.GFile(path, "rb") as f:
+    while True:
+      chunk = f.read(1 << 20)
+      if not chunk:
+        break
+      digest.update(chunk)
+      size += len(chunk)
+  return {"path": path, "sha256": digest.hexdigest(), "bytes": size}
+
+
+def _read_fingerprints(model_dir: str) -> Dict[str, Any]:
+  path = os.path.join(model_dir, FINGERPRINTS_FILE)
+  if not tf.io.gfile.exists(path):
+    return {}
+  try:
+    with tf.io.gfile.GFile(path) as f:
+      recorded = json.load(f)
+  except (ValueError, tf.errors.OpError) as e:
+    raise ConfigError(f"{path} is damaged ({type(e).__name__}: {e}); it records which files "
+                      f"this model_dir's weights need. Restore it, or use another "
+                      f"--model-dir.") from None
+  if not isinstance(recorded, dict):
+    raise ConfigError(f"{path} must hold a mapping of config keys to fingerprints.")
+  return recorded
+
+
+def check_fingerprints(model_dir: str, files: Dict[str, str]) -> Dict[str, Any]:
+  """Refuses files whose contents differ from the ones `model_dir` was trained with.
+
+  Args:
+    model_dir: the run's directory.
+    files: {config key: path} of the files the model cannot be used without.
+
+  Returns:
+    {config key: fingerprint} of `files` (their current contents).
+
+  Raises:
+    ConfigError: a file recorded in model_dir/fingerprints.json now has other
+      contents; the message names the key and both files.
+  """
+  recorded = _read_fingerprints(model_dir)
+  current = {}
+  for key, path in sorted(files.items()):
+    if not path or not tf.io.gfile.exists(path):
+      continue  # The task's own loader names the missing file and how to make it.
+    current[key] = file_fingerprint(path)
+    before = recorded.get(key)
+    if isinstance(before, dict) and before.get("sha256") != current[key]["sha256"]:
+      raise ConfigError(
+          f"{key} {path!r} (sha256 {current[key]['sha256'][:16]}..., {current[key]['bytes']} "
+          f"bytes) is not the file {model_dir} was trained with: {before.get('path')!r} (sha256 "
+          f"{str(before.get('sha256'))[:16]}..., {before.get('bytes')} bytes; recorded in "
+          f"{os.path.join(model_dir, FINGERPRINTS_FILE)}). Its weights mean nothing with another "
+          f"one: point {key} at that file, or use another --model-dir.")
+  return current
+
+
+def record_fingerprints(model_dir: str, files: Dict[str, str]) -> None:
+  """`check_fingerprints`, then records the fingerprints of files not recorded yet."""
+  current = check_fingerprints(model_dir, files)
+  recorded = _read_fingerprints(model_dir)
+  new = {key: value for key, value in current.items() if key not in recorded}
+  if not new:
+    return
+  recorded.update(new)
+  tf.io.gfile.makedirs(model_dir)
+  path = os.path.join(model_dir, FINGERPRINTS_FILE)
+  temporary = f"{path}.tmp-{os.getpid()}"
+  with tf.io.gfile.GFile(temporary, "w") as f:
+    json.dump(recorded, f, indent=1, sort_keys=True)
+  tf.io.gfile.rename(temporary, path, overwrite=True)

@@ -246,6 +246,7 @@ class Trainer:
             f"Checkpoint {latest} does not match this model: "
             f"{pipeline.error_summary(str(e)).splitlines()[0][:300]}. It was written by another "
             f"model or config; use another --model-dir.") from None
+      model_dir_lib.check_fingerprints(self.model_dir, self.task.required_files())
       self._saved_steps.add(self._resume.step)
       self._elapsed_at_start = float(self.elapsed_seconds.numpy())
       self._say(f"Resumed from {latest} at step {self.current_step}.")
@@ -409,6 +410,8 @@ class Trainer:
     cfg = self.config.trainer
     if self.chief and self._lock is None:  # One training process per model_dir; until close().
       self._lock = model_dir_lib.acquire_lock(self.model_dir, say=self._say)
+    if self.chief:  # Files the weights need (a tokenizer): refused if changed, else recorded.
+      model_dir_lib.record_fingerprints(self.model_dir, self.task.required_files())
     if self.chief:  # What this model_dir was trained with (evaluate/export leave it alone).
       model_dir_lib.record_config(self.model_dir, dump_config(self.config),
                                   self._resume.step if self._resume.path else None, say=self._say)
