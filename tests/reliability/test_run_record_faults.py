@@ -101,6 +101,9 @@ def runs(tmp_path_factory):
                                         "trainer.train_steps=1.0e+30"),
       "width": ["train", tmp / "width.yaml", "--model-dir", tmp / "width"],
       "image_size": ["train", tmp / "image_size.yaml", "--model-dir", tmp / "image_size"],
+      # A model_dir whose name TensorFlow would read as a glob pattern.
+      "glob_train": toy_train(tmp / "exp[1]", "trainer.train_steps=5"),
+      "glob_evaluate": ["evaluate", TOY, "--import", "toy_task", "--model-dir", tmp / "exp*"],
   }
   names = list(cases)
   outcome = dict(zip(names, run_batch(tmp, [cases[n] for n in names])))
@@ -238,6 +241,10 @@ def test_resuming_with_a_changed_config_keeps_every_earlier_record(runs):
     ("float_overflow_steps", "Config key 'trainer.train_steps' must fit in a 64-bit integer"),
     ("width", "Config key 'task.model.width' is a size and must be > 0; got -4."),
     ("image_size", "Config key 'task.image_size' is a size and must be > 0; got 0."),
+    ("glob_train", "model_dir '{tmp}/exp[1]' contains [ ]: TensorFlow reads those as a file "
+                   "pattern when it looks for checkpoints"),
+    ("glob_evaluate", "model_dir '{tmp}/exp*' contains *: TensorFlow reads those as a file "
+                      "pattern"),
 ])
 def test_bad_config_files_and_values_are_one_line_errors(runs, case, expected):
   result = runs[case]
@@ -245,6 +252,10 @@ def test_bad_config_files_and_values_are_one_line_errors(runs, case, expected):
   assert expected.format(tmp=runs["tmp"]) in error_line(result)
   model_dir = runs["tmp"] / case
   assert not model_dir.exists() or not list(model_dir.glob("ckpt-*"))
+
+
+def test_a_model_dir_named_like_a_glob_is_refused_before_anything_is_written(runs):
+  assert not (runs["tmp"] / "exp[1]").exists()
 
 
 def test_a_damaged_config_record_is_left_as_it_was(runs):

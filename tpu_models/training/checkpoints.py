@@ -128,6 +128,24 @@ def unreadable_reason(prefix: str) -> Optional[str]:
   return None
 
 
+# Characters tf.io.gfile.glob (and so tf.train.latest_checkpoint) reads as a pattern.
+GLOB_CHARACTERS = "[]*?"
+
+
+def check_model_dir_name(model_dir: str) -> None:
+  """ConfigError when `model_dir` holds a glob character.
+
+  TensorFlow finds a model_dir's checkpoints by globbing under it, so in a name
+  such as `runs/exp[1]` its own healthy checkpoints would not be found (and a
+  resume would start over them). Refused before anything is written.
+  """
+  found = sorted({c for c in model_dir if c in GLOB_CHARACTERS})
+  if found:
+    raise ConfigError(f"model_dir {model_dir!r} contains {' '.join(found)}: TensorFlow reads "
+                      f"those as a file pattern when it looks for checkpoints, so this run "
+                      f"could not find its own. Choose a name without {GLOB_CHARACTERS}.")
+
+
 def find_resume(model_dir: str) -> Resume:
   """The newest readable checkpoint in `model_dir` and the newer ones that are not; read-only.
 
@@ -135,6 +153,7 @@ def find_resume(model_dir: str) -> Resume:
     DataError: checkpoints exist but none is readable (resuming would start
       from scratch over them); names each one and why.
   """
+  check_model_dir_name(model_dir)
   result = Resume()
   checkpoints = list_checkpoints(model_dir)
   for number, prefix, files in checkpoints:
