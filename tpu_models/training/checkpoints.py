@@ -120,7 +120,9 @@ def unreadable_reason(prefix: str) -> Optional[str]:
             (f" (its data file {os.path.basename(data[0])} is there)" if data else
              " and so are its data files"))
   try:
-    reader = tf.train.load_checkpoint(prefix)
+    # The reader of the prefix itself: tf.train.load_checkpoint first asks whether the path
+    # is a directory, which on some filesystems (ram://) is true for any prefix of a file.
+    reader = tf.compat.v1.train.NewCheckpointReader(prefix)
     for key in reader.get_variable_to_shape_map():
       reader.get_tensor(key)
   except (tf.errors.OpError, IndexError, ValueError, RuntimeError) as e:
