@@ -96,6 +96,12 @@ class ToyTask(Task):
   def loss(self, labels, outputs):
     return keras.losses.sparse_categorical_crossentropy(labels, outputs, from_logits=True)
 
+  def variable_groups(self):
+    return {"features": "^(?!logits/)", "output": "^logits/"}
+
+  def label_dependent_variables(self):
+    return "^logits/"
+
   def metrics(self, labels, outputs, weights):
     correct = tf.cast(tf.equal(tf.argmax(outputs, -1, output_type=tf.int32), labels), tf.float32)
     return {"accuracy": weighted_mean(correct, weights)}

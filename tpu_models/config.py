@@ -101,6 +101,45 @@ class ScheduleConfig:
 
 
 @dataclasses.dataclass
+class FineTuneConfig:
+  """Which variables train, how fast, and which may change shape under `init_checkpoint`.
+
+  Every entry is the name of one of the task's variable groups
+  (`Task.variable_groups()`, listed by an unknown name's error) or a regex
+  searched in each variable path (`tpu-models` prints the paths in the
+  warm-start report). An entry that matches no variable is an error.
+  """
+  # Variables that get no update and no optimizer slots (they stay as loaded).
+  freeze: List[str] = dataclasses.field(default_factory=list)
+  # Every batch-norm layer runs in inference mode: it normalises with its moving
+  # statistics, which stay as loaded, and its scale and offset do not train.
+  freeze_batch_norm: bool = False
+  # Entry -> factor > 0 on the learning rate of the variables it matches (and on their
+  # decoupled weight decay); the first listed entry that matches a variable wins.
+  lr_multipliers: Dict[str, float] = dataclasses.field(default_factory=dict)
+  # Variables that may differ in shape from init_checkpoint: they keep their initial
+  # values. The task's label-dependent layers (Task.label_dependent_variables) always may.
+  reinitialize: List[str] = dataclasses.field(default_factory=list)
+
+  def __post_init__(self):
+    import re
+    entries = [("freeze", e) for e in self.freeze] + [("reinitialize", e)
+                                                     for e in self.reinitialize]
+    entries += [("lr_multipliers", e) for e in self.lr_multipliers]
+    for key, entry in entries:
+      try:
+        re.compile(entry)
+      except re.error as e:
+        raise ConfigError(f"Config key 'trainer.fine_tune.{key}': {entry!r} is neither a "
+                          f"variable group nor a valid regex ({e}).") from None
+    for entry, factor in self.lr_multipliers.items():
+      if not factor > 0:
+        raise ConfigError(f"Config key 'trainer.fine_tune.lr_multipliers.{entry}' must be > 0; "
+                          f"got {factor!r} (to stop a variable training, list it in "
+                          f"trainer.fine_tune.freeze).")
+
+
+@dataclasses.dataclass
 class TrainerConfig:
   train_steps: int = 1000
   steps_per_loop: int = 100  # Steps per compiled host loop; also the log interval.
@@ -122,6 +161,8 @@ class TrainerConfig:
   # Regex -> replacement applied to our variable paths to find them in
   # init_checkpoint, e.g. {"^my_model/backbone/": "backbone/"}.
   init_checkpoint_map: Dict[str, str] = dataclasses.field(default_factory=dict)
+  # Freezing, batch-norm statistics, layer-wise learning rates, re-initialised layers.
+  fine_tune: FineTuneConfig = dataclasses.field(default_factory=FineTuneConfig)
   tensorboard: bool = True
 
 

@@ -236,6 +236,28 @@ class Task:
     """
     return None
 
+  # Fine-tuning (`trainer.fine_tune`, `trainer.init_checkpoint`).
+
+  def variable_groups(self) -> Dict[str, str]:
+    """Named parts of this task's model: {group name: regex searched in variable paths}.
+
+    `trainer.fine_tune.freeze` and `lr_multipliers` accept these names besides
+    regexes, so a config can say which part to freeze without knowing the
+    model's layer names. The default names none.
+    """
+    return {}
+
+  def label_dependent_variables(self) -> Optional[str]:
+    """A regex over variable paths: the layers whose shape follows the label set.
+
+    A warm start from a checkpoint of another label set (another number of
+    classes) gives these layers the model's own initial values (the builder's
+    initialisers) and reports the stored ones as dropped; any other shape
+    difference is an error unless `trainer.fine_tune.reinitialize` lists it.
+    None (the default): no such layers.
+    """
+    return None
+
 
 # ----------------------------------------------------------------------------
 # Optional capabilities: small named interfaces a task class also derives from.

@@ -96,8 +96,10 @@ def test_warm_start_by_variable_path_reports_shape_mismatch(tmp_path):
     if v.path.startswith("hidden/"):
       np.testing.assert_array_equal(v.numpy(), hidden[v.path])
   report = target.warm_start(str(tmp_path / "source"))
-  assert sorted(report["restored"]) == ["hidden/bias", "hidden/kernel"]
-  assert len(report["shape_mismatch"]) == 2  # The new 3-class head keeps its init.
+  assert sorted(ours for ours, _ in report.restored) == ["hidden/bias", "hidden/kernel"]
+  # The new 3-class output layer keeps its init; the stored 4-class one is dropped.
+  assert sorted(ours for ours, _ in report.new) == ["logits/bias", "logits/kernel"]
+  assert sorted(stored for stored, _ in report.dropped) == ["logits/bias", "logits/kernel"]
   assert target.current_step == 0
 
 

@@ -144,7 +144,7 @@ def test_converted_model_dir_is_read_by_export_and_warm_start(tmp_path):
   # trainer.init_checkpoint warm-starts from it by variable path.
   fresh = create_model(name, **params)
   report = checkpoints.warm_start(fresh, output, say=lambda _: None)
-  assert not report["missing"] and not report["shape_mismatch"]
+  assert not report.new and len(report.restored) == len(fresh.variables)
   assert FAMILIES["resnet"].compare_outputs(fresh, arrays, params)["max_abs_diff"] <= ATOL
   with pytest.raises(ConfigError, match="already holds checkpoints"):
     importing.write_model_dir(config, output, load, say=lambda _: None)

@@ -28,7 +28,7 @@ import dataclasses
 import os
 import re
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -282,52 +282,142 @@ def _one_line(text: str) -> str:
   return " ".join(text.split()).split(" [Op:")[0]
 
 
-def warm_start(model, path: str, mapping: Optional[Dict[str, str]] = None,
-               say: Callable[[str], None] = print) -> Dict[str, List[str]]:
-  """Loads `model`'s weights by variable path from the checkpoint at `path`.
+@dataclasses.dataclass
+class WarmStartReport:
+  """What a warm start took from the checkpoint, what it initialised here, what it left.
 
-  `mapping` maps regexes over our variable paths to their names in the source
-  (e.g. {"^my_model/backbone/": ""}). Variables missing from the source or of
-  another shape (a new output head) keep their initial values; both are
-  reported through `say`. Optimizer state and the step are not loaded.
-
-  Returns: {"restored": [...], "missing": [...], "shape_mismatch": [...]} paths.
+  Attributes:
+    path: the checkpoint read.
+    restored: (our variable path, stored name) per variable loaded.
+    new: (our variable path, why) per variable that keeps the value it was
+      initialised with here (absent from the checkpoint, or re-initialised).
+    dropped: (stored name, why) per stored weight no variable took.
   """
-  path = resolve(path)
+  path: str
+  restored: List[Tuple[str, str]] = dataclasses.field(default_factory=list)
+  new: List[Tuple[str, str]] = dataclasses.field(default_factory=list)
+  dropped: List[Tuple[str, str]] = dataclasses.field(default_factory=list)
+
+  def lines(self, listed: int = 12) -> List[str]:
+    """The log block: counts, then the new and dropped variables (the first `listed` each)."""
+    lines = [f"Warm start from {self.path}: {len(self.restored)} variables from the checkpoint, "
+             f"{len(self.new)} new (initialised here), {len(self.dropped)} stored weights "
+             f"dropped."]
+    for title, items in (("new", self.new), ("dropped", self.dropped)):
+      for name, why in items[:listed]:
+        lines.append(f"  {title}: {name} ({why})")
+      if len(items) > listed:
+        lines.append(f"  {title}: ... and {len(items) - listed} more")
+    return lines
+
+  def to_json(self) -> Dict[str, object]:
+    return {"init_checkpoint": self.path,
+            "restored": [{"variable": o, "stored": t} for o, t in self.restored],
+            "new": [{"variable": o, "why": w} for o, w in self.new],
+            "dropped": [{"stored": t, "why": w} for t, w in self.dropped]}
+
+
+def stored_weights(path: str) -> Dict[str, List[int]]:
+  """{variable path: shape} of the weights a checkpoint holds by path (under "weights/")."""
   try:
-    available = {
-        _unescape(key[len(WEIGHTS_PREFIX):-len(_VALUE_SUFFIX)]): shape
-        for key, shape in tf.train.list_variables(path)
-        if key.startswith(WEIGHTS_PREFIX) and key.endswith(_VALUE_SUFFIX)}
+    return {_unescape(key[len(WEIGHTS_PREFIX):-len(_VALUE_SUFFIX)]): list(shape)
+            for key, shape in tf.train.list_variables(path)
+            if key.startswith(WEIGHTS_PREFIX) and key.endswith(_VALUE_SUFFIX)}
   except (tf.errors.NotFoundError, tf.errors.DataLossError) as e:
     raise FileNotFoundError(f"trainer.init_checkpoint {path!r} is not a readable "
                             f"checkpoint: {e.message}") from None
-  report = {"restored": [], "missing": [], "shape_mismatch": []}
-  targets = {}
+
+
+def warm_start(model, path: str, mapping: Optional[Dict[str, str]] = None,
+               say: Callable[[str], None] = print, reinitialize: Sequence[str] = (),
+               strict: bool = False) -> WarmStartReport:
+  """Loads `model`'s weights by variable path from the checkpoint (or model_dir) at `path`.
+
+  Args:
+    model: a built Keras model.
+    path: a checkpoint prefix, or a directory (its newest readable checkpoint).
+    mapping: regexes over our variable paths -> their names in the checkpoint
+      (e.g. {"^my_model/encoder/": ""}), applied in order.
+    say: where the report block goes.
+    reinitialize: regexes over our variable paths that may differ in shape
+      from the checkpoint (a new output layer); they keep their initial values.
+    strict: every variable must be in the checkpoint with its shape (loading a
+      model_dir's own weights); a difference raises before anything is assigned.
+
+  Variables absent from the checkpoint keep their initial values; stored
+  weights no variable takes are reported as dropped. Optimizer state and the
+  step are not loaded.
+
+  Returns:
+    The `WarmStartReport` (also given to `say` as a block of lines).
+
+  Raises:
+    ConfigError: a variable not listed in `reinitialize` has another shape in
+      the checkpoint (names it and both shapes), or nothing matches at all.
+  """
+  path = resolve(path)
+  available = stored_weights(path)
+  report = WarmStartReport(path=path)
+  targets, taken, mismatched = {}, set(), []
   for variable in model.variables:
     source = variable.path
     for pattern, replacement in (mapping or {}).items():
       source = re.sub(pattern, replacement, source)
+    ours = list(variable.shape)
     if source not in available:
-      report["missing"].append(variable.path)
-    elif list(available[source]) != list(variable.shape):
-      report["shape_mismatch"].append(
-          f"{variable.path} {list(variable.shape)} vs {source} {available[source]}")
+      report.new.append((variable.path, f"not in the checkpoint (looked for {source})"
+                         if source != variable.path else "not in the checkpoint"))
+    elif available[source] != ours:
+      taken.add(source)
+      if not strict and any(re.search(p, variable.path) for p in reinitialize):
+        report.new.append((variable.path, f"re-initialised: shape {ours} here, "
+                                          f"{available[source]} in the checkpoint"))
+        report.dropped.append((source, f"shape {available[source]}; {variable.path} is {ours} "
+                                       f"here"))
+      else:
+        mismatched.append(f"{variable.path} {ours} (the checkpoint's {source} is "
+                          f"{available[source]})")
     else:
       targets[source] = variable
-      report["restored"].append(variable.path)
+      taken.add(source)
+      report.restored.append((variable.path, source))
+  if mismatched or (strict and report.new):
+    what = mismatched[0] if mismatched else report.new[0][0] + " is " + report.new[0][1]
+    raise ConfigError(
+        f"{'' if strict else 'trainer.init_checkpoint '}{path}: {what}; {len(mismatched)} "
+        f"variables of another "
+        f"shape, {len(report.new)} absent" + (
+            "." if strict else
+            f". Only the task's label-dependent layers and trainer.fine_tune.reinitialize "
+            f"are re-initialised on a shape change: build the model with the checkpoint's "
+            f"params, or list the variables there.") +
+        (f" Also: {'; '.join(mismatched[1:4])}{'; ...' if len(mismatched) > 4 else ''}."
+         if len(mismatched) > 1 else ""))
   if not targets:
     raise ConfigError(
         f"trainer.init_checkpoint {path!r} has none of this model's variables "
         f"(e.g. {model.variables[0].path!r}); it holds e.g. "
         f"{sorted(available)[:3]}. Set trainer.init_checkpoint_map to map our names to its names.")
+  report.dropped += [(name, "no variable of this model" + (
+      " after trainer.init_checkpoint_map" if mapping else "")) for name in sorted(available)
+                     if name not in taken]
   tf.train.Checkpoint(weights=tf.train.Checkpoint(**targets)).restore(path).expect_partial()
-  say(f"Warm start from {path}: restored {len(report['restored'])} variables; "
-      f"{len(report['shape_mismatch'])} of another shape and "
-      f"{len(report['missing'])} absent keep their initial values.")
-  for line in report["shape_mismatch"]:
-    say(f"  kept initial value, shape differs: {line}")
+  for line in report.lines():
+    say(line)
   return report
+
+
+WARM_START_FILE = "warm_start.json"
+
+
+def write_warm_start_report(model_dir: str, report: WarmStartReport) -> str:
+  """Writes `report` to model_dir/warm_start.json; returns the path."""
+  import json
+  path = os.path.join(model_dir, WARM_START_FILE)
+  tf.io.gfile.makedirs(model_dir)
+  with tf.io.gfile.GFile(path, "w") as f:
+    f.write(json.dumps(report.to_json(), indent=1) + "\n")
+  return path
 
 
 def saved_step(path: str) -> int:

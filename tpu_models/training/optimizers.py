@@ -4,9 +4,14 @@ SGD (momentum, Nesterov), LARS, AdamW and Adafactor. Vectors (biases, batch-norm
 gamma/beta) and variables whose path contains an `exclude_from_weight_decay`
 substring are excluded from weight decay, the coupled L2 penalty and LARS'
 layer-wise trust ratio, as in the published large-batch recipes.
+
+Layer-wise learning rates (`trainer.fine_tune.lr_multipliers`): every optimizer
+can scale the learning rate of chosen variables by a factor, in its update
+(the fused SGD kernel included) and in its decoupled weight decay.
 """
 
-from typing import List, Sequence
+import types
+from typing import Dict, List, Optional, Sequence
 
 import keras
 import tensorflow as tf
@@ -110,30 +115,105 @@ class LARS(keras.optimizers.Optimizer):
     return config
 
 
-def build_optimizer(config: OptimizerConfig, learning_rate,
-                    variables: List) -> keras.optimizers.Optimizer:
-  """The optimizer named by `config`, built for `variables`."""
+class _LayerwiseLearningRates:
+  """Mixin: each variable's learning rate times its factor (1 when it has none).
+
+  The factor scales the learning rate given to `update_step` (so the whole
+  update of SGD, momentum, Adam, LARS) and the decoupled weight decay
+  `w -= lr * factor * wd * w`, as per-group learning rates do in PyTorch. The
+  gradient itself, hence its logged norm and its clipping, is not changed.
+  """
+
+  _lr_factors = types.MappingProxyType({})
+
+  def set_learning_rate_factors(self, factors: Dict[int, float]) -> None:
+    """{`self._var_key(variable)`: factor} for the variables whose factor is not 1."""
+    # Read-only and not a dict: the checkpoint's attribute tracking leaves it alone.
+    self._lr_factors = types.MappingProxyType(dict(factors))
+
+  def update_step(self, gradient, variable, learning_rate):
+    factor = self._lr_factors.get(self._var_key(variable))
+    if factor is not None:
+      learning_rate = learning_rate * factor
+    return super().update_step(gradient, variable, learning_rate)
+
+  def _apply_weight_decay(self, variables):
+    if self.weight_decay is None:
+      return
+    plain = [v for v in variables if self._var_key(v) not in self._lr_factors]
+    scaled = [(v, self._lr_factors[self._var_key(v)]) for v in variables
+              if self._var_key(v) in self._lr_factors]
+    super()._apply_weight_decay(plain)
+    if not scaled:
+      return
+
+    def decay(distribution, pairs):
+      for variable, factor in pairs:
+        def decay_one(var, factor=factor):
+          if self._use_weight_decay(var):
+            rate = tf.cast(self.learning_rate, var.dtype) * factor
+            var.assign_sub(var * tf.cast(self.weight_decay, var.dtype) * rate)
+        value = variable.value if isinstance(variable, keras.Variable) else variable
+        distribution.extended.update(value, decay_one, group=False)
+
+    tf.__internal__.distribute.interim.maybe_merge_call(decay, self._distribution_strategy,
+                                                        scaled)
+
+
+_WITH_FACTORS: Dict[type, type] = {}
+
+
+def _with_learning_rate_factors(cls: type) -> type:
+  """`cls` with `_LayerwiseLearningRates` mixed in (one class per optimizer class)."""
+  if cls not in _WITH_FACTORS:
+    _WITH_FACTORS[cls] = type(cls.__name__, (_LayerwiseLearningRates, cls), {})
+  return _WITH_FACTORS[cls]
+
+
+def build_optimizer(config: OptimizerConfig, learning_rate, variables: List,
+                    lr_multipliers: Optional[Dict[str, float]] = None
+                    ) -> keras.optimizers.Optimizer:
+  """The optimizer named by `config`, built for `variables`.
+
+  Args:
+    config: the optimizer section.
+    learning_rate: a float or a schedule.
+    variables: the variables it trains (the model's trainable variables).
+    lr_multipliers: {variable path: factor} on the learning rate of those
+      variables (layer-wise learning rates); None or {} = all 1.
+  """
   wd = config.weight_decay or None
   if config.name == "lars":
-    optimizer = LARS(learning_rate, momentum=config.momentum, weight_decay=config.weight_decay,
-                     eta=config.lars_eta, nesterov=config.nesterov,
-                     exclude_from_weight_decay=config.exclude_from_weight_decay)
+    cls, kwargs = LARS, dict(momentum=config.momentum, weight_decay=config.weight_decay,
+                             eta=config.lars_eta, nesterov=config.nesterov,
+                             exclude_from_weight_decay=config.exclude_from_weight_decay)
   elif config.name == "sgd":
-    optimizer = SGD(learning_rate, momentum=config.momentum, nesterov=config.nesterov,
-                    weight_decay=wd)
+    cls, kwargs = SGD, dict(momentum=config.momentum, nesterov=config.nesterov,
+                            weight_decay=wd)
   elif config.name == "adamw" and not wd:
     # The same update without a decay term: Keras' AdamW has no "off" (weight_decay=None
     # is rejected) and with 0.0 it still rewrites every variable each step.
-    optimizer = keras.optimizers.Adam(learning_rate, beta_1=config.beta_1,
-                                      beta_2=config.beta_2, epsilon=config.epsilon)
+    cls, kwargs = keras.optimizers.Adam, dict(beta_1=config.beta_1, beta_2=config.beta_2,
+                                              epsilon=config.epsilon)
   elif config.name == "adamw":
-    optimizer = keras.optimizers.AdamW(learning_rate, weight_decay=config.weight_decay,
-                                       beta_1=config.beta_1, beta_2=config.beta_2,
-                                       epsilon=config.epsilon)
+    cls, kwargs = keras.optimizers.AdamW, dict(weight_decay=config.weight_decay,
+                                               beta_1=config.beta_1, beta_2=config.beta_2,
+                                               epsilon=config.epsilon)
   elif config.name == "adafactor":
-    optimizer = keras.optimizers.Adafactor(learning_rate, weight_decay=wd)
+    cls, kwargs = keras.optimizers.Adafactor, dict(weight_decay=wd)
   else:
     raise ConfigError(f"Unknown optimizer {config.name!r}; expected sgd, lars, adamw or adafactor.")
+  if lr_multipliers:
+    cls = _with_learning_rate_factors(cls)
+  optimizer = cls(learning_rate, **kwargs)
+  if lr_multipliers:
+    unknown = set(lr_multipliers) - {v.path for v in variables}
+    if unknown:
+      raise ConfigError(f"Learning-rate multipliers for variables the optimizer does not train: "
+                        f"{', '.join(sorted(unknown)[:5])}.")
+    optimizer.set_learning_rate_factors(
+        {optimizer._var_key(v): float(lr_multipliers[v.path])  # pylint: disable=protected-access
+         for v in variables if v.path in lr_multipliers})
   if config.name != "lars" and wd:
     optimizer.exclude_from_weight_decay(
         var_list=[v for v in variables if not decays(v, config.exclude_from_weight_decay)])

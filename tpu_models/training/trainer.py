@@ -47,6 +47,7 @@ from tpu_models.data import pipeline
 from tpu_models.errors import ConfigError, DataError
 from tpu_models.task import HIGHER, LOWER, Task, create_task
 from tpu_models.training import checkpoints
+from tpu_models.training import fine_tune
 from tpu_models.training import host_memory
 from tpu_models.training import model_dir as model_dir_lib
 from tpu_models.training import optimizers as optimizers_lib
@@ -122,9 +123,15 @@ class Trainer:
     with self.strategy.scope():
       with precision.precision_policy(self.mixed_precision):
         self.model = self.task.build_model()
+      # trainer.fine_tune: frozen variables are left out of the optimizer entirely.
+      fine_tune_lines = []  # Logged with the warm start, once the reporter exists.
+      self.fine_tune = fine_tune.prepare(
+          self.model, trainer_cfg.fine_tune, self.task.variable_groups(),
+          label_dependent=self.task.label_dependent_variables(), say=fine_tune_lines.append)
       self.schedule = schedules.build_schedule(trainer_cfg.schedule, trainer_cfg.train_steps)
       optimizer = optimizers_lib.build_optimizer(
-          trainer_cfg.optimizer, self.schedule, self.model.trainable_variables)
+          trainer_cfg.optimizer, self.schedule, self.model.trainable_variables,
+          lr_multipliers=self.fine_tune.lr_multipliers)
       if precision.uses_loss_scaling(self.mixed_precision):
         optimizer = precision.with_loss_scaling(optimizer, self.model.trainable_variables,
                                                 runtime.loss_scale)
@@ -167,6 +174,8 @@ class Trainer:
     self._stop_signal = "SIGTERM"
     self._skip_reports: Dict[str, pipeline.SkipReport] = {}
     self._lock: Optional[model_dir_lib.ModelDirLock] = None  # Held by the chief while training.
+    self._warm_start_report: Optional[checkpoints.WarmStartReport] = None
+    self._fine_tune_lines = fine_tune_lines
     if precision_reason:
       self._say(f"runtime.mixed_precision auto: {self.mixed_precision} ({precision_reason}).")
     self._restore_or_warm_start(latest)
@@ -232,6 +241,8 @@ class Trainer:
   def _restore_or_warm_start(self, latest: Optional[str]) -> None:
     for line in self._config_warnings:
       self._say(f"Warning: {line}")
+    for line in self._fine_tune_lines:
+      self._say(line)
     for line in self._resume.report():
       self._say(line)
     if self._resume.unreadable or self._resume.partial:
@@ -278,6 +289,8 @@ class Trainer:
       if rewound:
         self._say(f"metrics.jsonl: {rewound} row(s) past step {self.current_step} (from work "
                   f"that was not checkpointed) moved to metrics.rewound.jsonl.")
+      if self._warm_start_report is not None:  # Written once training starts, not by evaluate.
+        checkpoints.write_warm_start_report(self.model_dir, self._warm_start_report)
       if self._resume.path:
         self._reporter.record("resume", self.current_step, {},
                               checkpoint=os.path.basename(self._resume.path),
@@ -286,9 +299,17 @@ class Trainer:
         self.checkpoint, self._checkpoint_dir, max_to_keep=self.config.trainer.max_checkpoints,
         step_counter=self.step)
 
-  def warm_start(self, path: str, mapping: Optional[Dict[str, str]] = None) -> Dict[str, list]:
-    """Loads model weights by variable path from another run; see `checkpoints.warm_start`."""
-    return checkpoints.warm_start(self.model, path, mapping, say=self._say)
+  def warm_start(self, path: str, mapping: Optional[Dict[str, str]] = None
+                 ) -> checkpoints.WarmStartReport:
+    """Loads model weights by variable path from another run; see `checkpoints.warm_start`.
+
+    The task's label-dependent layers and `trainer.fine_tune.reinitialize` are
+    re-initialised when their shape differs; the report is logged and, when
+    training starts, written to model_dir/warm_start.json.
+    """
+    self._warm_start_report = checkpoints.warm_start(
+        self.model, path, mapping, say=self._say, reinitialize=self.fine_tune.reinitialize)
+    return self._warm_start_report
 
   def save_checkpoint(self) -> str:
     """Saves model, optimizer and step as `ckpt-<step>`; returns its path."""

@@ -15,7 +15,7 @@ from it, and `trainer.init_checkpoint: MODEL_DIR` warm-starts another run.
 
 import json
 import os
-from typing import Any, Callable, Dict, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from tpu_models.errors import ConfigError, DataError
 from tpu_models.weights import catalogue
@@ -142,18 +142,17 @@ def import_weights(name: str, path: str, output_dir: str, *, overrides: Iterable
   return write_model_dir(config, output_dir, load, say=say)
 
 
-def load_model_dir_weights(model, model_dir: str) -> Dict[str, Any]:
+def load_model_dir_weights(model, model_dir: str):
   """Loads a model_dir's weights into `model` by variable path; every variable must be there.
 
-  Used by `create_model(name, weights=MODEL_DIR)`. Raises `WeightsMismatchError`
-  naming the first variable that is missing or of another shape.
+  Used by `create_model(name, weights=MODEL_DIR)`. Returns the
+  `checkpoints.WarmStartReport`; raises `WeightsMismatchError` naming the first
+  variable that is missing or of another shape.
   """
   from tpu_models.training import checkpoints
-  report = checkpoints.warm_start(model, model_dir, say=lambda _: None)
-  problems = report["missing"] + report["shape_mismatch"]
-  if problems:
+  try:
+    return checkpoints.warm_start(model, model_dir, say=lambda _: None, strict=True)
+  except ConfigError as e:
     raise mapping.WeightsMismatchError(
-        f"{model_dir} does not hold every variable of model {model.name!r}: first "
-        f"{problems[0]} ({len(report['missing'])} missing, {len(report['shape_mismatch'])} of "
-        f"another shape); build the model with the params of {model_dir}/config.yaml.")
-  return report
+        f"{model_dir} does not hold every variable of model {model.name!r} with its shape: "
+        f"{e}; build the model with the params of {model_dir}/config.yaml.") from None

@@ -12,7 +12,7 @@ or synthetic data for throughput runs. Two augmentations:
 
 import dataclasses
 import inspect
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import keras
 import tensorflow as tf
@@ -22,7 +22,7 @@ from tpu_models.vision.classification import example as example_lib
 from tpu_models.vision import image as image_lib
 from tpu_models.data import pipeline
 from tpu_models.errors import ConfigError
-from tpu_models.registry import model_signature, register_task
+from tpu_models.registry import DATASETS, model_signature, register_task
 from tpu_models.task import HIGHER, Servable, Task, weighted_mean
 
 
@@ -48,6 +48,13 @@ class ClassificationConfig(TaskConfig):
   label_offset: int = 0  # Added to stored labels (ImageNet TFRecords from tensorflow/tpu: -1).
   host_bfloat16: bool = False  # Cast images to bfloat16 on the host: half the infeed bytes.
   mixup_alpha: float = 0.0  # > 0: mixup of each training batch (labels become soft).
+  # A subset of the label set (transfer experiments): only examples whose stored label
+  # (after label_offset) is listed are read, in every split, and label classes[i] becomes
+  # i; task.model.num_classes must be len(classes). Empty = every label as stored.
+  classes: List[int] = dataclasses.field(default_factory=list)
+  # Training split only: the first N examples of each class in the source's order (before
+  # shuffling; per input pipeline), a fixed labelled subset. None = all of them.
+  train_examples_per_class: Optional[int] = None
 
 
 _AUGMENTATIONS = ("inception_crop", "pad_crop_flip", "none")
@@ -68,6 +75,7 @@ class ClassificationTask(Task, Servable):
       raise ConfigError(f"task.mean and task.std need {config.channels} values (task.channels), "
                        f"got {len(config.mean)} and {len(config.std)}.")
     self.num_classes = _num_classes(config.model)
+    _check_class_subset(config, self.num_classes)
 
   # Inputs.
 
@@ -80,7 +88,51 @@ class ClassificationTask(Task, Servable):
     mixup = self._mixup if training and self.config.mixup_alpha > 0 else None
     return pipeline.build_dataset(data, lambda e: self.decode(e, training),
                                   training=training, input_context=input_context,
+                                  dataset=self._class_subset(split, data, input_context),
                                   validate=self._check_label, post_batch=mixup)
+
+  def _class_subset(self, split: str, data: DataConfig,
+                    input_context: Optional[tf.distribute.InputContext]
+                    ) -> Optional[tf.data.Dataset]:
+    """The source's undecoded elements of `task.classes` (and the per-class cap); None = all."""
+    cfg = self.config
+    per_class = cfg.train_examples_per_class if split == "train" else None
+    if not cfg.classes and per_class is None:
+      return None
+    dataset = DATASETS.get(data.source)(data, split == "train", input_context)
+    stored = self._stored_label
+    if cfg.classes:
+      wanted = tf.constant(cfg.classes, tf.int32)
+      dataset = dataset.filter(lambda e: tf.reduce_any(tf.equal(stored(e), wanted)))
+    if per_class is not None:
+      classes = max(cfg.classes) + 1 if cfg.classes else self.num_classes
+
+      def count(seen, element):
+        # Labels outside [0, classes) are passed on, for _check_label to refuse.
+        label = stored(element)
+        inside = (label >= 0) & (label < classes)
+        slot = tf.clip_by_value(label, 0, classes - 1)
+        keep = tf.logical_not(inside) | (seen[slot] < per_class)
+        seen = tf.tensor_scatter_nd_add(seen, [[slot]], [tf.cast(inside, tf.int64)])
+        return seen, (element, keep)
+
+      def kept(element, keep):
+        del element
+        return keep
+
+      def element_only(element, keep):
+        del keep
+        return element
+
+      dataset = (dataset.scan(tf.zeros([classes], tf.int64), count)
+                 .filter(kept).map(element_only))
+    return dataset
+
+  def _stored_label(self, element) -> tf.Tensor:
+    """int32 [] label of one undecoded element, after task.label_offset."""
+    if isinstance(element, tf.Tensor) and element.dtype == tf.string:
+      element = example_lib.parse_image_example(element)
+    return tf.cast(element["label"], tf.int32) + self.config.label_offset
 
   def synthetic_inputs(self, split: str,
                        input_context: Optional[tf.distribute.InputContext] = None
@@ -104,6 +156,10 @@ class ClassificationTask(Task, Servable):
     if isinstance(element, tf.Tensor) and element.dtype == tf.string:
       element = example_lib.parse_image_example(element)
     label = tf.cast(element["label"], tf.int32) + cfg.label_offset
+    if cfg.classes:  # Stored label classes[i] -> i (the others were filtered out).
+      index = {c: i for i, c in enumerate(cfg.classes)}
+      table = tf.constant([index.get(c, -1) for c in range(max(cfg.classes) + 1)], tf.int32)
+      label = tf.gather(table, tf.clip_by_value(label, 0, max(cfg.classes)))
     if "image/encoded" in element:
       image = self._from_bytes(element["image/encoded"], training)
     else:
@@ -123,6 +179,16 @@ class ClassificationTask(Task, Servable):
                   f"{self.config.label_offset}); got", label)
     with tf.control_dependencies([check]):
       return image, tf.identity(label)
+
+  # Fine-tuning.
+
+  def variable_groups(self) -> Dict[str, str]:
+    """`trainer.fine_tune` names: the classifier ("head", the `logits` layer) and the rest."""
+    return {"backbone": "^(?!logits/)", "head": "^logits/"}
+
+  def label_dependent_variables(self) -> str:
+    """The `logits` layer ([features, num_classes]): rebuilt for another num_classes."""
+    return "^logits/"
 
   def eval_metric_names(self) -> List[str]:
     return ["loss", "top1"] + (["top5"] if self.num_classes > 5 else []) + ["examples"]
@@ -276,6 +342,20 @@ class ClassificationTask(Task, Servable):
     if self.num_classes > 5:
       sums["top5"] = weighted_mean(tf.math.in_top_k(labels, logits, 5), weights)
     return sums
+
+
+def _check_class_subset(config: ClassificationConfig, num_classes: int) -> None:
+  """task.classes: distinct labels >= 0, as many as the model's classes; a positive cap."""
+  classes = config.classes
+  if classes:
+    if len(set(classes)) != len(classes) or min(classes) < 0:
+      raise ConfigError(f"task.classes must list distinct labels >= 0; got {classes}.")
+    if len(classes) != num_classes:
+      raise ConfigError(f"task.classes lists {len(classes)} labels but task.model.num_classes "
+                        f"is {num_classes}; they must agree (label classes[i] becomes i).")
+  per_class = config.train_examples_per_class
+  if per_class is not None and per_class < 1:
+    raise ConfigError(f"task.train_examples_per_class must be >= 1 (or unset); got {per_class}.")
 
 
 def _num_classes(model: ModelConfig) -> int:

@@ -160,6 +160,14 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter):
           f"{ {k: tuple(v.shape) for k, v in outputs.items()} or model.output}.")
     return model
 
+  def variable_groups(self) -> Dict[str, str]:
+    """`trainer.fine_tune` names: the ResNet backbone, the FPN, the class and box subnets."""
+    return {"backbone": "^backbone/", "fpn": "^fpn/", "head": "^head/"}
+
+  def label_dependent_variables(self) -> str:
+    """The class subnet's output conv (A x num_classes filters); re-initialised with its prior bias."""
+    return "^head/class_logits/"
+
   def _builder_kwargs(self) -> Dict[str, Any]:
     kwargs = dict(self.config.model.params)
     accepts = model_signature(self.config.model.name).parameters
