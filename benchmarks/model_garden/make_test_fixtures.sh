@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates tests/data/model_garden/: TINY random-weight Model Garden checkpoints
 # (saved as Model Garden's trainer saves them) and their outputs on fixed inputs,
-# for tests/migration/test_model_garden_checkpoints.py (which needs no Model
+# for tests/weights/test_model_garden_checkpoints.py (which needs no Model
 # Garden venv). Needs benchmarks/.venv-model-garden (setup_venv.sh); ~1 minute.
 #
 #   bash benchmarks/model_garden/make_test_fixtures.sh

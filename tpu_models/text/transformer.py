@@ -780,7 +780,7 @@ class TransformerModel(_TransformerBase):
         beams of `sequence_beam_search`; 1 for greedy or teacher forcing).
 
     Returns:
-      (symbols_to_logits_fn, initial_cache) for `ops.beam_search`:
+      (symbols_to_logits_fn, initial_cache) for `beam_search.py`:
       `symbols_to_logits_fn(ids [B * beam, 1], i, cache)` returns the float32
       logits [B * beam, vocab] of position i + 1 given the token at position
       i, and the cache with position i written; `initial_cache` holds the

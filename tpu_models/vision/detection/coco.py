@@ -3,7 +3,7 @@
 The evaluator takes numpy arrays as a detection task gathers them from the
 devices: fixed-size, padded, with valid counts. Boxes are
 [ymin, xmin, ymax, xmax] in ORIGINAL image pixels (map them back with
-`data.detection.to_original_pixels`), classes are the model's labels 0..K-1.
+`inputs.to_original_pixels`), classes are the model's labels 0..K-1.
 
 Ground truth comes either from a COCO annotation file (the official numbers:
 segment areas, crowd regions) or from the evaluation records themselves

@@ -431,7 +431,7 @@ def label_anchors_with_crowd(boxes: tf.Tensor,
                              *,
                              crowd_ignore_threshold: float = 0.7,
                              **matcher_kwargs) -> Dict[str, tf.Tensor]:
-  """`ops.anchors.label_anchors` with crowd boxes turned into ignore regions.
+  """`anchors.label_anchors` with crowd boxes turned into ignore regions.
 
   Args:
     boxes: float32 [K, 4] ground truth in pixels (padding rows allowed).
@@ -495,7 +495,7 @@ def build_decode_fn(image_size: int,
 
   Args:
     image_size: S, the square side of the model input.
-    anchors: float32 [N, 4] from `ops.anchors.multilevel_anchors(S, ...)`, the
+    anchors: float32 [N, 4] from `anchors.multilevel_anchors(S, ...)`, the
       same anchors the model decodes its outputs with.
     training: random scale jitter, crop and flip; evaluation resizes only.
     max_instances: K, ground-truth rows per image; extra boxes are dropped
@@ -503,8 +503,8 @@ def build_decode_fn(image_size: int,
     scale_range: training scale jitter of the longer side relative to S.
     flip: training left-right flips.
     matched_threshold, unmatched_threshold, force_match, box_weights: the
-      matcher and box coder, see `ops.anchors.label_anchors` (box_weights
-      None: the coder's default, ops.boxes.RETINANET_BOX_WEIGHTS).
+      matcher and box coder, see `anchors.label_anchors` (box_weights
+      None: the coder's default, boxes.RETINANET_BOX_WEIGHTS).
     crowd_ignore_threshold: see `label_anchors_with_crowd`.
     mean, std: normalisation on the 0..255 scale.
     dtype: image dtype, tf.float32 or tf.bfloat16 (half the host->TPU bytes).
@@ -591,7 +591,7 @@ def _size_bucket(area: np.ndarray) -> np.ndarray:
 
 
 def best_anchor_iou(boxes: np.ndarray, image_size: int, **layout) -> np.ndarray:
-  """Each box's highest IoU with any anchor of `ops.anchors.multilevel_anchors`.
+  """Each box's highest IoU with any anchor of `anchors.multilevel_anchors`.
 
   Exact without building the [N, B] IoU matrix: for anchors of one shape the
   IoU with a box only falls as the anchor centre moves away from the box's

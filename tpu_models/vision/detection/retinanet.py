@@ -239,7 +239,7 @@ def _subnet(pyramid: Dict[int, keras.KerasTensor], kind: str, num_convs: int, ch
         x = batch_norm(f"{kind}_bn{i}_p{level}")(x)
       x = keras.layers.ReLU(name=f"{kind}_relu{i}_p{level}")(x)
     x = predictor(x)
-    # [B, H, W, A * C] -> [B, H * W * A, C]: the anchor order of ops/anchors.py.
+    # [B, H, W, A * C] -> [B, H * W * A, C]: the anchor order of anchors.py.
     h, w = x.shape[1], x.shape[2]
     flat.append(keras.layers.Reshape((h * w * per_location, outputs_per_anchor),
                                      name=f"{output_name}_p{level}")(x))

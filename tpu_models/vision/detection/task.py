@@ -1,7 +1,7 @@
 """Object detection with RetinaNet: anchor targets in the input pipeline, focal loss, COCO AP.
 
 One training example leaves the input pipeline with static shapes only
-(`data/detection.py`: decode, scale jitter, crop, flip, resize-and-pad, ground
+(`inputs.py`: decode, scale jitter, crop, flip, resize-and-pad, ground
 truth padded to `max_instances`, every anchor labelled):
 
     features  image float32|bfloat16 [S, S, 3] (normalised)
@@ -19,7 +19,7 @@ mapped back to original pixels and scored by pycocotools (AP, AP50, AP75,
 APs/m/l, AR1/10/100, ...). Padding examples weigh 0 in the loss and are
 dropped before `aggregate`, so no batch size changes a number.
 
-Pictures (`evaluation/draw.py`): each reported evaluation draws its first
+Pictures (`draw.py`): each reported evaluation draws its first
 `eval_images` images (predictions and ground truth) to
 model_dir/<split>_images/step_<step>/ and TensorBoard (`write_eval_artifacts`),
 and `tpu-models predict` draws a trained detector's boxes on image files
@@ -27,7 +27,7 @@ and `tpu-models predict` draws a trained detector's boxes on image files
 image per row (`valid`) instead of failing its batch.
 
 The anchor layout (image size, levels, scales, aspect ratios, anchor size) has
-one source: the model config (`models/retinanet.py: anchor_layout`), which the
+one source: the model config (`retinanet.py: anchor_layout`), which the
 input pipeline, the loss and post-processing all read.
 
     task:
@@ -80,17 +80,17 @@ class DetectionConfig(TaskConfig):
   # a random window kept where larger, then a left-right flip.
   scale_range: List[float] = dataclasses.field(default_factory=lambda: [0.8, 1.25])
   flip: bool = True
-  # The matcher (ops/anchors.py: label_anchors) and crowd regions.
+  # The matcher (anchors.py: label_anchors) and crowd regions.
   matched_threshold: float = 0.5
   unmatched_threshold: float = 0.4
   force_match: bool = True
   crowd_ignore_threshold: float = 0.7
-  # The loss (ops/detection_losses.py).
+  # The loss (losses.py).
   focal_alpha: float = 0.25
   focal_gamma: float = 1.5
   huber_delta: float = 0.1
   box_loss_weight: float = 50.0
-  # Post-processing (ops/nms.py), inside the compiled eval step and the SavedModel.
+  # Post-processing (nms.py), inside the compiled eval step and the SavedModel.
   pre_nms_top_k: int = 1000
   score_threshold: float = 0.05
   nms_iou_threshold: float = 0.5
@@ -308,7 +308,7 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter):
     return directions
 
   def postprocess(self, outputs) -> Dict[str, tf.Tensor]:
-    """Model outputs -> padded detections in model-input pixels (`ops.nms.postprocess`)."""
+    """Model outputs -> padded detections in model-input pixels (`nms.postprocess`)."""
     cfg = self.config
     return nms_lib.postprocess(
         outputs["class_logits"], outputs["box_deltas"], tf.constant(self.anchors),
@@ -586,7 +586,7 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter):
     return [("warning", report.format())]
 
   def anchor_coverage(self, max_images: Optional[int] = 5000):
-    """The anchor coverage of the training records (`data.detection.anchor_coverage`).
+    """The anchor coverage of the training records (`inputs.anchor_coverage`).
 
     Returns:
       A `CoverageReport` (`print(report)` for the table by size bucket and
@@ -690,7 +690,7 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter):
     """uint8 [H, W, 3] -> (image [S, S, 3], image_info [4, 2]) as evaluation resizes bytes.
 
     The whole image, longer side to S, padded at the bottom/right: the same
-    geometry and image_info as `data.detection.resize_and_pad` with its defaults.
+    geometry and image_info as `inputs.resize_and_pad` with its defaults.
     """
     cfg = self.config
     size = self.image_size
