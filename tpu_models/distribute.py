@@ -84,10 +84,19 @@ def _multi_worker() -> tf.distribute.Strategy:
 def _tpu(tpu: str) -> tf.distribute.Strategy:
   if tpu in _tpu_strategies:
     return _tpu_strategies[tpu]
-  resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
-  if tpu not in ("", "local"):
-    tf.config.experimental_connect_to_cluster(resolver)
-  tf.tpu.experimental.initialize_tpu_system(resolver)
+  try:
+    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
+    if tpu not in ("", "local"):
+      tf.config.experimental_connect_to_cluster(resolver)
+    tf.tpu.experimental.initialize_tpu_system(resolver)
+  except (ValueError, RuntimeError, tf.errors.OpError) as e:
+    local = tpu in ("", "local")
+    raise ConfigError(
+        f"runtime.strategy {'tpu' if local else 'tpu:' + tpu}: could not reach "
+        f"{'a TPU on this machine' if local else f'TPU {tpu!r}'} "
+        f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else 'no detail'}). Run it "
+        f"on a TPU VM (or name the TPU: tpu:<name>), or use --set runtime.strategy=auto "
+        f"(or cpu) to run here.") from None
   strategy = tf.distribute.TPUStrategy(resolver)
   _tpu_strategies[tpu] = strategy
   return strategy
