@@ -146,6 +146,9 @@ def _add_detection_convert_parsers(conv) -> None:
     c.add_argument("--num-shards", type=int, default=8)
     c.add_argument("--seed", type=int, default=0, help="image order seed")
     c.add_argument("--skip-empty", action="store_true", help="leave out images without boxes")
+    c.add_argument("--allow-outside-paths", action="store_true",
+                   help="accept image file names that resolve outside the image folder "
+                        "(../, absolute); default: an error")
 
   c = conv.add_parser("coco", help="COCO instances JSON + image folder -> detection TFRecords")
   c.add_argument("annotation_file", help="e.g. annotations/instances_train2017.json")
@@ -427,7 +430,8 @@ def _convert_detection(args) -> int:
     print(f"Built in {result['seconds']:.1f} s; label map {result['label_map_file']}")
     return 0
   common = dict(num_shards=args.num_shards, shuffle_seed=args.seed,
-                skip_images_without_boxes=args.skip_empty)
+                skip_images_without_boxes=args.skip_empty,
+                allow_outside_paths=args.allow_outside_paths)
   classes = getattr(args, "classes", None)
   if classes and not os.path.isfile(classes):
     classes = [name.strip() for name in classes.split(",") if name.strip()]

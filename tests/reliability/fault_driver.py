@@ -12,6 +12,9 @@ FAULT (the kill is real, inside tf.train.CheckpointManager.save of ckpt-STEP):
     kill-mid-sweep      after ckpt-STEP is recorded, while an old checkpoint is being
                         deleted (max_to_keep): its index is gone, its data not yet
 
+FAULT kill-converting: SIGKILL inside data/records.py's ShardedRecordWriter.write
+after STEP records (a `tpu-models convert` killed mid-way).
+
 `batch` runs each argv of CASES.json (a list of lists) through `cli.main` and
 writes [{"argv", "code", "stdout", "stderr", "traceback"}] to OUT.json: many
 failing commands for the price of one TensorFlow start-up. A case may also be
@@ -31,17 +34,37 @@ import sys
 import traceback
 
 
+def _kill() -> None:
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _inject_converter_kill(records_written: int) -> None:
+  from tpu_models.data import records
+  write = records.ShardedRecordWriter.write
+
+  def write_then_maybe_kill(self, record):
+    write(self, record)
+    if self.num_written >= records_written:
+      for writer in self._writers:  # pylint: disable=protected-access
+        writer.flush()  # What a kill leaves: bytes on disk, no rename, no marker.
+      _kill()
+
+  records.ShardedRecordWriter.write = write_then_maybe_kill
+
+
 def _inject(fault: str, step: int) -> None:
+  if fault == "kill-converting":
+    _inject_converter_kill(step)
+    return
   from tensorflow.python.checkpoint import checkpoint_management as manager_lib
   record_state = manager_lib.update_checkpoint_state_internal
   delete = manager_lib._delete_file_if_exists  # pylint: disable=protected-access
   target = f"ckpt-{step}"
   recorded = []
 
-  def kill():
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.kill(os.getpid(), signal.SIGKILL)
+  kill = _kill
 
   def on_record_state(save_dir, *args, **kwargs):
     latest = kwargs.get("model_checkpoint_path", args[0] if args else "")

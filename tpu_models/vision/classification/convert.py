@@ -204,12 +204,12 @@ def convert_image_folder(input_dir: str,
               filename=os.path.relpath(path, input_dir), class_text=class_names[label])
           writer.write(record.SerializeToString())
         bar.update(len(skipped_files))
+      if writer.num_written == 0:
+        writer.discard()  # Empty shards would only fail later, at training time.
   finally:
     bar.close()
 
   if writer.num_written == 0:
-    for path in writer.paths:  # Empty shards would only fail later, at training time.
-      tf.io.gfile.remove(path)
     first = f" (e.g. {skipped_files[0][0]}: {skipped_files[0][1]})" if skipped_files else ""
     raise DataError(f"None of the {len(files)} image(s) in {input_dir!r} could be read{first}; "
                     f"no shards were written.")
