@@ -103,6 +103,9 @@ def _parser() -> argparse.ArgumentParser:
   c.add_argument("output_prefix", help="e.g. /data/mine/train (writes train-00000-of-00008 ...)")
   c.add_argument("--num-shards", type=int, default=8)
   c.add_argument("--seed", type=int, default=0)
+  c.add_argument("--max-image-pixels", type=int, metavar="N",
+                 help="skip (and count) images whose header says more pixels (height x width), "
+                      "without decoding them; 0 = no limit (default 178956970)")
   c = conv.add_parser("fashion-mnist", help="local Fashion-MNIST idx files -> JPEG TFRecords")
   c.add_argument("output_dir")
   c.add_argument("--num-shards", type=int, default=8)
@@ -146,6 +149,9 @@ def _add_detection_convert_parsers(conv) -> None:
     c.add_argument("--num-shards", type=int, default=8)
     c.add_argument("--seed", type=int, default=0, help="image order seed")
     c.add_argument("--skip-empty", action="store_true", help="leave out images without boxes")
+    c.add_argument("--max-image-pixels", type=int, metavar="N",
+                   help="skip (and count) images whose header says more pixels (height x width), "
+                        "without decoding them; 0 = no limit (default 178956970)")
     c.add_argument("--allow-outside-paths", action="store_true",
                    help="accept image file names that resolve outside the image folder "
                         "(../, absolute); default: an error")
@@ -408,12 +414,22 @@ def _convert(args) -> int:
     return _convert_detection(args)
   if args.source == "image-folder":
     stats = convert.convert_image_folder(args.input_dir, args.output_prefix,
-                                         num_shards=args.num_shards, shuffle_seed=args.seed)
+                                         num_shards=args.num_shards, shuffle_seed=args.seed,
+                                         **_image_limit(args))
   else:
     stats = convert.convert_fashion_mnist(args.output_dir, num_shards=args.num_shards,
                                           path=args.path, validation_size=args.validation_size)
   print(stats)
   return 0
+
+
+def _image_limit(args) -> dict:
+  """{"max_image_pixels": N} when --max-image-pixels was given (else the converter's default)."""
+  if args.max_image_pixels is None:
+    return {}
+  from tpu_models.vision import image
+  return {"max_image_pixels": image.check_max_image_pixels(args.max_image_pixels,
+                                                           "--max-image-pixels")}
 
 
 def _convert_detection(args) -> int:
@@ -431,7 +447,7 @@ def _convert_detection(args) -> int:
     return 0
   common = dict(num_shards=args.num_shards, shuffle_seed=args.seed,
                 skip_images_without_boxes=args.skip_empty,
-                allow_outside_paths=args.allow_outside_paths)
+                allow_outside_paths=args.allow_outside_paths, **_image_limit(args))
   classes = getattr(args, "classes", None)
   if classes and not os.path.isfile(classes):
     classes = [name.strip() for name in classes.split(",") if name.strip()]

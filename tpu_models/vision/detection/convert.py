@@ -44,6 +44,7 @@ import numpy as np
 import tensorflow as tf
 
 from tpu_models.vision.classification import convert as convert_lib
+from tpu_models.vision import image as image_lib
 from tpu_models.vision.detection import inputs as detection
 from tpu_models.data import records
 from tpu_models.errors import DataError
@@ -223,19 +224,19 @@ def image_path(image_dir: str, file_name: str, *, allow_outside_paths: bool, whe
 # The shared writer.
 
 
-def _load_image(image: _Image):
-  """(image, jpeg bytes, height, width, reencoded) or (image, None, reason)."""
+def _load_image(image: _Image, max_pixels: int):
+  """(image, jpeg bytes, height, width, reencoded) or (image, None, reason, refusal kind)."""
   try:
     with tf.io.gfile.GFile(image.path, "rb") as f:
       data = f.read()
-    encoded, height, width, reencoded = convert_lib._prepare_image(data, None)
+    encoded, height, width, reencoded = convert_lib._prepare_image(data, None, max_pixels)
   except tf.errors.NotFoundError:
-    return image, None, "file not found"
+    return image, None, "file not found", ""
   except (tf.errors.OpError, ValueError, OSError) as e:
-    return image, None, convert_lib._reason(e)
+    return image, None, convert_lib._reason(e), getattr(e, "kind", "")
   if image.declared_hw is not None and tuple(image.declared_hw) != (height, width):
     return image, None, (f"the annotation says {image.declared_hw[1]}x{image.declared_hw[0]} "
-                         f"(WxH) but the image is {width}x{height}; its boxes would be wrong")
+                         f"(WxH) but the image is {width}x{height}; its boxes would be wrong"), ""
   return image, encoded, height, width, reencoded
 
 
@@ -273,6 +274,7 @@ def _write_records(images: List[_Image],
                    progress: bool,
                    description: str,
                    num_workers: Optional[int],
+                   max_image_pixels: int,
                    invalid: Optional[collections.Counter] = None) -> Dict:
   """Validates and writes `images`; returns the stats every converter reports."""
   images = sorted(images, key=lambda image: image.filename)
@@ -284,6 +286,8 @@ def _write_records(images: List[_Image],
   report.invalid.update(invalid or {})
   stats = {"clipped_boxes": 0}
   skipped_files, reencoded, boxes_written, crowd_written, empty = [], 0, 0, 0, 0
+  too_large = 0
+  load = lambda image: _load_image(image, max_image_pixels)
   class_counts = collections.Counter()
   workers = num_workers or min(8, os.cpu_count() or 1)
   chunk = 64 * workers  # Bounded read-ahead: decoded images are not all held at once.
@@ -291,10 +295,11 @@ def _write_records(images: List[_Image],
     with records.ShardedRecordWriter(output_prefix, num_shards) as writer, \
         concurrent.futures.ThreadPoolExecutor(workers) as pool:  # TF decodes release the GIL.
       for start in range(0, len(images), chunk):
-        for loaded in pool.map(_load_image, images[start:start + chunk]):
+        for loaded in pool.map(load, images[start:start + chunk]):
           image = loaded[0]
           if loaded[1] is None:
             skipped_files.append((image.path, loaded[2]))
+            too_large += loaded[3] == "too_large"
             bar.message(f"Skipping image {image.path}: {loaded[2]}")
             bar.update(len(skipped_files))
             continue
@@ -319,12 +324,14 @@ def _write_records(images: List[_Image],
   print(f"Wrote {writer.num_written} images with {boxes_written} boxes ({crowd_written} crowd, "
         f"{stats['clipped_boxes']} clipped to the image) of {len(label_map)} classes to "
         f"{num_shards} shards {output_prefix}-*-of-{num_shards:05d}; skipped "
-        f"{len(skipped_files)} unreadable or inconsistent image(s); invalid boxes skipped: {invalid_text}.",
+        f"{len(skipped_files)} unreadable, refused or inconsistent image(s) ({too_large} over "
+        f"max_image_pixels = {max_image_pixels}); invalid boxes skipped: {invalid_text}.",
         flush=True)
   return {
       "written": writer.num_written,
       "skipped": len(skipped_files),
       "skipped_files": skipped_files,
+      "too_large": too_large,
       "reencoded": reencoded,
       "boxes": boxes_written,
       "crowd_boxes": crowd_written,
@@ -352,7 +359,8 @@ def convert_coco(annotation_file: str,
                  shuffle_seed: Optional[int] = 0,
                  progress: bool = True,
                  num_workers: Optional[int] = None,
-                 allow_outside_paths: bool = False) -> Dict:
+                 allow_outside_paths: bool = False,
+                 max_image_pixels: int = image_lib.DEFAULT_MAX_IMAGE_PIXELS) -> Dict:
   """COCO instances JSON + its image folder -> sharded detection TFRecords.
 
   Args:
@@ -370,9 +378,12 @@ def convert_coco(annotation_file: str,
     num_workers: image decoding threads (default min(8, CPUs)).
     allow_outside_paths: accept `file_name`s that resolve outside `image_dir`
       (`../`, absolute); by default they are a DataError.
+    max_image_pixels: images whose header says more pixels (height x width)
+      are skipped without being decoded, and counted in "too_large"; 0 = no
+      limit.
 
   Returns:
-    Stats: {"written", "skipped", "skipped_files": [(path, reason)], "reencoded",
+    Stats: {"written", "skipped", "skipped_files": [(path, reason)], "too_large", "reencoded",
     "boxes", "crowd_boxes", "clipped_boxes", "images_without_boxes",
     "invalid_boxes": {reason: count}, "class_counts", "num_classes", "paths",
     "label_map_file"}.
@@ -448,6 +459,7 @@ def convert_coco(annotation_file: str,
               if image.boxes or not skip_images_without_boxes]
   return _write_records(selected, output_prefix, label_map, num_shards=num_shards,
                         shuffle_seed=shuffle_seed, progress=progress, num_workers=num_workers,
+                        max_image_pixels=max_image_pixels,
                         description=f"convert {os.path.basename(annotation_file)}",
                         invalid=invalid)
 
@@ -496,7 +508,8 @@ def convert_voc(annotations_dir: str,
                 shuffle_seed: Optional[int] = 0,
                 progress: bool = True,
                 num_workers: Optional[int] = None,
-                allow_outside_paths: bool = False) -> Dict:
+                allow_outside_paths: bool = False,
+                max_image_pixels: int = image_lib.DEFAULT_MAX_IMAGE_PIXELS) -> Dict:
   """A folder of Pascal VOC XML files (VOC itself, LabelImg, CVAT) -> detection TFRecords.
 
   Args:
@@ -513,7 +526,7 @@ def convert_voc(annotations_dir: str,
       (ignored in training and evaluation, as VOC evaluation ignores them);
       False writes them as ordinary boxes.
     num_shards, skip_images_without_boxes, shuffle_seed, progress, num_workers,
-      allow_outside_paths: as in `convert_coco` (`<filename>`s must stay
+      allow_outside_paths, max_image_pixels: as in `convert_coco` (`<filename>`s must stay
       inside image_dir).
 
   Returns:
@@ -583,6 +596,7 @@ def convert_voc(annotations_dir: str,
                            source_id=str(number), boxes=boxes, declared_hw=declared))
   stats = _write_records(images, output_prefix, label_map, num_shards=num_shards,
                          shuffle_seed=shuffle_seed, progress=progress, num_workers=num_workers,
+                         max_image_pixels=max_image_pixels,
                          description=f"convert {os.path.basename(annotations_dir.rstrip('/'))}",
                          invalid=invalid)
   stats["skipped_files"] = malformed_files + stats["skipped_files"]
@@ -606,7 +620,8 @@ def convert_csv(csv_file: str,
                 shuffle_seed: Optional[int] = 0,
                 progress: bool = True,
                 num_workers: Optional[int] = None,
-                allow_outside_paths: bool = False) -> Dict:
+                allow_outside_paths: bool = False,
+                max_image_pixels: int = image_lib.DEFAULT_MAX_IMAGE_PIXELS) -> Dict:
   """`path,x1,y1,x2,y2,class_name` lines (one box per line) -> detection TFRecords.
 
   Args:
@@ -619,7 +634,7 @@ def convert_csv(csv_file: str,
       (`class_name,id` lines); default: an existing label map beside the
       shards, else the names found, sorted.
     num_shards, skip_images_without_boxes, shuffle_seed, progress, num_workers,
-      allow_outside_paths: as in `convert_coco` (paths must stay inside
+      allow_outside_paths, max_image_pixels: as in `convert_coco` (paths must stay inside
       image_dir).
 
   Returns:
@@ -688,4 +703,5 @@ def convert_csv(csv_file: str,
       images.append(_Image(path=full_path, filename=path, source_id=str(number), boxes=boxes))
   return _write_records(images, output_prefix, label_map, num_shards=num_shards,
                         shuffle_seed=shuffle_seed, progress=progress, num_workers=num_workers,
+                        max_image_pixels=max_image_pixels,
                         description=f"convert {base}", invalid=invalid)
