@@ -87,7 +87,9 @@ def results(tmp_path_factory):
   for name, data in images.items():
     folder = tmp / "folder" / "a"
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{name}.{'png' if 'png' in name or name == 'bomb' else 'jpg'}").write_bytes(data)
+    extension = {"bomb": "png", "damaged_png": "png", "png": "png", "gif": "gif", "bmp": "bmp",
+                 "webp": "webp"}.get(name, "jpg")  # The TIFF misnamed .jpg.
+    (folder / f"{name}.{extension}").write_bytes(data)
   (tmp / "folder" / "b").mkdir()
   (tmp / "folder" / "b" / "plain.jpg").write_bytes(images["jpeg"])
 
@@ -171,5 +173,5 @@ def test_converters_skip_and_count_images_over_the_limit_before_decoding(results
              tf.data.TFRecordDataset(str(results["tmp"] / "train-00000-of-00001"))]
   names = sorted(r.features.feature["image/filename"].bytes_list.value[0].decode()
                  for r in records)
-  assert names == ["a/big_jpeg.jpg", "a/bmp.jpg", "a/cmyk_jpeg.jpg", "a/gif.jpg", "a/jpeg.jpg",
-                   "a/png.png", "a/webp.jpg", "b/plain.jpg"]
+  assert names == ["a/big_jpeg.jpg", "a/bmp.bmp", "a/cmyk_jpeg.jpg", "a/gif.gif", "a/jpeg.jpg",
+                   "a/png.png", "a/webp.webp", "b/plain.jpg"]

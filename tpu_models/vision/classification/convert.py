@@ -4,10 +4,10 @@
     convert_image_folder("/photos/val", "/data/validation", num_shards=8)
     convert_fashion_mnist("/data/fashion_mnist_jpeg")
 
-Image folders are `input_dir/<class_name>/*.{jpg,jpeg,png}` (any case). Class
+Image folders are `input_dir/<class_name>/*.{jpg,jpeg,png,gif,bmp,webp}` (any case). Class
 names sorted give the label ids 0..K-1, written one per line to `labels.txt`
 beside the shards. JPEG files are stored byte for byte (no re-encoding loss);
-everything else (PNG, or a PNG/GIF/BMP misnamed .jpg) is re-encoded as JPEG so
+everything else (PNG, GIF, BMP, WebP, also misnamed .jpg) is re-encoded as JPEG so
 the records are uniform and readers always take the fused JPEG crop-decode
 path. With `image_size`, images whose shorter side is larger are downscaled to
 it and re-encoded (smaller shards, cheaper decoding).
@@ -28,7 +28,7 @@ from tpu_models.vision.classification import example as example_lib
 from tpu_models.vision import image as image_lib
 from tpu_models.errors import DataError
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp")  # What TF decodes.
 LABELS_FILE = "labels.txt"
 
 
@@ -166,7 +166,7 @@ def convert_image_folder(input_dir: str,
                          shuffle_seed: Optional[int] = 0,
                          progress: bool = True,
                          max_image_pixels: int = image_lib.DEFAULT_MAX_IMAGE_PIXELS) -> Dict:
-  """Converts `input_dir/<class>/*.{jpg,jpeg,png}` into sharded TFRecords.
+  """Converts `input_dir/<class>/*.{jpg,jpeg,png,gif,bmp,webp}` into sharded TFRecords.
 
   Every image is decoded once to validate it; unreadable ones are reported on
   stderr (file and reason) and skipped. A folder without images, or whose
