@@ -54,7 +54,8 @@ def results(tmp_path_factory):
 
   last = run_batch(tmp, [["export", config, *common, "--overwrite"]])
   return {"first": first, "after_failures": after_failures, "killed": killed,
-          "killed_err": killed_err, "killed_out": killed_out, "dead_pid": dead.pid, "after_kill": after_kill,
+          "killed_err": killed_err, "killed_out": killed_out, "dead_pid": dead.pid,
+          "after_kill": after_kill,
           "last": last, "after_last": {"listing": _listing(tmp), "step": _step(output)},
           "tmp": tmp}
 

@@ -139,7 +139,8 @@ def test_serving_refuses_a_decompression_bomb_from_its_header_and_says_why(resul
                                            "(max_image_pixels)")
   assert limited["png"]["valid"] is True and rows["big_jpeg"]["valid"] is True
   line = error_line(results["batch"][5])
-  assert results["batch"][5]["code"] == 2 and "task.max_image_pixels must be an integer >= 0 (0: no limit); got -1." in line
+  assert results["batch"][5]["code"] == 2
+  assert "task.max_image_pixels must be an integer >= 0 (0: no limit); got -1." in line
 
 
 def test_cmyk_gif_bmp_webp_are_served_and_other_formats_flagged_with_a_reason(results):

@@ -366,7 +366,7 @@ def read_image_header(image_bytes: tf.Tensor):
 
 
 def check_max_image_pixels(max_pixels: int, key: str = "task.max_image_pixels") -> int:
-  """`max_pixels` if it is a valid limit (an int >= 0; 0 = none), else a ConfigError naming `key`."""
+  """`max_pixels` if it is a valid limit (an int >= 0; 0 = none), else a ConfigError on `key`."""
   if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 0:
     raise ConfigError(f"{key} must be an integer >= 0 (0: no limit); got {max_pixels!r}.")
   return max_pixels
