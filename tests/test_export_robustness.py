@@ -33,7 +33,8 @@ detector = tf.saved_model.load(request["detector"])
 serve = detector.signatures["serving_default"]
 images = [base64.b64decode(b) for b in request["images"]]
 result = serve(image_bytes=tf.constant(images))
-out["detector"] = {k: v.numpy().tolist() for k, v in result.items()}
+out["detector"] = {k: (v.numpy().astype(str) if v.dtype == tf.string else v.numpy()).tolist()
+                   for k, v in result.items()}
 try:
   serve(image_bytes=tf.constant([], tf.string))
   out["empty_batch"] = "no error"
@@ -128,6 +129,7 @@ def test_exported_models_survive_bad_inputs_in_a_fresh_process(detector, transla
   # Detector: the good image detected (as the Keras model does), the corrupt one flagged.
   served = out["detector"]
   assert served["valid"] == [True, False]
+  assert served["reason"] == ["", "not a JPEG, PNG, GIF, BMP or WebP image (unknown format)"]
   count = served["num_detections"][0]
   assert count > 0 and served["num_detections"][1] == 0
   assert np.all(np.array(served["detection_boxes"][1]) == 0)

@@ -7,8 +7,16 @@ are float32 under mixed precision anyway), so it serves on any device. It is
 made from the newest READABLE checkpoint of the model_dir (an unreadable newer
 one is reported and skipped, see training/checkpoints.py); which one, and its
 step, is printed and kept in `assets.extra/export.json` beside the config. An
-existing non-empty output directory is refused unless `overwrite`; then the new
-export is written beside it first and replaces it only once complete.
+existing non-empty output directory is refused unless `overwrite`.
+
+The export is written beside the output first (`OUTPUT.partial-PID`) and put in
+place only once complete: on Linux with a local filesystem the old and the new
+directory are exchanged in one step (`renameat2(RENAME_EXCHANGE)`), so `OUTPUT`
+always holds a complete export; elsewhere (`gs://`, other systems) the old one is
+renamed aside (`OUTPUT.old-PID`), the new one renamed in, and the old one then
+deleted (a moment without `OUTPUT`, never one without a complete export). A
+failed export removes its partial directory; partial directories of exports
+whose process no longer runs are removed by the next export, with a notice.
 
 The signatures are the task's: `task.serving_signatures(model)` returns them by
 name (`serving_default` among them), preprocessing and postprocessing inside
@@ -19,8 +27,11 @@ the wrong rank or size is an InvalidArgumentError saying what was expected. See
 docs/predict.md.
 """
 
+import ctypes
 import json
 import os
+import re
+import socket
 from typing import Callable, Optional
 
 import tensorflow as tf
@@ -95,18 +106,101 @@ def export_saved_model(config: config_lib.ExperimentConfig, model_dir: str, outp
   for name, fn in signatures.items():
     setattr(module, name, fn)
   tf.io.gfile.makedirs(os.path.dirname(output) or ".")
+  _remove_abandoned(output, say)
   # Written beside the output first: a failed export never leaves half of one behind.
-  staging = f"{output}.partial-{os.getpid()}"
+  staging = f"{output}{_PARTIAL}{os.getpid()}"
   if tf.io.gfile.exists(staging):
     tf.io.gfile.rmtree(staging)
-  tf.saved_model.save(module, staging, signatures=signatures)
-  config_lib.dump_config(config, os.path.join(staging, "assets.extra", "config.yaml"))
-  with tf.io.gfile.GFile(os.path.join(staging, "assets.extra", "export.json"), "w") as f:
-    json.dump({"checkpoint": checkpoint, "step": step, "model_dir": model_dir,
-               "signatures": sorted(signatures)}, f, indent=1)
-  if tf.io.gfile.exists(output):
-    tf.io.gfile.rmtree(output) if tf.io.gfile.isdir(output) else tf.io.gfile.remove(output)
-  tf.io.gfile.rename(staging, output)
+  try:
+    tf.saved_model.save(module, staging, signatures=signatures)
+    config_lib.dump_config(config, os.path.join(staging, "assets.extra", "config.yaml"))
+    with tf.io.gfile.GFile(os.path.join(staging, "assets.extra", "export.json"), "w") as f:
+      json.dump({"checkpoint": checkpoint, "step": step, "model_dir": model_dir,
+                 "signatures": sorted(signatures)}, f, indent=1)
+    _put_in_place(staging, output)
+  finally:
+    if tf.io.gfile.exists(staging):  # A failure, or the old export after an exchange.
+      _remove(staging)
   say(f"Exported checkpoint {checkpoint} (step {step}) to {output} "
       f"(signatures: {', '.join(sorted(signatures))}).")
   return output
+
+
+_PARTIAL = ".partial-"
+_ASIDE = ".old-"
+
+
+def _exchange(a: str, b: str) -> bool:
+  """Swaps two local paths in one step (Linux renameat2 RENAME_EXCHANGE); False if unsupported."""
+  if "://" in a or "://" in b:
+    return False
+  try:
+    renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+  except (OSError, AttributeError):  # Not Linux, or a C library without it.
+    return False
+  at_fdcwd, rename_exchange = -100, 2
+  return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+def _put_in_place(staging: str, output: str) -> None:
+  """Moves the complete export `staging` to `output`, replacing it without losing both.
+
+  After an exchange the old export is at `staging` (the caller removes it).
+  """
+  if not tf.io.gfile.exists(output):
+    _move(staging, output)
+    return
+  if _exchange(staging, output):
+    return
+  aside = f"{output}{_ASIDE}{os.getpid()}"
+  _move(output, aside)
+  try:
+    _move(staging, output)
+  except BaseException:
+    _move(aside, output)  # Back: the old export stays.
+    raise
+  _remove(aside)
+
+
+def _move(source: str, target: str) -> None:
+  tf.io.gfile.rename(source, target)
+
+
+def _remove(path: str) -> None:
+  tf.io.gfile.rmtree(path) if tf.io.gfile.isdir(path) else tf.io.gfile.remove(path)
+
+
+def _process_runs(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # Runs, as another user.
+    return True
+  return True
+
+
+def _remove_abandoned(output: str, say: Callable[[str], None]) -> None:
+  """Removes `OUTPUT.partial-PID` / `OUTPUT.old-PID` left by exports whose process is gone.
+
+  Only on a local filesystem, where the pid can be checked; a leftover `.old-PID`
+  with no `OUTPUT` is the previous export, interrupted mid-swap: it is renamed back.
+  """
+  if "://" in output:
+    return
+  pattern = re.compile(re.escape(os.path.basename(output)) +
+                       rf"({re.escape(_PARTIAL)}|{re.escape(_ASIDE)})(\d+)$")
+  directory = os.path.dirname(output) or "."
+  for name in sorted(tf.io.gfile.listdir(directory)):
+    match = pattern.match(name.rstrip("/"))
+    if not match or _process_runs(int(match[2])):
+      continue
+    path = os.path.join(directory, name.rstrip("/"))
+    if match[1] == _ASIDE and not tf.io.gfile.exists(output):
+      tf.io.gfile.rename(path, output)
+      say(f"Restored {output} from {path}, left by an export (pid {match[2]}) stopped while "
+          f"replacing it.")
+      continue
+    _remove(path)
+    say(f"Removed {path}, left by an export (pid {match[2]} on {socket.gethostname()}) that "
+        f"no longer runs.")

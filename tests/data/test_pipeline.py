@@ -175,6 +175,12 @@ def test_a_damaged_tfrecord_is_counted_once_and_the_rest_of_it_skipped(tmp_path)
   assert sorted(_real_labels(dataset)) == [0, 1, 2, 3, 4]
   assert report.counts() == {"skipped_records": 0, "damaged_files": 1}
   assert f"{path} (unreadable from byte" in report.describe()
+  # on_corrupt=error: the shard set's marker tells before anything is read.
+  with pytest.raises(DataError, match=f"{path} has {size - 100} bytes but .*val.shards.json "
+                                      f"records {size}: the shard was cut short"):
+    pipeline.build_dataset(DataConfig(source="tfrecord", path=path, global_batch_size=2),
+                           _decode_eval, training=False)
+  os.remove(str(tmp_path / "val.shards.json"))  # Without a marker: the reader's own error.
   with pytest.raises(tf.errors.DataLossError, match="truncated record"):
     _real_labels(pipeline.build_dataset(DataConfig(source="tfrecord", path=path,
                                                    global_batch_size=2), _decode_eval,

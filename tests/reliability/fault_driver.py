@@ -12,6 +12,11 @@ FAULT (the kill is real, inside tf.train.CheckpointManager.save of ckpt-STEP):
     kill-mid-sweep      after ckpt-STEP is recorded, while an old checkpoint is being
                         deleted (max_to_keep): its index is gone, its data not yet
 
+FAULT kill-converting: SIGKILL inside data/records.py's ShardedRecordWriter.write
+after STEP records (a `tpu-models convert` killed mid-way).
+FAULT kill-after-export-swap: SIGKILL in `tpu-models export` right after the new
+export was put in place, before the old one is deleted (STEP is ignored).
+
 `batch` runs each argv of CASES.json (a list of lists) through `cli.main` and
 writes [{"argv", "code", "stdout", "stderr", "traceback"}] to OUT.json: many
 failing commands for the price of one TensorFlow start-up. A case may also be
@@ -20,6 +25,10 @@ failing commands for the price of one TensorFlow start-up. A case may also be
 FAULT_CPU_FLAGS="avx2 fma ..." (in the environment, or a case's env) replaces the
 CPU feature flags `runtime.mixed_precision: auto` reads from /proc/cpuinfo, so
 its decision is tested without depending on the machine's CPU.
+
+FAULT_EXPORT=fail-saving (in a case's env) makes tf.saved_model.save raise
+(OSError ENOSPC, "No space left on device") after it wrote the SavedModel: an
+export that fails with its partial directory half made.
 """
 
 import contextlib
@@ -31,17 +40,47 @@ import sys
 import traceback
 
 
+def _kill() -> None:
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _inject_converter_kill(records_written: int) -> None:
+  from tpu_models.data import records
+  write = records.ShardedRecordWriter.write
+
+  def write_then_maybe_kill(self, record):
+    write(self, record)
+    if self.num_written >= records_written:
+      for writer in self._writers:  # pylint: disable=protected-access
+        writer.flush()  # What a kill leaves: bytes on disk, no rename, no marker.
+      _kill()
+
+  records.ShardedRecordWriter.write = write_then_maybe_kill
+
+
 def _inject(fault: str, step: int) -> None:
+  if fault == "kill-converting":
+    _inject_converter_kill(step)
+    return
+  if fault == "kill-after-export-swap":
+    from tpu_models import export
+    put_in_place = export._put_in_place  # pylint: disable=protected-access
+
+    def put_in_place_then_kill(staging, output):
+      put_in_place(staging, output)
+      _kill()
+
+    export._put_in_place = put_in_place_then_kill  # pylint: disable=protected-access
+    return
   from tensorflow.python.checkpoint import checkpoint_management as manager_lib
   record_state = manager_lib.update_checkpoint_state_internal
   delete = manager_lib._delete_file_if_exists  # pylint: disable=protected-access
   target = f"ckpt-{step}"
   recorded = []
 
-  def kill():
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.kill(os.getpid(), signal.SIGKILL)
+  kill = _kill
 
   def on_record_state(save_dir, *args, **kwargs):
     latest = kwargs.get("model_checkpoint_path", args[0] if args else "")
@@ -75,6 +114,23 @@ def _fake_cpu_flags() -> None:
   precision.linux_cpu_flags = flags
 
 
+def _fake_export_failures() -> None:
+  """Installs the FAULT_EXPORT hook (once; only when a case uses it: TensorFlow starts here)."""
+  import errno
+  import tensorflow as tf
+  save = tf.saved_model.save
+  if getattr(save, "fault_hook", False):
+    return
+
+  def save_then_fail(obj, export_dir, *args, **kwargs):
+    save(obj, export_dir, *args, **kwargs)
+    if os.environ.get("FAULT_EXPORT") == "fail-saving":
+      raise OSError(errno.ENOSPC, "No space left on device (injected)", export_dir)
+
+  save_then_fail.fault_hook = True
+  tf.saved_model.save = save_then_fail
+
+
 @contextlib.contextmanager
 def _environment(env):
   saved = {name: os.environ.get(name) for name in env}
@@ -96,6 +152,8 @@ def _batch(cases_path: str, out_path: str) -> int:
   results = []
   for case in cases:
     argv, env = (case["argv"], case.get("env", {})) if isinstance(case, dict) else (case, {})
+    if "FAULT_EXPORT" in env:
+      _fake_export_failures()
     out, err = io.StringIO(), io.StringIO()
     code, trace = None, ""
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), _environment(env):

@@ -36,6 +36,14 @@ def train_command(model_dir, *overrides, fault=None):
   return cmd, env
 
 
+def driver_command(argv, fault):
+  """(cmd, env) of `tpu-models ARGV...` through the fault driver with `fault` = (name, step)."""
+  _, env = _cli("unused")
+  env["PYTHONPATH"] = os.pathsep.join([HERE, env["PYTHONPATH"]])
+  name, step = fault
+  return [sys.executable, DRIVER, name, str(step), "--"] + [str(a) for a in argv], env
+
+
 def run_batch(tmp_path, cases, timeout=600):
   """Runs each argv of `cases` through `cli.main` in ONE subprocess; returns their results.
 

@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 from tpu_models.config import DataConfig
+from tpu_models.errors import DataError
 from tpu_models.text import sources as ts
 
 requires_ding = pytest.mark.skipif(
@@ -257,6 +258,9 @@ def test_text_tfrecord_damaged_file_counted_with_on_corrupt_skip(tmp_path):
   (path,) = ts.write_text_tfrecords(pairs, str(tmp_path / "train"), num_shards=1)
   os.truncate(path, os.path.getsize(path) - 10)  # Cuts the last record.
   config = DataConfig(source="text_tfrecord", path=path)
+  with pytest.raises(DataError, match="cut short"):  # Told by the shard set's marker.
+    ts.text_tfrecord_source(config, False, None)
+  os.remove(str(tmp_path / "train.shards.json"))
   with pytest.raises(tf.errors.DataLossError):
     _pairs(ts.text_tfrecord_source(config, False, None))
   skip = DataConfig(source="text_tfrecord", path=path, on_corrupt="skip")

@@ -56,6 +56,7 @@ import numpy as np
 import tensorflow as tf
 
 from tpu_models.config import DataConfig
+from tpu_models.data import records
 from tpu_models.errors import ConfigError, DataError
 from tpu_models.registry import DATASETS, register_dataset
 
@@ -455,8 +456,59 @@ def list_files(config: DataConfig,
   if not files:
     raise FileNotFoundError(f"No files match {path!r} for data source {config.source!r} "
                             f"(split {config.split!r}); expected {expected}.")
+  files = _check_shard_sets(files, path, config)
   _check_not_all_empty(files, path, config)
   return shard_files(files, input_context)
+
+
+def _check_shard_sets(files: List[str], path: str, config: DataConfig) -> List[str]:
+  """`files` without completion markers, checked against them (see data/records.py).
+
+  Raises:
+    DataError: a file is a shard still being written (or left by a killed
+      converter), or a shard disagrees with its set's marker (not listed there:
+      another conversion's; another size: changed or cut short, which
+      on_corrupt=skip only warns about).
+  """
+  where = f"{path!r} (split {config.split!r})"
+  partial = [f for f in files if f.endswith(records.PARTIAL_SUFFIX)]
+  if partial:
+    raise DataError(
+        f"{where} matches {len(partial)} unfinished shard(s), e.g. {partial[0]}: a conversion "
+        f"was killed or is still running. Run it again (it replaces them), or delete the "
+        f"*{records.PARTIAL_SUFFIX} files.")
+  files = [f for f in files if not f.endswith(records.MARKER_SUFFIX)]
+  sets: Dict[str, List[str]] = {}
+  for f in files:
+    parsed = records.parse_shard_path(f)
+    if parsed is not None:
+      sets.setdefault(parsed[0], []).append(f)
+  for prefix, shards in sets.items():
+    try:
+      marker = records.read_marker(prefix)
+    except ValueError as e:
+      raise DataError(f"{where}: {e}") from None
+    if marker is None:
+      continue  # Written before markers existed, or by another tool: nothing to check.
+    listed = {s["name"]: s for s in marker["shards"]}
+    marker_file = records.marker_path(prefix)
+    for f in shards:
+      entry = listed.get(os.path.basename(f))
+      if entry is None:
+        raise DataError(
+            f"{where} matches {f}, which is not one of the {marker['num_shards']} shard(s) "
+            f"{marker_file} lists: it is left from another conversion (another shard count?). "
+            f"Delete it, or convert again.")
+      size = tf.io.gfile.stat(f).length
+      if size != entry["bytes"]:
+        problem = (f"{f} has {size} bytes but {marker_file} records {entry['bytes']}: the "
+                   f"shard was cut short or changed after it was written")
+        if config.on_corrupt != "skip":
+          raise DataError(f"{problem}. Convert again, or set on_corrupt=skip to read what "
+                          f"is readable of it.")
+        # on_corrupt=skip reads what it can and counts a damaged file (read_tfrecords).
+        _LOG.warning("%s; on_corrupt=skip: reading what is readable.", problem)
+  return files
 
 
 def _check_not_all_empty(files: List[str], path: str, config: DataConfig) -> None:

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from tpu_models.vision.detection import inputs as detection
 from tpu_models.vision.detection import convert as detection_convert
+from tpu_models.errors import DataError
 
 # name: (height, width, format). "broken.jpg" is a truncated JPEG.
 IMAGES = {"a.jpg": (40, 60, "jpeg"), "b.jpg": (50, 30, "jpeg"), "c.png": (36, 48, "png"),
@@ -255,3 +256,21 @@ def test_cli_convert_csv_and_voc(image_dir, tmp_path, capsys):
   assert sorted(int(r["classes"].sum()) for r in records.values()) == [0, 0, 1]
   assert cli.main(["convert", "voc", str(tmp_path / "nowhere"), prefix]) == 2
   assert "does not exist" in capsys.readouterr().err
+
+
+def test_voc_filename_outside_the_image_folder_is_an_error_unless_allowed(image_dir, tmp_path):
+  annotations = tmp_path / "Annotations"
+  annotations.mkdir()
+  (tmp_path / "outside.jpg").write_bytes((image_dir / "a.jpg").read_bytes())
+  (annotations / "a.xml").write_text(_voc_xml("a.jpg", 40, 60, [("cat", 0, (5, 6, 25, 30))]))
+  (annotations / "b.xml").write_text(_voc_xml("../outside.jpg", 40, 60,
+                                              [("cat", 0, (5, 6, 25, 30))]))
+  prefix = str(tmp_path / "out" / "train")
+  with pytest.raises(DataError, match=r"b\.xml: file_name '\.\./outside\.jpg' resolves to "
+                                      r".*outside\.jpg, outside the image folder"):
+    detection_convert.convert_voc(str(annotations), prefix, image_dir=str(image_dir),
+                                  num_shards=1, progress=False)
+  assert not tf.io.gfile.glob(prefix + "-*")
+  stats = detection_convert.convert_voc(str(annotations), prefix, image_dir=str(image_dir),
+                                        num_shards=1, progress=False, allow_outside_paths=True)
+  assert stats["written"] == 2

@@ -14,6 +14,7 @@ def add_convert_sources(sources) -> None:
   c.add_argument("output_prefix", help="e.g. /data/mine/train (writes train-00000-of-00008 ...)")
   c.add_argument("--num-shards", type=int, default=8)
   c.add_argument("--seed", type=int, default=0)
+  add_image_limit_argument(c)
   c.set_defaults(run=_convert_image_folder)
 
   c = sources.add_parser("fashion-mnist", help="local Fashion-MNIST idx files -> JPEG TFRecords")
@@ -25,10 +26,27 @@ def add_convert_sources(sources) -> None:
   c.set_defaults(run=_convert_fashion_mnist)
 
 
+def add_image_limit_argument(parser) -> None:
+  """`--max-image-pixels` of the image converters (this family's and detection's)."""
+  parser.add_argument("--max-image-pixels", type=int, metavar="N",
+                      help="skip (and count) images whose header says more pixels (height x "
+                           "width), without decoding them; 0 = no limit (default 178956970)")
+
+
+def image_limit(args: argparse.Namespace) -> dict:
+  """{"max_image_pixels": N} when --max-image-pixels was given (else the converter's default)."""
+  if args.max_image_pixels is None:
+    return {}
+  from tpu_models.vision import image
+  return {"max_image_pixels": image.check_max_image_pixels(args.max_image_pixels,
+                                                           "--max-image-pixels")}
+
+
 def _convert_image_folder(args: argparse.Namespace) -> int:
   from tpu_models.vision.classification import convert
   print(convert.convert_image_folder(args.input_dir, args.output_prefix,
-                                     num_shards=args.num_shards, shuffle_seed=args.seed))
+                                     num_shards=args.num_shards, shuffle_seed=args.seed,
+                                     **image_limit(args)))
   return 0
 
 

@@ -4,10 +4,10 @@
     convert_image_folder("/photos/val", "/data/validation", num_shards=8)
     convert_fashion_mnist("/data/fashion_mnist_jpeg")
 
-Image folders are `input_dir/<class_name>/*.{jpg,jpeg,png}` (any case). Class
+Image folders are `input_dir/<class_name>/*.{jpg,jpeg,png,gif,bmp,webp}` (any case). Class
 names sorted give the label ids 0..K-1, written one per line to `labels.txt`
 beside the shards. JPEG files are stored byte for byte (no re-encoding loss);
-everything else (PNG, or a PNG/GIF/BMP misnamed .jpg) is re-encoded as JPEG so
+everything else (PNG, GIF, BMP, WebP, also misnamed .jpg) is re-encoded as JPEG so
 the records are uniform and readers always take the fused JPEG crop-decode
 path. With `image_size`, images whose shorter side is larger are downscaled to
 it and re-encoded (smaller shards, cheaper decoding).
@@ -25,9 +25,10 @@ import tensorflow as tf
 
 from tpu_models.data import records
 from tpu_models.vision.classification import example as example_lib
+from tpu_models.vision import image as image_lib
 from tpu_models.errors import DataError
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp")  # What TF decodes.
 LABELS_FILE = "labels.txt"
 
 
@@ -120,13 +121,27 @@ def _reason(error: Exception) -> str:
   return text.splitlines()[0] if text else type(error).__name__
 
 
-def _prepare_image(data: bytes, image_size: Optional[int]):
-  """Validates by decoding; returns (jpeg_bytes, height, width, reencoded).
+class RefusedImage(ValueError):
+  """An image its header rules out (too large, unknown format); `kind` says which."""
 
-  Raises tf.errors.OpError / ValueError for unreadable images.
+  def __init__(self, kind: str, reason: str):
+    super().__init__(reason)
+    self.kind = kind
+
+
+def _prepare_image(data: bytes, image_size: Optional[int],
+                   max_pixels: int = image_lib.DEFAULT_MAX_IMAGE_PIXELS):
+  """Checks the header, then validates by decoding; returns (jpeg_bytes, height, width, reencoded).
+
+  Raises RefusedImage before decoding an image of more than `max_pixels` pixels
+  (0 = no limit) or of an unknown format; tf.errors.OpError / ValueError for
+  unreadable images.
   """
   if not data:
     raise ValueError("empty file")
+  kind, reason = image_lib.check_image_header(tf.constant(data), max_pixels, with_kind=True)
+  if kind.numpy():
+    raise RefusedImage(kind.numpy().decode(), reason.numpy().decode())
   image = tf.io.decode_image(data, channels=3, expand_animations=False)
   height, width = int(image.shape[0]), int(image.shape[1])
   if height == 0 or width == 0:
@@ -149,8 +164,9 @@ def convert_image_folder(input_dir: str,
                          num_shards: int = 8,
                          image_size: Optional[int] = None,
                          shuffle_seed: Optional[int] = 0,
-                         progress: bool = True) -> Dict:
-  """Converts `input_dir/<class>/*.{jpg,jpeg,png}` into sharded TFRecords.
+                         progress: bool = True,
+                         max_image_pixels: int = image_lib.DEFAULT_MAX_IMAGE_PIXELS) -> Dict:
+  """Converts `input_dir/<class>/*.{jpg,jpeg,png,gif,bmp,webp}` into sharded TFRecords.
 
   Every image is decoded once to validate it; unreadable ones are reported on
   stderr (file and reason) and skipped. A folder without images, or whose
@@ -166,10 +182,13 @@ def convert_image_folder(input_dir: str,
     shuffle_seed: file order is shuffled with this seed, so shards mix classes;
       None keeps the sorted order.
     progress: show a progress bar (tqdm if installed, else periodic lines).
+    max_image_pixels: images whose header says more pixels (height x width)
+      are skipped without being decoded, and counted in "too_large"; 0 = no
+      limit.
 
   Returns:
     Stats: {"written", "skipped", "skipped_files": [(path, reason)],
-    "reencoded", "ignored_files", "num_classes", "class_names", "class_counts",
+    "too_large", "reencoded", "ignored_files", "num_classes", "class_names", "class_counts",
     "paths", "labels_file"}.
   """
   class_names, files, ignored = _list_image_folder(input_dir)
@@ -183,7 +202,7 @@ def convert_image_folder(input_dir: str,
     random.Random(shuffle_seed).shuffle(files)
   _write_labels(labels_file, class_names)
 
-  skipped_files, reencoded = [], 0
+  skipped_files, reencoded, too_large = [], 0, 0
   class_counts = {name: 0 for name in class_names}
   bar = _Progress(len(files), progress, f"convert {os.path.basename(input_dir.rstrip('/'))}")
   try:
@@ -192,10 +211,12 @@ def convert_image_folder(input_dir: str,
         try:
           with tf.io.gfile.GFile(path, "rb") as f:
             data = f.read()
-          encoded, height, width, was_reencoded = _prepare_image(data, image_size)
+          encoded, height, width, was_reencoded = _prepare_image(data, image_size,
+                                                                 max_image_pixels)
         except (tf.errors.OpError, ValueError, OSError) as e:
           skipped_files.append((path, _reason(e)))
-          bar.message(f"Skipping unreadable image {path}: {skipped_files[-1][1]}")
+          too_large += getattr(e, "kind", "") == "too_large"
+          bar.message(f"Skipping image {path}: {skipped_files[-1][1]}")
         else:
           reencoded += was_reencoded
           class_counts[class_names[label]] += 1
@@ -204,12 +225,12 @@ def convert_image_folder(input_dir: str,
               filename=os.path.relpath(path, input_dir), class_text=class_names[label])
           writer.write(record.SerializeToString())
         bar.update(len(skipped_files))
+      if writer.num_written == 0:
+        writer.discard()  # Empty shards would only fail later, at training time.
   finally:
     bar.close()
 
   if writer.num_written == 0:
-    for path in writer.paths:  # Empty shards would only fail later, at training time.
-      tf.io.gfile.remove(path)
     first = f" (e.g. {skipped_files[0][0]}: {skipped_files[0][1]})" if skipped_files else ""
     raise DataError(f"None of the {len(files)} image(s) in {input_dir!r} could be read{first}; "
                     f"no shards were written.")
@@ -219,11 +240,13 @@ def convert_image_folder(input_dir: str,
             file=sys.stderr)
   print(f"Wrote {writer.num_written} images of {len(class_names)} classes to {num_shards} "
         f"shards {output_prefix}-*-of-{num_shards:05d}; skipped {len(skipped_files)} "
-        f"unreadable file(s); re-encoded {reencoded} as JPEG.", flush=True)
+        f"unreadable or refused file(s) ({too_large} over max_image_pixels = "
+        f"{max_image_pixels}); re-encoded {reencoded} as JPEG.", flush=True)
   return {
       "written": writer.num_written,
       "skipped": len(skipped_files),
       "skipped_files": skipped_files,
+      "too_large": too_large,
       "reencoded": reencoded,
       "ignored_files": ignored,
       "num_classes": len(class_names),

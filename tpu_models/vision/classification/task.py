@@ -55,6 +55,8 @@ class ClassificationConfig(TaskConfig):
   # Training split only: the first N examples of each class in the source's order (before
   # shuffling; per input pipeline), a fixed labelled subset. None = all of them.
   train_examples_per_class: Optional[int] = None
+  # Serving: larger images (height x width, from the header) are refused, not decoded; 0 = any.
+  max_image_pixels: int = image_lib.DEFAULT_MAX_IMAGE_PIXELS
 
 
 _AUGMENTATIONS = ("inception_crop", "pad_crop_flip", "none")
@@ -255,28 +257,31 @@ class ClassificationTask(Task, Servable):
   def serving_signatures(self, model: keras.Model):
     """Encoded bytes and uint8 pixels in; logits, probabilities, classes and valid out.
 
-        serving_default(image_bytes: tf.string [N])   encoded JPEG/PNG/GIF/BMP
+        serving_default(image_bytes: tf.string [N])   encoded JPEG/PNG/GIF/BMP/WebP
         serve_images(images: uint8 [N, H, W, C])       decoded pixels, H = W = image_size
 
     both returning {"logits": float32 [N, K], "probabilities": float32 [N, K],
-    "classes": int32 [N], "valid": bool [N]}; decoding, resizing and
-    normalisation run inside the graph. One image that cannot be decoded does
-    not fail its batch: its row has `valid` False, logits and probabilities 0
-    and class -1. An empty batch, or pixels of the wrong rank, channel count or
+    "classes": int32 [N], "valid": bool [N], "reason": tf.string [N]};
+    decoding, resizing and normalisation run inside the graph. One image that
+    cannot be decoded, or whose header says it has more than
+    `task.max_image_pixels` pixels (it is then never decoded), does not fail
+    its batch: its row has `valid` False, the reason, logits and probabilities
+    0 and class -1 (`reason` is "" for valid rows). An empty batch, or pixels of the wrong rank, channel count or
     size, is an InvalidArgumentError saying what was expected (a wrong dtype is
     refused by the signature). See docs/predict.md.
     """
     cfg = self.config
+    image_lib.check_max_image_pixels(cfg.max_image_pixels)  # A one-line error, not a trace.
     image_spec = tf.TensorSpec([cfg.image_size, cfg.image_size, cfg.channels], tf.float32)
     blank = tf.zeros(image_spec.shape, tf.float32)
 
-    def predict(images, valid):
+    def predict(images, valid, reason):
       logits = tf.cast(model(images, training=False), tf.float32)
       logits = tf.where(valid[:, None], logits, 0.0)
       return {"logits": logits,
               "probabilities": tf.where(valid[:, None], tf.nn.softmax(logits), 0.0),
               "classes": tf.where(valid, tf.argmax(logits, axis=-1, output_type=tf.int32), -1),
-              "valid": valid}
+              "valid": valid, "reason": reason}
 
     def from_bytes(image_bytes):
       image = self._from_bytes(image_bytes, training=False)
@@ -292,10 +297,11 @@ class ClassificationTask(Task, Servable):
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")])
     def serving_default(image_bytes):
       with tf.control_dependencies([not_empty(image_bytes, "serving_default")]):
-        images, valid = tf.map_fn(
-            lambda b: pipeline.try_map(from_bytes, b, blank), image_bytes,
-            fn_output_signature=(image_spec, tf.TensorSpec([], tf.bool)))
-      return predict(images, valid)
+        images, valid, reason = tf.map_fn(
+            lambda b: image_lib.decode_checked(b, from_bytes, blank, cfg.max_image_pixels),
+            image_bytes, fn_output_signature=(image_spec, tf.TensorSpec([], tf.bool),
+                                              tf.TensorSpec([], tf.string)))
+      return predict(images, valid, reason)
 
     # The signature takes any shape: a SavedModel's signature does not check the shape
     # it declares, and a declared (static) rank would let TensorFlow drop the checks below.
@@ -317,7 +323,8 @@ class ClassificationTask(Task, Servable):
       with tf.control_dependencies(checks):
         images = tf.identity(images)
       valid = tf.ones([tf.shape(images)[0]], tf.bool)
-      return predict(tf.map_fn(from_pixels, images, fn_output_signature=image_spec), valid)
+      return predict(tf.map_fn(from_pixels, images, fn_output_signature=image_spec), valid,
+                     tf.fill(tf.shape(valid), ""))
 
     return {"serving_default": serving_default.get_concrete_function(),
             "serve_images": serve_images.get_concrete_function()}

@@ -7,6 +7,8 @@ argparse and os here; the converters are imported inside the run functions.
 import argparse
 import os
 
+from tpu_models.vision.classification.cli import add_image_limit_argument, image_limit
+
 
 def add_options(command: str, parser) -> None:
   """Options of generic commands; their values reach the task's `predict_files(options=)`."""
@@ -25,6 +27,10 @@ def add_convert_sources(sources) -> None:
     c.add_argument("--num-shards", type=int, default=8)
     c.add_argument("--seed", type=int, default=0, help="image order seed")
     c.add_argument("--skip-empty", action="store_true", help="leave out images without boxes")
+    add_image_limit_argument(c)
+    c.add_argument("--allow-outside-paths", action="store_true",
+                   help="accept image file names that resolve outside the image folder "
+                        "(../, absolute); default: an error")
     c.set_defaults(run=_convert_boxes)
 
   c = sources.add_parser("coco", help="COCO instances JSON + image folder -> detection TFRecords")
@@ -65,7 +71,8 @@ def add_convert_sources(sources) -> None:
 def _convert_boxes(args: argparse.Namespace) -> int:
   from tpu_models.vision.detection import convert
   common = dict(num_shards=args.num_shards, shuffle_seed=args.seed,
-                skip_images_without_boxes=args.skip_empty)
+                skip_images_without_boxes=args.skip_empty,
+                allow_outside_paths=args.allow_outside_paths, **image_limit(args))
   classes = getattr(args, "classes", None)
   if classes and not os.path.isfile(classes):
     classes = [name.strip() for name in classes.split(",") if name.strip()]

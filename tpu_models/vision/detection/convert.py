@@ -44,8 +44,10 @@ import numpy as np
 import tensorflow as tf
 
 from tpu_models.vision.classification import convert as convert_lib
+from tpu_models.vision import image as image_lib
 from tpu_models.vision.detection import inputs as detection
 from tpu_models.data import records
+from tpu_models.errors import DataError
 
 LABEL_MAP_FILE = "label_map.json"
 INVALID_REASONS = ("nan", "zero_area", "outside_image", "unknown_class", "malformed")
@@ -183,23 +185,58 @@ def _read_class_names(class_names: Union[str, Sequence[str]]) -> List[Tuple[str,
   return classes
 
 
+def _resolved(path: str) -> str:
+  """`path` absolute, with `.`, `..` and doubled slashes resolved lexically (also gs://)."""
+  scheme, sep, rest = path.rpartition("://")
+  if sep:
+    return f"{scheme}{sep}{os.path.normpath(rest)}"
+  return os.path.abspath(path or ".")
+
+
+def image_path(image_dir: str, file_name: str, *, allow_outside_paths: bool, where: str) -> str:
+  """The path of an annotation's image `file_name`, which must stay inside `image_dir`.
+
+  Args:
+    image_dir: the folder file names are relative to.
+    file_name: as the annotation spells it (relative, or absolute).
+    allow_outside_paths: accept names that resolve outside `image_dir`
+      (`../x.jpg`, `/elsewhere/x.jpg`); else they are errors, so an annotation
+      file cannot make the converter read (and copy into the dataset) any file.
+    where: the annotation, for the error ("instances.json images[7] (id 12)").
+
+  Raises:
+    DataError: `file_name` resolves outside `image_dir` and that is not allowed.
+  """
+  absolute = os.path.isabs(file_name) or "://" in file_name
+  path = file_name if absolute else os.path.join(image_dir, file_name)
+  if not allow_outside_paths:
+    # Lexical: `..` and absolute names are refused; symlinks inside the folder are the user's.
+    root, resolved = _resolved(image_dir), _resolved(path)
+    if not resolved.startswith(root.rstrip("/") + "/"):
+      raise DataError(
+          f"{where}: file_name {file_name!r} resolves to {resolved}, outside the image folder "
+          f"{root}. Fix the annotation, or pass --allow-outside-paths "
+          f"(allow_outside_paths=True) if images outside it are meant.")
+  return path
+
+
 # ----------------------------------------------------------------------------
 # The shared writer.
 
 
-def _load_image(image: _Image):
-  """(image, jpeg bytes, height, width, reencoded) or (image, None, reason)."""
+def _load_image(image: _Image, max_pixels: int):
+  """(image, jpeg bytes, height, width, reencoded) or (image, None, reason, refusal kind)."""
   try:
     with tf.io.gfile.GFile(image.path, "rb") as f:
       data = f.read()
-    encoded, height, width, reencoded = convert_lib._prepare_image(data, None)
+    encoded, height, width, reencoded = convert_lib._prepare_image(data, None, max_pixels)
   except tf.errors.NotFoundError:
-    return image, None, "file not found"
+    return image, None, "file not found", ""
   except (tf.errors.OpError, ValueError, OSError) as e:
-    return image, None, convert_lib._reason(e)
+    return image, None, convert_lib._reason(e), getattr(e, "kind", "")
   if image.declared_hw is not None and tuple(image.declared_hw) != (height, width):
     return image, None, (f"the annotation says {image.declared_hw[1]}x{image.declared_hw[0]} "
-                         f"(WxH) but the image is {width}x{height}; its boxes would be wrong")
+                         f"(WxH) but the image is {width}x{height}; its boxes would be wrong"), ""
   return image, encoded, height, width, reencoded
 
 
@@ -237,6 +274,7 @@ def _write_records(images: List[_Image],
                    progress: bool,
                    description: str,
                    num_workers: Optional[int],
+                   max_image_pixels: int,
                    invalid: Optional[collections.Counter] = None) -> Dict:
   """Validates and writes `images`; returns the stats every converter reports."""
   images = sorted(images, key=lambda image: image.filename)
@@ -248,6 +286,8 @@ def _write_records(images: List[_Image],
   report.invalid.update(invalid or {})
   stats = {"clipped_boxes": 0}
   skipped_files, reencoded, boxes_written, crowd_written, empty = [], 0, 0, 0, 0
+  too_large = 0
+  load = lambda image: _load_image(image, max_image_pixels)
   class_counts = collections.Counter()
   workers = num_workers or min(8, os.cpu_count() or 1)
   chunk = 64 * workers  # Bounded read-ahead: decoded images are not all held at once.
@@ -255,10 +295,11 @@ def _write_records(images: List[_Image],
     with records.ShardedRecordWriter(output_prefix, num_shards) as writer, \
         concurrent.futures.ThreadPoolExecutor(workers) as pool:  # TF decodes release the GIL.
       for start in range(0, len(images), chunk):
-        for loaded in pool.map(_load_image, images[start:start + chunk]):
+        for loaded in pool.map(load, images[start:start + chunk]):
           image = loaded[0]
           if loaded[1] is None:
             skipped_files.append((image.path, loaded[2]))
+            too_large += loaded[3] == "too_large"
             bar.message(f"Skipping image {image.path}: {loaded[2]}")
             bar.update(len(skipped_files))
             continue
@@ -283,12 +324,14 @@ def _write_records(images: List[_Image],
   print(f"Wrote {writer.num_written} images with {boxes_written} boxes ({crowd_written} crowd, "
         f"{stats['clipped_boxes']} clipped to the image) of {len(label_map)} classes to "
         f"{num_shards} shards {output_prefix}-*-of-{num_shards:05d}; skipped "
-        f"{len(skipped_files)} unreadable or inconsistent image(s); invalid boxes skipped: {invalid_text}.",
+        f"{len(skipped_files)} unreadable, refused or inconsistent image(s) ({too_large} over "
+        f"max_image_pixels = {max_image_pixels}); invalid boxes skipped: {invalid_text}.",
         flush=True)
   return {
       "written": writer.num_written,
       "skipped": len(skipped_files),
       "skipped_files": skipped_files,
+      "too_large": too_large,
       "reencoded": reencoded,
       "boxes": boxes_written,
       "crowd_boxes": crowd_written,
@@ -315,7 +358,9 @@ def convert_coco(annotation_file: str,
                  skip_images_without_boxes: bool = False,
                  shuffle_seed: Optional[int] = 0,
                  progress: bool = True,
-                 num_workers: Optional[int] = None) -> Dict:
+                 num_workers: Optional[int] = None,
+                 allow_outside_paths: bool = False,
+                 max_image_pixels: int = image_lib.DEFAULT_MAX_IMAGE_PIXELS) -> Dict:
   """COCO instances JSON + its image folder -> sharded detection TFRecords.
 
   Args:
@@ -331,12 +376,21 @@ def convert_coco(annotation_file: str,
     shuffle_seed: image order seed; None keeps the order sorted by file name.
     progress: show a progress bar.
     num_workers: image decoding threads (default min(8, CPUs)).
+    allow_outside_paths: accept `file_name`s that resolve outside `image_dir`
+      (`../`, absolute); by default they are a DataError.
+    max_image_pixels: images whose header says more pixels (height x width)
+      are skipped without being decoded, and counted in "too_large"; 0 = no
+      limit.
 
   Returns:
-    Stats: {"written", "skipped", "skipped_files": [(path, reason)], "reencoded",
+    Stats: {"written", "skipped", "skipped_files": [(path, reason)], "too_large", "reencoded",
     "boxes", "crowd_boxes", "clipped_boxes", "images_without_boxes",
     "invalid_boxes": {reason: count}, "class_counts", "num_classes", "paths",
     "label_map_file"}.
+
+  Raises:
+    DataError: two image entries share an id (their boxes could not be told
+      apart), or a `file_name` is outside `image_dir` (see allow_outside_paths).
   """
   with tf.io.gfile.GFile(annotation_file) as f:
     try:
@@ -356,17 +410,26 @@ def convert_coco(annotation_file: str,
                                  explicit=True)
   label_of = {entry["category_id"]: entry["label"] for entry in label_map}
 
-  images = {}
-  for info in coco["images"]:
+  images, entry_of = {}, {}
+  for number, info in enumerate(coco["images"]):
     try:
       image_id, file_name = int(info["id"]), str(info["file_name"])
     except (KeyError, TypeError, ValueError):
       raise ValueError(f"{annotation_file}: image entry {str(info)[:200]} lacks an integer "
                        f"'id' or a 'file_name'.") from None
+    if image_id in images:
+      first_number, first_name = entry_of[image_id]
+      raise DataError(
+          f"{annotation_file}: images[{first_number}] ({first_name!r}) and images[{number}] "
+          f"({file_name!r}) both have id {image_id}; annotations name images by id, so their "
+          f"boxes cannot be told apart. Give every image its own id.")
+    entry_of[image_id] = (number, file_name)
     declared = None
     if info.get("height") and info.get("width"):
       declared = (int(info["height"]), int(info["width"]))
-    images[image_id] = _Image(path=os.path.join(image_dir, file_name), filename=file_name,
+    path = image_path(image_dir, file_name, allow_outside_paths=allow_outside_paths,
+                      where=f"{annotation_file} images[{number}] (id {image_id})")
+    images[image_id] = _Image(path=path, filename=file_name,
                               source_id=str(image_id), boxes=[], declared_hw=declared)
 
   invalid = collections.Counter()
@@ -396,6 +459,7 @@ def convert_coco(annotation_file: str,
               if image.boxes or not skip_images_without_boxes]
   return _write_records(selected, output_prefix, label_map, num_shards=num_shards,
                         shuffle_seed=shuffle_seed, progress=progress, num_workers=num_workers,
+                        max_image_pixels=max_image_pixels,
                         description=f"convert {os.path.basename(annotation_file)}",
                         invalid=invalid)
 
@@ -443,7 +507,9 @@ def convert_voc(annotations_dir: str,
                 skip_images_without_boxes: bool = False,
                 shuffle_seed: Optional[int] = 0,
                 progress: bool = True,
-                num_workers: Optional[int] = None) -> Dict:
+                num_workers: Optional[int] = None,
+                allow_outside_paths: bool = False,
+                max_image_pixels: int = image_lib.DEFAULT_MAX_IMAGE_PIXELS) -> Dict:
   """A folder of Pascal VOC XML files (VOC itself, LabelImg, CVAT) -> detection TFRecords.
 
   Args:
@@ -459,8 +525,9 @@ def convert_voc(annotations_dir: str,
     difficult_as_crowd: write `<difficult>1</difficult>` objects as crowd
       (ignored in training and evaluation, as VOC evaluation ignores them);
       False writes them as ordinary boxes.
-    num_shards, skip_images_without_boxes, shuffle_seed, progress, num_workers:
-      as in `convert_coco`.
+    num_shards, skip_images_without_boxes, shuffle_seed, progress, num_workers,
+      allow_outside_paths, max_image_pixels: as in `convert_coco` (`<filename>`s must stay
+      inside image_dir).
 
   Returns:
     The stats of `convert_coco`. Source ids are 1, 2, ... in the sorted order
@@ -523,10 +590,13 @@ def convert_voc(annotations_dir: str,
       boxes.append(_Box(xmin, ymin, xmax, ymax, label_of.get(name, -1),
                         is_crowd=difficult and difficult_as_crowd, where=where))
     if boxes or not skip_images_without_boxes:
-      images.append(_Image(path=os.path.join(image_dir, filename), filename=filename,
+      path = image_path(image_dir, filename, allow_outside_paths=allow_outside_paths,
+                        where=os.path.join(annotations_dir, xml_name))
+      images.append(_Image(path=path, filename=filename,
                            source_id=str(number), boxes=boxes, declared_hw=declared))
   stats = _write_records(images, output_prefix, label_map, num_shards=num_shards,
                          shuffle_seed=shuffle_seed, progress=progress, num_workers=num_workers,
+                         max_image_pixels=max_image_pixels,
                          description=f"convert {os.path.basename(annotations_dir.rstrip('/'))}",
                          invalid=invalid)
   stats["skipped_files"] = malformed_files + stats["skipped_files"]
@@ -549,7 +619,9 @@ def convert_csv(csv_file: str,
                 skip_images_without_boxes: bool = False,
                 shuffle_seed: Optional[int] = 0,
                 progress: bool = True,
-                num_workers: Optional[int] = None) -> Dict:
+                num_workers: Optional[int] = None,
+                allow_outside_paths: bool = False,
+                max_image_pixels: int = image_lib.DEFAULT_MAX_IMAGE_PIXELS) -> Dict:
   """`path,x1,y1,x2,y2,class_name` lines (one box per line) -> detection TFRecords.
 
   Args:
@@ -561,8 +633,9 @@ def convert_csv(csv_file: str,
     class_names: a list of names or a keras-retinanet classes file
       (`class_name,id` lines); default: an existing label map beside the
       shards, else the names found, sorted.
-    num_shards, skip_images_without_boxes, shuffle_seed, progress, num_workers:
-      as in `convert_coco`.
+    num_shards, skip_images_without_boxes, shuffle_seed, progress, num_workers,
+      allow_outside_paths, max_image_pixels: as in `convert_coco` (paths must stay inside
+      image_dir).
 
   Returns:
     The stats of `convert_coco`. Source ids are 1, 2, ... in the sorted order
@@ -581,6 +654,7 @@ def convert_csv(csv_file: str,
     if invalid["malformed"] <= _EXAMPLES_PER_REASON:
       print(f"Skipping line (malformed) {base}:{number}: {why}", file=sys.stderr)
 
+  line_of: Dict[str, int] = {}
   for number, row in enumerate(rows, 1):
     if not row or not any(field.strip() for field in row):
       continue
@@ -594,6 +668,7 @@ def convert_csv(csv_file: str,
       malformed(number, "empty image path")
       continue
     boxes = by_path.setdefault(path, [])
+    line_of.setdefault(path, number)
     if not any(coords) and not name:
       continue  # An image without boxes.
     try:
@@ -623,8 +698,10 @@ def convert_csv(csv_file: str,
     boxes = [_Box(*values, label_of.get(name, -1), where=where)
              for values, name, where in by_path[path]]
     if boxes or not skip_images_without_boxes:
-      full_path = path if os.path.isabs(path) or "://" in path else os.path.join(image_dir, path)
+      full_path = image_path(image_dir, path, allow_outside_paths=allow_outside_paths,
+                             where=f"{csv_file}:{line_of[path]}")
       images.append(_Image(path=full_path, filename=path, source_id=str(number), boxes=boxes))
   return _write_records(images, output_prefix, label_map, num_shards=num_shards,
                         shuffle_seed=shuffle_seed, progress=progress, num_workers=num_workers,
+                        max_image_pixels=max_image_pixels,
                         description=f"convert {base}", invalid=invalid)

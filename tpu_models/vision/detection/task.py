@@ -108,6 +108,8 @@ class DetectionConfig(TaskConfig):
   std: List[float] = dataclasses.field(default_factory=lambda: list(image_lib.IMAGENET_STD_RGB))
   resize_method: str = "bilinear"
   host_bfloat16: bool = False  # Cast images to bfloat16 on the host: half the infeed bytes.
+  # Serving: larger images (height x width, from the header) are refused, not decoded; 0 = any.
+  max_image_pixels: int = image_lib.DEFAULT_MAX_IMAGE_PIXELS
   # Pictures of each reported evaluation: the first N images drawn with predictions
   # (score >= eval_image_min_score) and ground truth (white) to
   # model_dir/<split>_images/step_<step>/<source id>.png and TensorBoard. 0 = none.
@@ -612,22 +614,25 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter):
   def serving_signatures(self, model: keras.Model):
     """Encoded bytes or uint8 pixels in; detections in the input image's pixels out.
 
-        serving_default(image_bytes: tf.string [B])   encoded JPEG/PNG/GIF/BMP
+        serving_default(image_bytes: tf.string [B])   encoded JPEG/PNG/GIF/BMP/WebP
         serve_images(images: uint8 [B, H, W, 3])       decoded pixels, any H, W
 
     Both return {"detection_boxes": float32 [B, D, 4] [ymin, xmin, ymax, xmax]
     in pixels of each input image, "detection_scores": float32 [B, D],
     "detection_classes": int32 [B, D] labels 0..K-1 (-1 past the count; the
     label map gives names and category ids), "num_detections": int32 [B],
-    "valid": bool [B]}. Resizing, normalisation and NMS run inside the graph.
+    "valid": bool [B], "reason": tf.string [B]}. Resizing, normalisation and
+    NMS run inside the graph.
 
-    As in classification, an image that cannot be decoded does not fail its
-    batch: its row has `valid` False and no detections (count 0, boxes and
-    scores 0, classes -1). An empty batch, or pixels of the wrong rank or
+    As in classification, an image that cannot be decoded, or whose header
+    says it has more than `task.max_image_pixels` pixels, does not fail its
+    batch: its row has `valid` False, the reason ("" for valid rows) and no
+    detections (count 0, boxes and scores 0, classes -1). An empty batch, or pixels of the wrong rank or
     channel count, is an InvalidArgumentError saying what was expected. See
     docs/predict.md.
     """
     cfg = self.config
+    image_lib.check_max_image_pixels(cfg.max_image_pixels)  # A one-line error, not a trace.
     size = self.image_size
     specs = (tf.TensorSpec([size, size, 3], tf.float32), tf.TensorSpec([4, 2], tf.float32))
     blank = (tf.zeros([size, size, 3], tf.float32), tf.zeros([4, 2], tf.float32))
@@ -638,7 +643,7 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter):
           method=cfg.resize_method)
       return image, info
 
-    def detect(images, infos, valid):
+    def detect(images, infos, valid, reason):
       outputs = model(images, training=False)
       outputs = {k: tf.cast(v, tf.float32) for k, v in outputs.items()}
       detections = self.postprocess(outputs)
@@ -649,6 +654,7 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter):
           "detection_classes": tf.where(valid[:, None], detections["classes"], -1),
           "num_detections": tf.where(valid, detections["num_detections"], 0),
           "valid": valid,
+          "reason": reason,
       }
 
     def not_empty(batch, name):
@@ -658,10 +664,11 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter):
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")])
     def serving_default(image_bytes):
       with tf.control_dependencies([not_empty(image_bytes, "serving_default")]):
-        (images, infos), valid = tf.map_fn(
-            lambda b: pipeline.try_map(from_bytes, b, blank), image_bytes,
-            fn_output_signature=(specs, tf.TensorSpec([], tf.bool)))
-      return detect(images, infos, valid)
+        (images, infos), valid, reason = tf.map_fn(
+            lambda b: image_lib.decode_checked(b, from_bytes, blank, cfg.max_image_pixels),
+            image_bytes, fn_output_signature=(specs, tf.TensorSpec([], tf.bool),
+                                              tf.TensorSpec([], tf.string)))
+      return detect(images, infos, valid, reason)
 
     # Any shape in the signature: a declared rank would let TensorFlow drop the checks
     # (a SavedModel signature does not enforce the shape it declares).
@@ -681,7 +688,8 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter):
       with tf.control_dependencies(checks):
         images = tf.ensure_shape(tf.identity(images), [None, None, None, 3])
       images, infos = tf.map_fn(self._resize_pixels, images, fn_output_signature=specs)
-      return detect(images, infos, tf.ones([tf.shape(images)[0]], tf.bool))
+      valid = tf.ones([tf.shape(images)[0]], tf.bool)
+      return detect(images, infos, valid, tf.fill(tf.shape(valid), ""))
 
     return {"serving_default": serving_default.get_concrete_function(),
             "serve_images": serve_images.get_concrete_function()}

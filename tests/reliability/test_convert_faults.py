@@ -1,0 +1,169 @@
+"""Fault injection on the converters, through the CLI: a killed `convert`, a re-run with
+another shard count, shards cut short or left from another conversion, COCO duplicate
+image ids and file names outside the image folder. No half dataset is ever read."""
+
+import json
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from faults import _experiment, driver_command, error_line, run_batch, truncate
+
+CLASSES = ("a", "b", "c", "d")
+
+
+def _image_folder(root, per_class=4, seed=0):
+  rng = np.random.default_rng(seed)
+  for name in CLASSES:
+    (root / name).mkdir(parents=True)
+    for i in range(per_class):
+      pixels = rng.integers(0, 255, (16, 16, 3), dtype=np.uint8)
+      (root / name / f"{i}.jpg").write_bytes(tf.io.encode_jpeg(pixels).numpy())
+  return root
+
+
+def _coco(path, file_names, ids):
+  """A COCO file of one box per image; images[k] gets the box (k, k, 8, 8)."""
+  data = {"images": [{"id": i, "file_name": f, "height": 16, "width": 16}
+                     for i, f in zip(ids, file_names)],
+          "annotations": [{"id": k + 1, "image_id": i, "bbox": [k, k, 8, 8], "category_id": 1,
+                           "iscrowd": 0} for k, i in enumerate(ids)],
+          "categories": [{"id": 1, "name": "thing"}]}
+  path.write_text(json.dumps(data))
+  return path
+
+
+def _shards(directory, prefix="train"):
+  return sorted(os.path.basename(p) for p in tf.io.gfile.glob(str(directory / f"{prefix}-*")))
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("convert_faults")
+  photos = _image_folder(tmp / "photos")
+  out, cut, stale = tmp / "out", tmp / "cut", tmp / "stale"
+  # COCO/CSV inputs: images/ holds x.jpg and y.jpg; outside.jpg is beside the folder.
+  images = tmp / "images"
+  images.mkdir()
+  for name in ("x.jpg", "y.jpg", "../outside.jpg"):
+    (images / name).write_bytes((photos / "a" / "0.jpg").read_bytes())
+  duplicate = _coco(tmp / "duplicate.json", ["x.jpg", "y.jpg"], [7, 7])
+  outside = _coco(tmp / "outside.json", ["x.jpg", "../outside.jpg"], [1, 2])
+  absolute = tmp / "absolute.csv"
+  absolute.write_text(f"x.jpg,1,1,9,9,thing\n{tmp / 'outside.jpg'},2,2,8,8,thing\n")
+
+  def convert(folder, prefix, shards):
+    return ["convert", "image-folder", folder, prefix, "--num-shards", shards, "--seed", 1]
+
+  first = run_batch(tmp, [
+      convert(photos, out / "train", 4),
+      convert(photos, cut / "train", 2),
+      convert(photos, stale / "train", 2),
+      convert(photos, tmp / "three" / "train", 3),
+      ["convert", "coco", duplicate, images, tmp / "dup_out" / "train", "--num-shards", 1],
+      ["convert", "coco", outside, images, tmp / "outside_out" / "train", "--num-shards", 1],
+      ["convert", "coco", outside, images, tmp / "allowed_out" / "train", "--num-shards", 1,
+       "--allow-outside-paths"],
+      ["convert", "csv", absolute, tmp / "csv_out" / "train", "--image-dir", images,
+       "--num-shards", 1],
+  ])
+  after_first = {"out": _shards(out), "marker": json.loads((out / "train.shards.json").read_text()),
+                 "sizes": [os.path.getsize(out / name) for name in _shards(out)]}
+
+  # A re-run with another shard count, killed after 6 of its 16 records.
+  cmd, env = driver_command(convert(photos, out / "train", 2), ("kill-converting", 6))
+  killed = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+  after_kill = _shards(out)
+
+  truncate(cut / "train-00001-of-00002", 100)
+  cut_marker = json.loads((cut / "train.shards.json").read_text())
+  # A shard of another conversion (3 shards) copied beside a complete 2-shard set.
+  shutil.copy(tmp / "three" / "train-00000-of-00003", stale)
+
+  def train(name, data):
+    return ["train", _experiment(tmp, name, data, data), "--import", "tiny_image_model",
+            "--model-dir", tmp / "runs" / name]
+
+  second = run_batch(tmp, [
+      train("on_killed", str(out / "train-*")),
+      convert(photos, out / "train", 2),
+      train("on_rerun", str(out / "train-*")),
+      train("on_cut", str(cut / "train-*")),
+      train("on_stale", str(stale / "train-*")),
+  ])
+  return {"first": first, "second": second, "killed": killed, "tmp": tmp,
+          "after_first": after_first, "after_kill": after_kill, "cut_marker": cut_marker,
+          "after_rerun": _shards(out)}
+
+
+def test_a_killed_or_rerun_convert_never_leaves_a_half_or_mixed_dataset(results):
+  first, second, tmp = results["first"], results["second"], results["tmp"]
+  assert first[0]["code"] == 0, first[0]["stderr"] + first[0]["traceback"]
+  four = [f"train-{i:05d}-of-00004" for i in range(4)]
+  assert results["after_first"]["out"] == four
+  marker = results["after_first"]["marker"]
+  assert marker["num_shards"] == 4 and marker["records"] == 16
+  assert [s["name"] for s in marker["shards"]] == four
+  assert [s["records"] for s in marker["shards"]] == [4, 4, 4, 4]
+  assert [s["bytes"] for s in marker["shards"]] == results["after_first"]["sizes"]
+  # Killed mid-way: the old complete set is untouched; the new one exists only as .partial.
+  assert results["killed"].returncode == -9, results["killed"].stderr[-3000:]
+  assert results["after_kill"] == sorted(
+      four + [f"train-{i:05d}-of-00002.partial" for i in range(2)])
+  on_killed = error_line(second[0])
+  assert second[0]["code"] == 2
+  assert "matches 2 unfinished shard(s)" in on_killed and ".partial" in on_killed
+  assert "a conversion was killed or is still running" in on_killed
+  assert not (tmp / "runs" / "on_killed").exists() or not list(
+      (tmp / "runs" / "on_killed").glob("ckpt-*"))
+  # The re-run replaces the leftovers and removes the 4-shard set, with a notice.
+  rerun = second[1]
+  assert rerun["code"] == 0, rerun["stderr"] + rerun["traceback"]
+  assert "Removed 4 shard(s) of an earlier conversion with another shard count" in rerun["stderr"]
+  assert f"{tmp / 'out' / 'train'}-*-of-00004" in rerun["stderr"]
+  assert results["after_rerun"] == [f"train-{i:05d}-of-00002" for i in range(2)]
+  marker = json.loads((tmp / "out" / "train.shards.json").read_text())
+  assert marker["num_shards"] == 2 and marker["records"] == 16
+  assert [s["bytes"] for s in marker["shards"]] == [
+      os.path.getsize(tmp / "out" / f"train-{i:05d}-of-00002") for i in range(2)]
+  assert second[2]["code"] == 0, second[2]["stderr"] + second[2]["traceback"]
+
+
+def test_shards_that_disagree_with_their_marker_are_refused(results):
+  on_cut, on_stale = results["second"][3], results["second"][4]
+  tmp = results["tmp"]
+  size = results["cut_marker"]["shards"][1]["bytes"]
+  line = error_line(on_cut)
+  assert on_cut["code"] == 2
+  assert (f"{tmp / 'cut' / 'train-00001-of-00002'} has {size - 100} bytes but "
+          f"{tmp / 'cut' / 'train.shards.json'} records {size}: the shard was cut short") in line
+  line = error_line(on_stale)
+  assert on_stale["code"] == 2
+  assert (f"matches {tmp / 'stale' / 'train-00000-of-00003'}, which is not one of the 2 "
+          f"shard(s) {tmp / 'stale' / 'train.shards.json'} lists") in line
+
+
+def test_coco_duplicate_ids_and_outside_file_names_are_errors(results):
+  first, tmp = results["first"], results["tmp"]
+  duplicate, outside, allowed, absolute = first[4:8]
+  line = error_line(duplicate)
+  assert duplicate["code"] == 2
+  assert ("images[0] ('x.jpg') and images[1] ('y.jpg') both have id 7" in line
+          and "duplicate.json" in line)
+  assert not (tmp / "dup_out").exists() or not _shards(tmp / "dup_out")
+  line = error_line(outside)
+  assert outside["code"] == 2
+  assert (f"images[1] (id 2): file_name '../outside.jpg' resolves to {tmp / 'outside.jpg'}, "
+          f"outside the image folder {tmp / 'images'}") in line
+  assert "--allow-outside-paths" in line
+  assert not _shards(tmp / "outside_out")
+  # Explicitly allowed: both images are written, each with its own box.
+  assert allowed["code"] == 0, allowed["stderr"] + allowed["traceback"]
+  assert "Wrote 2 images with 2 boxes" in allowed["stdout"]
+  line = error_line(absolute)
+  assert absolute["code"] == 2
+  assert f"absolute.csv:2: file_name '{tmp / 'outside.jpg'}' resolves to" in line

@@ -1,0 +1,74 @@
+"""export._put_in_place: the new export replaces the old without a moment with neither."""
+
+import os
+
+import pytest
+import tensorflow as tf
+
+from tpu_models import export
+
+
+def _make(path, text):
+  tf.io.gfile.makedirs(path)
+  with tf.io.gfile.GFile(f"{path}/saved_model.pb", "w") as f:
+    f.write(text)
+
+
+def _read(path):
+  with tf.io.gfile.GFile(f"{path}/saved_model.pb") as f:
+    return f.read()
+
+
+@pytest.mark.parametrize("exchange", [True, False])
+def test_local_swap_by_exchange_or_by_renaming_aside(tmp_path, monkeypatch, exchange):
+  if not exchange:
+    monkeypatch.setattr(export, "_exchange", lambda a, b: False)
+  output, staging = str(tmp_path / "out"), str(tmp_path / "out.partial-1")
+  _make(output, "old")
+  _make(staging, "new")
+  export._put_in_place(staging, output)
+  assert _read(output) == "new"
+  if exchange:  # The old export is where the new one was; the caller removes it.
+    assert _read(staging) == "old"
+  else:
+    assert sorted(os.listdir(tmp_path)) == ["out"]
+
+
+def test_exchange_is_refused_for_non_local_paths():
+  assert export._exchange("ram://a", "ram://b") is False
+
+
+def test_a_failed_rename_in_puts_the_old_export_back(tmp_path, monkeypatch):
+  monkeypatch.setattr(export, "_exchange", lambda a, b: False)
+  output, staging = str(tmp_path / "out"), str(tmp_path / "out.partial-1")
+  _make(output, "old")
+  _make(staging, "new")
+  rename = tf.io.gfile.rename
+
+  def fail_moving_the_new_one_in(source, target, overwrite=False):
+    if source == staging:
+      raise OSError("injected")
+    return rename(source, target, overwrite)
+
+  monkeypatch.setattr(tf.io.gfile, "rename", fail_moving_the_new_one_in)
+  with pytest.raises(OSError, match="injected"):
+    export._put_in_place(staging, output)
+  assert _read(output) == "old" and _read(staging) == "new"
+
+
+def test_leftovers_of_dead_exports_are_removed_or_restored_and_live_ones_kept(tmp_path):
+  import subprocess
+  dead = subprocess.Popen(["true"])
+  dead.wait()
+  output = str(tmp_path / "out")
+  _make(f"{output}.old-{dead.pid}", "old")  # Killed between renaming aside and in.
+  _make(f"{output}.partial-{dead.pid}", "half")
+  _make(f"{output}.partial-{os.getpid()}", "being written")  # A live export's.
+  _make(str(tmp_path / "other.partial-1"), "another output's")
+  said = []
+  export._remove_abandoned(output, said.append)
+  assert _read(output) == "old"
+  assert sorted(os.listdir(tmp_path)) == ["other.partial-1", "out", f"out.partial-{os.getpid()}"]
+  assert said[0].startswith(f"Restored {output} from {output}.old-{dead.pid}")
+  assert said[1].startswith(f"Removed {output}.partial-{dead.pid}, left by an export "
+                            f"(pid {dead.pid} on ")
