@@ -411,6 +411,12 @@ def check_image_header(image_bytes: tf.Tensor, max_pixels: int, *, with_kind: bo
   return (kind, reason) if with_kind else reason
 
 
+def assert_not_empty(batch: tf.Tensor, signature: str) -> tf.Operation:
+  """A serving check: `batch` [N, ...] has N >= 1; else an error naming the `signature`."""
+  return tf.debugging.assert_positive(
+      tf.shape(batch)[0], message=f"{signature}: the batch is empty (0 images); send at least one")
+
+
 def decode_checked(image_bytes: tf.Tensor, decode_fn, fallback, max_pixels: int):
   """`(decode_fn(image_bytes), valid, reason)` for serving one image of a batch.
 

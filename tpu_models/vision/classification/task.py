@@ -290,13 +290,9 @@ class ClassificationTask(Task, Servable):
     def from_pixels(image):
       return image_lib.normalize(self._from_pixels(image, training=False), cfg.mean, cfg.std)
 
-    def not_empty(batch, name):
-      return tf.debugging.assert_positive(
-          tf.shape(batch)[0], message=f"{name}: the batch is empty (0 images); send at least one")
-
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")])
     def serving_default(image_bytes):
-      with tf.control_dependencies([not_empty(image_bytes, "serving_default")]):
+      with tf.control_dependencies([image_lib.assert_not_empty(image_bytes, "serving_default")]):
         images, valid, reason = tf.map_fn(
             lambda b: image_lib.decode_checked(b, from_bytes, blank, cfg.max_image_pixels),
             image_bytes, fn_output_signature=(image_spec, tf.TensorSpec([], tf.bool),
@@ -313,7 +309,7 @@ class ClassificationTask(Task, Servable):
       with tf.control_dependencies([rank]):
         shape = tf.shape(images)
         checks = [
-            not_empty(images, "serve_images"),
+            image_lib.assert_not_empty(images, "serve_images"),
             tf.debugging.assert_equal(shape[3], cfg.channels,
                                       message=f"{expected}; got another number of channels "
                                               f"(task.channels is {cfg.channels})"),

@@ -657,13 +657,9 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter):
           "reason": reason,
       }
 
-    def not_empty(batch, name):
-      return tf.debugging.assert_positive(
-          tf.shape(batch)[0], message=f"{name}: the batch is empty (0 images); send at least one")
-
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")])
     def serving_default(image_bytes):
-      with tf.control_dependencies([not_empty(image_bytes, "serving_default")]):
+      with tf.control_dependencies([image_lib.assert_not_empty(image_bytes, "serving_default")]):
         (images, infos), valid, reason = tf.map_fn(
             lambda b: image_lib.decode_checked(b, from_bytes, blank, cfg.max_image_pixels),
             image_bytes, fn_output_signature=(specs, tf.TensorSpec([], tf.bool),
@@ -679,7 +675,7 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter):
       with tf.control_dependencies([rank]):
         shape = tf.shape(images)
         checks = [
-            not_empty(images, "serve_images"),
+            image_lib.assert_not_empty(images, "serve_images"),
             tf.debugging.assert_equal(shape[3], 3,
                                       message=f"{expected}; got another number of channels"),
             tf.debugging.assert_positive(shape[1:3],
