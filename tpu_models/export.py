@@ -170,16 +170,6 @@ def _remove(path: str) -> None:
   tf.io.gfile.rmtree(path) if tf.io.gfile.isdir(path) else tf.io.gfile.remove(path)
 
 
-def _process_runs(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:  # Runs, as another user.
-    return True
-  return True
-
-
 def _remove_abandoned(output: str, say: Callable[[str], None]) -> None:
   """Removes `OUTPUT.partial-PID` / `OUTPUT.old-PID` left by exports whose process is gone.
 
@@ -193,7 +183,7 @@ def _remove_abandoned(output: str, say: Callable[[str], None]) -> None:
   directory = os.path.dirname(output) or "."
   for name in sorted(tf.io.gfile.listdir(directory)):
     match = pattern.match(name.rstrip("/"))
-    if not match or _process_runs(int(match[2])):
+    if not match or model_dir_lib.process_runs(int(match[2])):
       continue
     path = os.path.join(directory, name.rstrip("/"))
     if match[1] == _ASIDE and not tf.io.gfile.exists(output):

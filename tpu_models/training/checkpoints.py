@@ -33,6 +33,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from tpu_models.errors import ConfigError, DataError
+from tpu_models.training import model_dir as model_dir_lib
 
 CHECKPOINT_NAME = "ckpt"  # tf.train.CheckpointManager's default prefix: ckpt-<step>.
 UNREADABLE_DIR = "unreadable_checkpoints"
@@ -235,10 +236,7 @@ def write_state(model_dir: str, latest: Optional[str]) -> None:
   stamps = [old.get(os.path.basename(p)) or _mtime(p + ".index", now) for _, p in kept]
   lines += [f"all_model_checkpoint_timestamps: {t!r}" for t in stamps]
   lines.append(f"last_preserved_timestamp: {min(stamps + [now]) - 1.0!r}")
-  tmp = path + f".tmp{os.getpid()}"
-  with tf.io.gfile.GFile(tmp, "w") as f:
-    f.write("\n".join(lines) + "\n")
-  tf.io.gfile.rename(tmp, path, overwrite=True)
+  model_dir_lib.write_text_atomically(path, "\n".join(lines) + "\n")
 
 
 def state_latest(model_dir: str) -> Optional[str]:

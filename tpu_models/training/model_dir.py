@@ -39,7 +39,7 @@ import os
 import socket
 import time
 import weakref
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 import yaml
@@ -60,6 +60,20 @@ RECORD_IGNORES = ("trainer.train_steps", "trainer.steps_per_loop", "trainer.eval
 _held: Dict[str, int] = {}  # Lock path -> how many Trainers of this process hold it.
 
 
+def write_text_atomically(path: str, text: str) -> None:
+  """Writes `text` to `path` through a temporary file renamed over it (any tf.io.gfile path).
+
+  A reader sees the old contents or the new, never half of them. The temporary
+  name does not extend `path` (`.NAME.PID.tmp` beside it): on ram:// a name that
+  starts with `path` would make `path` "exist" before it is written.
+  """
+  folder, name = os.path.split(path)
+  tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
+  with tf.io.gfile.GFile(tmp, "w") as f:
+    f.write(text)
+  tf.io.gfile.rename(tmp, path, overwrite=True)
+
+
 def _process_start(pid: int) -> Optional[str]:
   """The start time of process `pid` in clock ticks since boot (Linux), to tell a reused pid."""
   try:
@@ -69,17 +83,22 @@ def _process_start(pid: int) -> Optional[str]:
     return None
 
 
-def _holder_alive(holder: dict) -> bool:
-  """Whether the process of a lock of THIS host still runs (and is the one that locked)."""
-  pid = holder.get("pid")
-  if not isinstance(pid, int) or pid <= 0:
-    return False
+def process_runs(pid: int) -> bool:
+  """Whether process `pid` of this host runs (as any user)."""
   try:
     os.kill(pid, 0)
   except ProcessLookupError:
     return False
   except PermissionError:  # Runs, as another user.
     pass
+  return True
+
+
+def _holder_alive(holder: dict) -> bool:
+  """Whether the process of a lock of THIS host still runs (and is the one that locked)."""
+  pid = holder.get("pid")
+  if not isinstance(pid, int) or pid <= 0 or not process_runs(pid):
+    return False
   recorded = holder.get("process_start")
   return recorded is None or _process_start(pid) in (None, recorded)
 
@@ -296,10 +315,7 @@ def record_config(model_dir: str, config_text: str, resumed_step: Optional[int],
           f"{len(differences)} key(s): {'; '.join(differences)}. That record is kept as {kept}; "
           f"{path} now records this config.")
   tf.io.gfile.makedirs(model_dir)
-  tmp = os.path.join(model_dir, f".{CONFIG_FILE}.{os.getpid()}.tmp")
-  with tf.io.gfile.GFile(tmp, "w") as f:
-    f.write(config_text)
-  tf.io.gfile.rename(tmp, path, overwrite=True)
+  write_text_atomically(path, config_text)
   return kept
 
 
@@ -351,6 +367,12 @@ def check_fingerprints(model_dir: str, files: Dict[str, str]) -> Dict[str, Any]:
     ConfigError: a file recorded in model_dir/fingerprints.json now has other
       contents; the message names the key and both files.
   """
+  return _compare_fingerprints(model_dir, files)[1]
+
+
+def _compare_fingerprints(model_dir: str, files: Dict[str, str]
+                          ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+  """(recorded fingerprints, current ones of `files`); see `check_fingerprints`."""
   recorded = _read_fingerprints(model_dir)
   current = {}
   for key, path in sorted(files.items()):
@@ -365,20 +387,16 @@ def check_fingerprints(model_dir: str, files: Dict[str, str]) -> Dict[str, Any]:
           f"{str(before.get('sha256'))[:16]}..., {before.get('bytes')} bytes; recorded in "
           f"{os.path.join(model_dir, FINGERPRINTS_FILE)}). Its weights mean nothing with another "
           f"one: point {key} at that file, or use another --model-dir.")
-  return current
+  return recorded, current
 
 
 def record_fingerprints(model_dir: str, files: Dict[str, str]) -> None:
   """`check_fingerprints`, then records the fingerprints of files not recorded yet."""
-  current = check_fingerprints(model_dir, files)
-  recorded = _read_fingerprints(model_dir)
+  recorded, current = _compare_fingerprints(model_dir, files)
   new = {key: value for key, value in current.items() if key not in recorded}
   if not new:
     return
   recorded.update(new)
   tf.io.gfile.makedirs(model_dir)
-  path = os.path.join(model_dir, FINGERPRINTS_FILE)
-  temporary = f"{path}.tmp-{os.getpid()}"
-  with tf.io.gfile.GFile(temporary, "w") as f:
-    json.dump(recorded, f, indent=1, sort_keys=True)
-  tf.io.gfile.rename(temporary, path, overwrite=True)
+  write_text_atomically(os.path.join(model_dir, FINGERPRINTS_FILE),
+                        json.dumps(recorded, indent=1, sort_keys=True))

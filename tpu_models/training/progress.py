@@ -18,6 +18,7 @@ from typing import Dict, Optional
 
 import tensorflow as tf
 
+from tpu_models.training import model_dir as model_dir_lib
 
 METRICS_FILE = "metrics.jsonl"
 REWOUND_FILE = "metrics.rewound.jsonl"  # Rows past a restored checkpoint (see Reporter.rewind).
@@ -132,10 +133,7 @@ class Reporter:
         if moved:
           with tf.io.gfile.GFile(os.path.join(self._model_dir, REWOUND_FILE), "a") as f:
             f.write("".join(line + "\n" for line in moved))
-        tmp = path + f".tmp{os.getpid()}"
-        with tf.io.gfile.GFile(tmp, "w") as f:
-          f.write("".join(line + "\n" for line in kept))
-        tf.io.gfile.rename(tmp, path, overwrite=True)
+        model_dir_lib.write_text_atomically(path, "".join(line + "\n" for line in kept))
     finally:
       self._jsonl = tf.io.gfile.GFile(path, "a")
     return len(moved)
