@@ -30,15 +30,18 @@ def max_abs(a, b):
   return float(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)).max())
 
 
+def load_state_dict(path):
+  """The state dict in a .safetensors or .pth file, as the library reads it."""
+  if path.endswith('.safetensors'):
+    return safetensors.torch.load_file(path)
+  return torch.load(path, weights_only=True)
+
+
 def verify_classifier(name, output_dir):
   reference = np.load(os.path.join(output_dir, name + '_reference.npz'))
   result = {}
   for kind in ('safetensors', 'pth'):
-    path = os.path.join(output_dir, f'{name}.{kind}')
-    if kind == 'safetensors':
-      state_dict = safetensors.torch.load_file(path)
-    else:
-      state_dict = torch.load(path, weights_only=True)
+    state_dict = load_state_dict(os.path.join(output_dir, f'{name}.{kind}'))
     model = write_fixtures.build_classifier(name)[0]
     model.load_state_dict(state_dict, strict=True)
     model.eval()
@@ -54,11 +57,7 @@ def verify_detector(name, output_dir):
   reference = np.load(os.path.join(output_dir, name + '_reference.npz'))
   result = {}
   for kind in ('safetensors', 'pth'):
-    path = os.path.join(output_dir, f'{name}.{kind}')
-    if kind == 'safetensors':
-      state_dict = safetensors.torch.load_file(path)
-    else:
-      state_dict = torch.load(path, weights_only=True)
+    state_dict = load_state_dict(os.path.join(output_dir, f'{name}.{kind}'))
     model = torchvision.models.detection.retinanet_resnet50_fpn(
         weights=None, weights_backbone=None)
     write_fixtures.freeze_batch_norm(model.backbone.body, eps=0.0)
