@@ -214,3 +214,18 @@ def test_mixup_runs_in_the_readers_post_batch_hook_and_changes_no_number(tmp_pat
                                atol=1e-5)
     checked += 1
   assert checked >= 3
+
+
+def test_grayscale_pixels_feed_an_rgb_model_as_three_equal_channels():
+  """channels: 3 on a 1-channel source repeats the gray plane, then normalises per channel."""
+  config = config_lib.load_config(
+      os.path.join(REPO, "official/resnet/fashion_mnist_resnet.yaml"),
+      ["task.channels=3", "task.mean=[10.0, 20.0, 30.0]", "task.std=[2.0, 4.0, 5.0]",
+       "task.model.input_shape=[28, 28, 3]"])
+  from tpu_models.task import create_task
+  task = create_task(config.task)
+  gray = np.random.default_rng(0).integers(0, 256, size=(28, 28, 1), dtype=np.uint8)
+  image, _ = task.decode({"image": tf.constant(gray), "label": tf.constant(3)}, training=False)
+  assert image.shape == (28, 28, 3)
+  for c, (mean, std) in enumerate([(10.0, 2.0), (20.0, 4.0), (30.0, 5.0)]):
+    np.testing.assert_allclose(image[..., c], (gray[..., 0] - mean) / std, rtol=1e-6)

@@ -36,7 +36,7 @@ class ClassificationConfig(TaskConfig):
   # Evaluated once after training (`tpu-models train`), never for model selection.
   test_data: Optional[DataConfig] = None
   image_size: int = 224
-  channels: int = 3
+  channels: int = 3  # 1 or 3; a 1-channel source (Fashion-MNIST) is repeated to 3 for RGB.
   augment: str = "inception_crop"  # inception_crop | pad_crop_flip | none
   crop_area_range: List[float] = dataclasses.field(default_factory=lambda: [0.08, 1.0])
   eval_crop_fraction: float = 0.875
@@ -219,6 +219,10 @@ class ClassificationTask(Task, Servable):
 
   def _from_pixels(self, image, training: bool):
     cfg = self.config
+    if image.shape.rank == 3 and image.shape[-1] == 1 and cfg.channels == 3:
+      # A grayscale source (Fashion-MNIST) for an RGB model: e.g. a classifier whose
+      # weights initialise a detector's backbone.
+      image = tf.image.grayscale_to_rgb(image)
     image.set_shape([None, None, cfg.channels])
     if cfg.augment == "inception_crop":
       if training:
