@@ -17,8 +17,9 @@ read are reported and, once training starts, moved aside into
 metrics.jsonl is rewound to the restored step (rows past it move to
 metrics.rewound.jsonl), so it stays one consistent history. SIGTERM and SIGINT
 (Ctrl-C) save a checkpoint at the current step and raise `Preempted`; a second
-Ctrl-C ends the process at once. A non-finite loss raises `NonFiniteLoss`
-naming the step, or rolls back to the last checkpoint when
+Ctrl-C ends the process at once. On several workers a signal to any one of them
+stops all at the same step, with one checkpoint (`_stop_requests`). A non-finite
+loss raises `NonFiniteLoss` naming the step, or rolls back to the last checkpoint when
 `trainer.nan_policy: restore`. Under float16 a loss-scale overflow skips its
 step (counted in the log); only a run of them stops training. Failures inside
 an input pipeline become a `DataError` naming the data config (see
@@ -533,7 +534,7 @@ class Trainer:
     of steps), which every worker calls at the same point and reads alike. Unlike
     `tf.distribute.experimental.PreemptionCheckpointHandler` this needs no extra
     loop after the signal, no call counter kept in the checkpoint, and no request
-    to a cloud metadata server (see docs/reliability.md, row 24).
+    to a cloud metadata server (docs/reliability.md, "Stop signals on several workers").
     """
     signalled, kind = self._sigterm.is_set(), self._stop_signal
     if len(self._workers) == 1:
