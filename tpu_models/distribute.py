@@ -11,7 +11,7 @@
 import json
 import logging
 import os
-from typing import Optional
+from typing import List, Optional
 
 import tensorflow as tf
 from tpu_models.errors import ConfigError
@@ -126,6 +126,34 @@ def is_chief(strategy: Optional[tf.distribute.Strategy] = None) -> bool:
   return task_type is None or task_type == "chief" or (task_type == "worker" and task_id == 0
                                                        and "chief" not in
                                                        resolver.cluster_spec().as_dict())
+
+
+def worker_names(strategy: tf.distribute.Strategy) -> List[str]:
+  """The worker processes running `strategy` in lockstep, e.g. ["worker 0", "worker 1"].
+
+  The chief (if the cluster has one) comes first. One name ("worker 0") unless the
+  strategy is a MultiWorkerMirroredStrategy over a cluster from TF_CONFIG.
+  """
+  resolver = getattr(strategy, "cluster_resolver", None)
+  if resolver is None or not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+    return ["worker 0"]
+  spec = resolver.cluster_spec().as_dict()
+  names = [f"{job} {index}" for job in ("chief", "worker")
+           for index in sorted(_task_indices(spec.get(job, ())))]
+  return names or ["worker 0"]
+
+
+def _task_indices(tasks) -> List[int]:
+  # A job's tasks are a list of addresses, or {index: address} for a sparse job.
+  return [int(i) for i in tasks] if isinstance(tasks, dict) else list(range(len(tasks)))
+
+
+def worker_name(strategy: tf.distribute.Strategy) -> str:
+  """This process's entry of `worker_names`."""
+  resolver = getattr(strategy, "cluster_resolver", None)
+  if len(worker_names(strategy)) == 1 or resolver is None:
+    return worker_names(strategy)[0]
+  return f"{resolver.task_type} {int(resolver.task_id or 0)}"
 
 
 def worker_id(strategy: tf.distribute.Strategy) -> int:

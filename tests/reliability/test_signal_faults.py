@@ -1,13 +1,21 @@
-"""Fault injection by signal: Ctrl-C (SIGINT) saves like SIGTERM; a second Ctrl-C stops at once."""
+"""Fault injection by signal: Ctrl-C (SIGINT) saves like SIGTERM; a second Ctrl-C stops at once;
+SIGTERM to one worker of two stops both at one checkpoint."""
 
+import glob
+import json
+import os
 import signal
 import subprocess
 import time
 
+import numpy as np
 import tensorflow as tf
 
-from faults import _wait_for, train_command
+from faults import _final_weights, _wait_for, train_command, train_steps_logged
+import toy_task
 from tpu_models.training import checkpoints, progress
+from tpu_models.training.trainer import Trainer
+from training.test_multi_worker import _free_ports
 
 
 def test_ctrl_c_saves_at_the_current_step_and_a_second_one_stops_at_once(tmp_path):
@@ -53,3 +61,65 @@ def test_ctrl_c_saves_at_the_current_step_and_a_second_one_stops_at_once(tmp_pat
   assert "Second interrupt: stopping now without saving" in text
   assert "Traceback" not in text
   assert tf.train.latest_checkpoint(str(aborted)) is None
+
+
+def _start_workers(model_dir, *overrides):
+  """Two MultiWorkerMirroredStrategy workers of `tpu-models train` on 127.0.0.1."""
+  workers = [f"127.0.0.1:{port}" for port in _free_ports(2)]
+  procs = []
+  for index in range(2):
+    cmd, env = train_command(model_dir, *overrides, "runtime.strategy=multi_worker")
+    env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers},
+                                   "task": {"type": "worker", "index": index}})
+    procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True))
+  return procs
+
+
+def test_sigterm_to_one_of_two_workers_saves_one_checkpoint_both_resume_from(tmp_path):
+  # Every batch is the same 16 examples, so only model, optimizer and step state decide
+  # the result (a resumed input pipeline starting over changes nothing).
+  common = ["trainer.steps_per_loop=5", "trainer.checkpoint_every=100000",
+            "task.train_data.num_examples=16"]
+  run = tmp_path / "run"
+  procs = _start_workers(run, "trainer.train_steps=10000000", *common)
+  metrics = run / "metrics.jsonl"  # Mid-run: once the chief logged its first loop of steps.
+  assert _wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= 1, 300,
+                   procs[0]), procs[0].communicate()[1][-3000:]
+  procs[1].send_signal(signal.SIGTERM)  # Only worker 1, the one that does not write.
+  (out0, err0), (out1, err1) = [p.communicate(timeout=300) for p in procs]
+  assert [p.returncode for p in procs] == [143, 143], (err0[-2000:], err1[-2000:])
+
+  # One checkpoint, at the step both workers name, which is the last step logged.
+  step = progress.read_metrics(str(run), "train")[-1]["step"]
+  checkpoint = str(run / f"ckpt-{step}")
+  assert tf.train.latest_checkpoint(str(run)) == checkpoint
+  assert sorted(glob.glob(str(run / "ckpt-*"))) == sorted(glob.glob(checkpoint + ".*"))
+  assert not glob.glob(str(run / ".worker*"))  # Worker 1's temporary copy is gone.
+  assert f"Stopped by SIGTERM at step {step}; checkpoint saved to {checkpoint}." in err1
+  assert (f"Stopped at step {step} because worker 1 received SIGTERM; checkpoint saved to "
+          f"{checkpoint}.") in err0
+  assert f"worker 1 received SIGTERM: checkpoint saved at step {step} by all 2 workers." in out0
+  assert "Traceback" not in err0 + err1
+
+  # Both resume from it and train to the end, while an uninterrupted run trains here.
+  final = f"trainer.train_steps={step + 10}"
+  procs = _start_workers(run, final, *common)
+  straight = tmp_path / "straight"
+  reference = Trainer(toy_task.toy_config([final, *common]), str(straight))
+  reference.train()
+  reference.close()
+  for p in procs:
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err[-3000:]
+    if p is procs[0]:  # The chief reports for both.
+      assert f"Resumed from {checkpoint} at step {step}." in out
+  assert train_steps_logged(run) == train_steps_logged(straight) == list(
+      range(5, step + 11, 5))
+  losses = [r["loss"] for r in progress.read_metrics(str(run), "train")]
+  np.testing.assert_allclose(losses, [r["loss"] for r in progress.read_metrics(
+      str(straight), "train")], rtol=1e-4)
+  resumed_step, resumed, _ = _final_weights(run)
+  assert resumed_step == reference.current_step == step + 10
+  np.testing.assert_allclose(resumed, np.concatenate(
+      [v.numpy().ravel() for v in reference.model.trainable_variables]), rtol=1e-4, atol=1e-5)

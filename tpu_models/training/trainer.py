@@ -17,8 +17,9 @@ read are reported and, once training starts, moved aside into
 metrics.jsonl is rewound to the restored step (rows past it move to
 metrics.rewound.jsonl), so it stays one consistent history. SIGTERM and SIGINT
 (Ctrl-C) save a checkpoint at the current step and raise `Preempted`; a second
-Ctrl-C ends the process at once. A non-finite loss raises `NonFiniteLoss`
-naming the step, or rolls back to the last checkpoint when
+Ctrl-C ends the process at once. On several workers a signal to any one of them
+stops all at the same step, with one checkpoint (`_stop_requests`). A non-finite
+loss raises `NonFiniteLoss` naming the step, or rolls back to the last checkpoint when
 `trainer.nan_policy: restore`. Under float16 a loss-scale overflow skips its
 step (counted in the log); only a run of them stops training. Failures inside
 an input pipeline become a `DataError` naming the data config (see
@@ -34,7 +35,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import keras
 import numpy as np
@@ -66,15 +67,24 @@ class Preempted(RuntimeError):
   """SIGTERM or SIGINT (Ctrl-C) arrived; a checkpoint at `step` was saved before stopping.
 
   `exit_code` is the shell's convention for the signal: 143 (SIGTERM), 130 (SIGINT).
+  On several workers, `by` names the other worker(s) whose signal stopped this one
+  (None when this worker received it); every worker exits with the signal's code.
   """
 
-  def __init__(self, step: int, path: str, signal_name: str = "SIGTERM"):
+  def __init__(self, step: int, path: str, signal_name: str = "SIGTERM",
+               by: Optional[str] = None):
     how = "Interrupted (Ctrl-C)" if signal_name == "SIGINT" else f"Stopped by {signal_name}"
-    super().__init__(f"{how} at step {step}; checkpoint saved to {path}. "
-                     f"Run the same command again to resume.")
+    if by:
+      super().__init__(f"Stopped at step {step} because {by} received {signal_name}; "
+                       f"checkpoint saved to {path}. Run the same command again on every worker "
+                       f"to resume.")
+    else:
+      super().__init__(f"{how} at step {step}; checkpoint saved to {path}. "
+                       f"Run the same command again to resume.")
     self.step = step
     self.path = path
     self.signal_name = signal_name
+    self.by = by
     self.exit_code = 128 + int(getattr(signal, signal_name, signal.SIGTERM))
 
 
@@ -100,6 +110,9 @@ class Trainer:
     trainer_cfg, runtime = config.trainer, config.runtime
     self.strategy = strategy or distribute.get_strategy(runtime.strategy)
     self.chief = distribute.is_chief(self.strategy)
+    # The workers that train in lockstep; a stop signal to any of them stops all (_stop_requests).
+    self._workers = distribute.worker_names(self.strategy)
+    self._worker_index = self._workers.index(distribute.worker_name(self.strategy))
     self.device = distribute.device_kind(self.strategy)
     self.jit_compile = (runtime.jit_compile if runtime.jit_compile is not None
                         else self.device == "tpu")
@@ -172,6 +185,7 @@ class Trainer:
     self._target_reached = False
     self._sigterm = threading.Event()  # Set by SIGTERM or SIGINT: save and stop.
     self._stop_signal = "SIGTERM"
+    self._stop_vote_fn = None  # Several workers: the all-reduce of their stop signals.
     self._skip_reports: Dict[str, pipeline.SkipReport] = {}
     self._lock: Optional[model_dir_lib.ModelDirLock] = None  # Held by the chief while training.
     self._warm_start_report: Optional[checkpoints.WarmStartReport] = None
@@ -327,7 +341,7 @@ class Trainer:
     path = self.manager.save(checkpoint_number=self.step)
     if not self.chief:  # Other workers write only because saving is collective.
       shutil.rmtree(self._checkpoint_dir, ignore_errors=True)
-      path = tf.train.latest_checkpoint(self.model_dir) or path
+      path = prefix  # Where the chief writes this step (it may not be done yet).
     self._last_saved = (step, path)
     return path
 
@@ -486,15 +500,65 @@ class Trainer:
     return last_metrics
 
   def _stop_if_signalled(self, reporter: Reporter) -> None:
-    """After SIGTERM/SIGINT: save at the current step (unless just saved) and raise Preempted."""
-    if not self._sigterm.is_set():
+    """After SIGTERM/SIGINT: save at the current step (unless just saved) and raise Preempted.
+
+    On several workers the signal of any one of them stops all: every worker
+    calls this at the same points of the loop, and `_stop_requests` tells each
+    which workers were signalled, so all save the same step together and stop.
+    """
+    requests = self._stop_requests()
+    if not requests:
       return
     step = self.current_step
     saved_step, path = self._last_saved
-    if saved_step != step:
+    if saved_step != step:  # The same on every worker: they save together.
       path = self.save_checkpoint()
-    reporter.message(f"{self._stop_signal}: checkpoint saved at step {step}.")
-    raise Preempted(step, path, self._stop_signal)
+    own = dict(requests).get(self._workers[self._worker_index])
+    signal_name = own or requests[0][1]
+    peers = None if own else " and ".join(name for name, _ in requests)
+    if len(self._workers) > 1:
+      who = ", ".join(f"{name} received {kind}" for name, kind in requests)
+      reporter.message(f"{who}: checkpoint saved at step {step} by all {len(self._workers)} "
+                       f"workers.")
+    else:
+      reporter.message(f"{signal_name}: checkpoint saved at step {step}.")
+    raise Preempted(step, path, signal_name, by=peers)
+
+  def _stop_requests(self) -> List[Tuple[str, str]]:
+    """[(worker name, "SIGTERM" or "SIGINT")] of the workers asked to stop; [] to go on.
+
+    One process: this one's signal. Several workers: a signal reaches only the
+    workers it was sent to, and a worker that stopped alone would leave the
+    others waiting in the next collective step, so each worker's signal is put
+    to a vote: an all-reduce of every worker's flags (a few floats, once per loop
+    of steps), which every worker calls at the same point and reads alike. Unlike
+    `tf.distribute.experimental.PreemptionCheckpointHandler` this needs no extra
+    loop after the signal, no call counter kept in the checkpoint, and no request
+    to a cloud metadata server (docs/reliability.md, "Stop signals on several workers").
+    """
+    signalled, kind = self._sigterm.is_set(), self._stop_signal
+    if len(self._workers) == 1:
+      return [(self._workers[0], kind)] if signalled else []
+    if self._stop_vote_fn is None:
+      self._stop_vote_fn = self._build_stop_vote()
+    flags = np.zeros([len(self._workers), len(_STOP_SIGNALS)], np.float32)
+    if signalled:
+      flags[self._worker_index, _STOP_SIGNALS.index(kind)] = 1.0
+    votes = self._stop_vote_fn(tf.constant(flags)).numpy()
+    return [(self._workers[w], _STOP_SIGNALS[k]) for w, k in zip(*np.nonzero(votes > 0))]
+
+  def _build_stop_vote(self):
+    """flags float32 [workers, signals] (this worker's row set) -> their sum over all replicas."""
+
+    def all_reduce(flags):
+      flags = tf.identity(flags)  # On this replica's device (an all-reduce needs one).
+      return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, flags)
+
+    @tf.function
+    def vote(flags):
+      return self.strategy.experimental_local_results(self.strategy.run(all_reduce, (flags,)))[0]
+
+    return vote
 
   def _train_metrics(self, totals, num_steps: int) -> Dict[str, float]:
     """Means over the loop; under float16 the overflow-skipped steps instead of a flag."""
@@ -773,6 +837,8 @@ def _real_examples(host: Dict[str, Any]) -> Any:
 
   return tf.nest.map_structure(pick, host["outputs"])
 
+
+_STOP_SIGNALS = ("SIGTERM", "SIGINT")  # What `_catch_stop_signals` stops for.
 
 # What an input pipeline raises: a decoder or check (InvalidArgument), a damaged file
 # (DataLoss), an input with no examples (OutOfRange).
