@@ -22,8 +22,12 @@ official/<model>/README.md. `--set` overrides go to every run (and may change
 `expect.*`); `--import` modules register your own tasks; `--experiments DIR`
 searches DIR/**/*.yaml instead of official/.
 
-The bounds hold on the reference machine named in each block; elsewhere compare
-the reached metric, and read the time bound as a guide.
+The bounds hold on the reference machine named in each block. A block that also
+records the experiment's training speed there (`examples_per_second`) gets its
+time bound scaled to the machine it runs on: before the run, a few loops of the
+experiment's own train step (`--calibration-steps`, in a throw-away model_dir)
+measure examples/s here, and the bound becomes minutes x reference / measured;
+both figures are printed. `--no-calibrate` reads every bound as it stands.
 """
 
 import argparse
@@ -35,8 +39,10 @@ import importlib
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import List, Optional
@@ -66,6 +72,7 @@ class Outcome:
   value: Optional[float]  # The final expect.metric (or target metric) of expect.split.
   rows: List[dict]
   problems: List[str]  # Empty = pass.
+  calibration: Optional["Calibration"] = None
 
   @property
   def passed(self) -> bool:
@@ -139,29 +146,95 @@ def load_experiment(path: str, name: str, overrides: List[str], require_expect: 
 
 
 # ----------------------------------------------------------------------------
+# How fast this machine is, against the reference machine.
+
+
+@dataclasses.dataclass
+class Calibration:
+  """This machine's training speed on one experiment, against the reference machine's."""
+  measured: float  # Training examples/s here.
+  reference: float  # expect.examples_per_second, on expect.hardware.
+
+  @property
+  def scale(self) -> float:
+    """The time bound's factor: > 1 when this machine is slower than the reference."""
+    return self.reference / self.measured
+
+  def describe(self, expect) -> str:
+    return (f"{self.measured:,.4g} ex/s here, {self.reference:,.4g} ex/s on the reference "
+            f"({expect.hardware or 'unnamed'}): time bound {expect.minutes:g} min x "
+            f"{self.scale:.3g} = {expect.minutes * self.scale:.3g} min")
+
+
+def measure_examples_per_second(experiment: Experiment, overrides: List[str],
+                                imports: List[str], steps_per_loop: int, loops: int = 3) -> float:
+  """Training examples/s of `experiment` here: the median of its progress lines after the first.
+
+  Runs `loops` loops of `steps_per_loop` steps of the experiment's own training
+  (`tpu-models train --mode train`, its input pipeline included) in a throw-away
+  model_dir; the first loop, which traces the step and fills the pipeline, is
+  not counted.
+  """
+  steps = loops * steps_per_loop
+  with tempfile.TemporaryDirectory(prefix="calibration-") as model_dir:
+    command = _train_command(
+        experiment, model_dir,
+        overrides + [f"trainer.train_steps={steps}", f"trainer.steps_per_loop={steps_per_loop}",
+                     f"trainer.checkpoint_every={steps}", "trainer.tensorboard=false"],
+        imports) + ["--mode", "train"]
+    result = subprocess.run(command, capture_output=True, text=True, env=_child_env())
+    if result.returncode != 0:
+      last = (result.stdout + result.stderr).strip().splitlines()[-1:] or ["no output"]
+      raise ValueError(f"the calibration run of {experiment.name} exited {result.returncode}: "
+                       f"{last[0]}")
+    speeds = [row["examples_per_second"] for row in read_rows(model_dir)
+              if row.get("split") == "train" and "examples_per_second" in row]
+  if len(speeds) < 2:
+    raise ValueError(f"the calibration run of {experiment.name} logged {len(speeds)} training "
+                     f"loop(s); expected {loops}.")
+  return statistics.median(speeds[1:])
+
+
+# ----------------------------------------------------------------------------
 # Running one experiment.
 
 
-def run_experiment(experiment: Experiment, model_dir: str, overrides: List[str],
-                   imports: List[str], timeout_factor: float, echo: bool = True) -> Outcome:
-  """Trains `experiment` from scratch in a fresh `tpu-models train` process."""
-  if os.path.exists(os.path.join(model_dir, "metrics.jsonl")) or os.path.exists(
-      os.path.join(model_dir, "checkpoint")):
-    raise ValueError(f"--model-dir {model_dir!r} already holds a run; a convergence check "
-                     f"starts from scratch, so give a new directory.")
-  os.makedirs(model_dir, exist_ok=True)
+def _train_command(experiment: Experiment, model_dir: str, overrides: List[str],
+                   imports: List[str]) -> List[str]:
   command = [sys.executable, "-m", "tpu_models.cli", "train", os.path.abspath(experiment.path),
              "--model-dir", os.path.abspath(model_dir)]
   for override in overrides:
     command += ["--set", override]
   for module in imports:
     command += ["--import", module]
+  return command
+
+
+def _child_env() -> dict:
   env = dict(os.environ)
   env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH", "")) if p)
+  return env
+
+
+def run_experiment(experiment: Experiment, model_dir: str, overrides: List[str],
+                   imports: List[str], timeout_factor: float, echo: bool = True,
+                   calibration: Optional[Calibration] = None) -> Outcome:
+  """Trains `experiment` from scratch in a fresh `tpu-models train` process.
+
+  With a `calibration`, the time bound (and the timeout) is expect.minutes x its scale.
+  """
+  if os.path.exists(os.path.join(model_dir, "metrics.jsonl")) or os.path.exists(
+      os.path.join(model_dir, "checkpoint")):
+    raise ValueError(f"--model-dir {model_dir!r} already holds a run; a convergence check "
+                     f"starts from scratch, so give a new directory.")
+  os.makedirs(model_dir, exist_ok=True)
+  command = _train_command(experiment, model_dir, overrides, imports)
+  env = _child_env()
   expect = experiment.config.expect
+  minutes = time_bound(expect, calibration)
   limit = None
-  if expect is not None and expect.minutes and timeout_factor > 0:
-    limit = timeout_factor * expect.minutes * 60  # It has failed by then anyway.
+  if minutes and timeout_factor > 0:
+    limit = timeout_factor * minutes * 60  # It has failed by then anyway.
 
   start = time.perf_counter()
   with open(os.path.join(model_dir, "convergence.log"), "w") as log_file:
@@ -202,8 +275,16 @@ def run_experiment(experiment: Experiment, model_dir: str, overrides: List[str],
   elif exit_code != 0:
     problems.append(f"tpu-models train exited {exit_code} (see {model_dir}/convergence.log)")
   if expect is not None:
-    problems += check_expect(expect, value, wall_seconds, rows)
-  return Outcome(experiment, model_dir, exit_code, wall_seconds, value, rows, problems)
+    problems += check_expect(expect, value, wall_seconds, rows, minutes)
+  return Outcome(experiment, model_dir, exit_code, wall_seconds, value, rows, problems,
+                 calibration)
+
+
+def time_bound(expect, calibration: Optional[Calibration] = None) -> Optional[float]:
+  """The wall-time bound in minutes on this machine: expect.minutes, scaled when calibrated."""
+  if expect is None or expect.minutes is None:
+    return None
+  return expect.minutes * (calibration.scale if calibration else 1.0)
 
 
 def read_rows(model_dir: str) -> List[dict]:
@@ -223,8 +304,13 @@ def final_value(rows: List[dict], split: str, metric: str) -> Optional[float]:
   return None
 
 
-def check_expect(expect, value: Optional[float], wall_seconds: float, rows: List[dict]) -> List[str]:
-  """What misses the block: [] when the metric is within its bound and the run within time."""
+def check_expect(expect, value: Optional[float], wall_seconds: float, rows: List[dict],
+                 minutes: Optional[float] = None) -> List[str]:
+  """What misses the block: [] when the metric is within its bound and the run within time.
+
+  `minutes` is the time bound on this machine (default expect.minutes).
+  """
+  minutes = expect.minutes if minutes is None else minutes
   problems = []
   if value is None:
     logged = sorted({k for r in rows if r.get("split") == expect.split for k in r}
@@ -235,8 +321,8 @@ def check_expect(expect, value: Optional[float], wall_seconds: float, rows: List
     problems.append(f"{expect.metric} {value:.4f} < {expect.at_least:g}")
   elif expect.at_most is not None and not value <= expect.at_most:
     problems.append(f"{expect.metric} {value:.4f} > {expect.at_most:g}")
-  if expect.minutes is not None and wall_seconds > expect.minutes * 60:
-    problems.append(f"{wall_seconds / 60:.1f} min > {expect.minutes:g} min")
+  if minutes is not None and wall_seconds > minutes * 60:
+    problems.append(f"{wall_seconds / 60:.1f} min > {minutes:.3g} min")
   return problems
 
 
@@ -269,6 +355,9 @@ def results_table(outcomes: List[Outcome]) -> str:
     metric = f"{x.split} {x.metric}" if x else "-"
     reached = "-" if o.value is None else f"{o.value:.4f}"
     minutes = f"{x.minutes:g} min" if x and x.minutes else "-"
+    if x and x.minutes and o.calibration:
+      scale = o.calibration.scale
+      minutes = f"{time_bound(x, o.calibration):.1f} min ({x.minutes:g} x {scale:.2f})"
     result = "PASS" if o.passed else "FAIL: " + "; ".join(o.problems)
     lines.append(f"| {o.experiment.name} | {metric} | {bound_text(x)} | {reached} | "
                  f"{o.wall_seconds / 60:.1f} min | {minutes} | {result} |")
@@ -339,6 +428,10 @@ def main(argv=None) -> int:
                       help="module that registers your own tasks/models (repeatable)")
   parser.add_argument("--timeout-factor", type=float, default=2.0,
                       help="stop a run at this multiple of its expect.minutes (0: never)")
+  parser.add_argument("--no-calibrate", action="store_true",
+                      help="do not measure this machine: read every time bound as it stands")
+  parser.add_argument("--calibration-steps", type=int, default=20, metavar="N",
+                      help="steps per loop of the calibration run (3 loops; default 20)")
   parser.add_argument("--quiet", action="store_true",
                       help="do not echo the runs' progress to stderr (it is in each "
                            "model_dir/convergence.log)")
@@ -379,8 +472,18 @@ def main(argv=None) -> int:
                                experiment.name.replace(os.sep, "-"))
     print(f"convergence: {experiment.name} -> {model_dir}", file=sys.stderr, flush=True)
     try:
+      calibration = None
+      expect = experiment.config.expect
+      if (expect is not None and expect.minutes and expect.examples_per_second
+          and not args.no_calibrate):
+        measured = measure_examples_per_second(experiment, args.overrides, args.imports,
+                                               args.calibration_steps)
+        calibration = Calibration(measured, expect.examples_per_second)
+        print(f"convergence: calibration of {experiment.name}: {calibration.describe(expect)}",
+              file=sys.stderr, flush=True)
       outcomes.append(run_experiment(experiment, model_dir, args.overrides, args.imports,
-                                     args.timeout_factor, echo=not args.quiet))
+                                     args.timeout_factor, echo=not args.quiet,
+                                     calibration=calibration))
     except ValueError as e:
       print(f"convergence: error: {e}", file=sys.stderr)
       return 2
@@ -395,6 +498,10 @@ def main(argv=None) -> int:
                          if o.experiment.config.expect and o.experiment.config.expect.hardware})
     if references:
       print(f"\nBounds measured on: {'; '.join(references)}.")
+    for o in outcomes:
+      if o.calibration:
+        print(f"Calibration of {o.experiment.name}: "
+              f"{o.calibration.describe(o.experiment.config.expect)}.")
   failed = [o for o in outcomes if not o.passed]
   return 1 if failed else 0
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -131,3 +132,43 @@ def test_official_fashion_mnist_declares_its_bounds():
   assert result.returncode == 0, result.stderr
   assert "| resnet/fashion_mnist_resnet | test top1 | >= 0.93 | 20 min |" in result.stdout
   assert "fashion_mnist_resnet_jpeg" not in result.stdout  # Extends it; declares no bounds.
+
+
+def test_a_time_bound_is_scaled_by_the_speed_measured_on_this_machine(tmp_path):
+  """expect.examples_per_second: bound = minutes x reference / measured here, both printed."""
+  root = tmp_path / "experiments"
+  os.makedirs(root / "toy")
+  with open(os.path.join(TESTS, "toy.yaml")) as f:
+    toy = yaml.safe_load(f)
+  bounds = {
+      # A reference 10^12 ex/s fast: 0.001 min becomes ample here.
+      "fast_reference": {"minutes": 0.001, "examples_per_second": 1.0e12},
+      # A reference of 0.001 ex/s: 5 min shrink to microseconds, a miss on time.
+      "slow_reference": {"minutes": 5, "examples_per_second": 1.0e-3}}
+  for name, bound in bounds.items():
+    expect = dict(bound, metric="accuracy", at_least=0.5, split="eval", hardware="imaginary")
+    (root / "toy" / f"{name}.yaml").write_text(yaml.safe_dump(dict(toy, expect=expect)))
+  result = _convergence("--all", "--experiments", str(root), "--model-dir", str(tmp_path / "runs"),
+                        "--quiet", "--calibration-steps", "5")
+  assert result.returncode == 1, result.stdout + result.stderr
+  rows = _table_rows(result.stdout)
+  for name, bound in bounds.items():
+    number = r"([\d,.e+-]+)"
+    match = re.search(rf"Calibration of toy/{name}: {number} ex/s here, {number} ex/s on the "
+                      rf"reference \(imaginary\): time bound {bound['minutes']:g} min x {number} "
+                      rf"= {number} min", result.stdout)
+    assert match, result.stdout
+    measured, reference, scale, minutes = (float(g.replace(",", "")) for g in match.groups())
+    assert measured > 0 and reference == pytest.approx(bound["examples_per_second"], rel=1e-3)
+    assert scale == pytest.approx(reference / measured, rel=0.01)  # Printed to 3 digits.
+    assert minutes == pytest.approx(bound["minutes"] * scale, rel=0.01)
+    cell = rows[f"toy/{name}"][5]  # "<scaled> min (<minutes> x <scale>)"
+    assert float(cell.split()[0]) == pytest.approx(minutes, rel=0.01, abs=0.05)
+    assert f" min ({bound['minutes']:g} x " in cell
+  assert rows["toy/fast_reference"][-1] == "PASS"
+  assert rows["toy/slow_reference"][-1].startswith("FAIL: stopped after 0.0 min (2x the bound)")
+  # Without calibration the same 0.001 min is read as it stands: a miss.
+  plain = _convergence("--all", "--experiments", str(root), "--only", "fast",
+                       "--model-dir", str(tmp_path / "plain"), "--quiet", "--no-calibrate")
+  assert plain.returncode == 1 and "Calibration of" not in plain.stdout
+  assert _table_rows(plain.stdout)["toy/fast_reference"][-1].startswith("FAIL: stopped after")

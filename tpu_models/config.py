@@ -195,6 +195,10 @@ class ExpectConfig:
   minutes: Optional[float] = None  # Wall-time bound of the whole run on `hardware`.
   split: str = "test"  # eval | test: where the final metric is read.
   hardware: str = ""  # The reference machine the bounds were measured on, as text.
+  # Training examples/s of this experiment on `hardware` (what its progress lines print).
+  # Given, convergence.py measures the same on the machine it runs on and scales `minutes`
+  # by their ratio; None = the time bound is read as it stands.
+  examples_per_second: Optional[float] = None
 
   def __post_init__(self):
     if not self.metric:
@@ -203,8 +207,10 @@ class ExpectConfig:
       raise ConfigError(
           f"Config section 'expect' needs exactly one of 'at_least' and 'at_most'; got "
           f"at_least={self.at_least!r}, at_most={self.at_most!r}.")
-    if self.minutes is not None and self.minutes <= 0:
-      raise ConfigError(f"Config key 'expect.minutes' must be positive, got {self.minutes!r}.")
+    for key in ("minutes", "examples_per_second"):
+      value = getattr(self, key)
+      if value is not None and not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"Config key 'expect.{key}' must be a positive number, got {value!r}.")
 
 
 @dataclasses.dataclass
