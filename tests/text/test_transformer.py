@@ -126,6 +126,40 @@ def test_unshared_embeddings_and_post_ln_parameter_count():
   assert _count(lm) == (2 * VOCAB * d + 2 * (4 * d * d + 2 * d * ffn + ffn + d + 4 * d) + 2 * d)
 
 
+def test_attention_biases_are_opt_in_and_every_path_applies_them():
+  """`use_bias` (the Vision Transformer's) adds biases; without it nothing changes."""
+  from tpu_models.text import attention
+  plain = tr.MultiHeadAttention(8, 2, True, name="self_attention")
+  plain.build()
+  assert [w.name for w in plain.weights] == ["qkv_kernel", "output_kernel"]
+  x = tf.random.stateless_normal([2, 5, 8], [1, 2])
+  memory = tf.random.stateless_normal([2, 3, 8], [3, 4])
+  causal = attention.mask_to_bias(attention.causal_mask(5))
+  for self_attention in (True, False):
+    layer = tr.MultiHeadAttention(8, 2, self_attention, use_bias=True)
+    layer.build()
+    bias = causal if self_attention else None
+    names = {w.name for w in layer.weights if w.name.endswith("_bias")}
+    assert names == ({"qkv_bias", "output_bias"} if self_attention
+                     else {"query_bias", "key_value_bias", "output_bias"})
+    zero_bias = layer(x, bias, memory=memory).numpy()
+    output_bias = next(w for w in layer.weights if w.name == "output_bias")
+    output_bias.assign(tf.range(8, dtype=tf.float32))
+    # The output bias shifts every output by itself.
+    np.testing.assert_allclose(layer(x, bias, memory=memory).numpy(),
+                               zero_bias + np.arange(8), rtol=1e-5, atol=1e-5)
+    for w in layer.weights:
+      if w.name.endswith("_bias"):
+        w.assign(tf.random.stateless_normal(w.shape, [5, len(w.name)]))
+    full = layer(x, bias, memory=memory).numpy()
+    if self_attention:  # The cached decoding path applies the same biases.
+      cache = {k: tf.zeros([2, 2, 5, 4]) for k in ("key", "value")}
+      decoded, _ = layer.decode_self(x, causal, cache, 0)
+    else:
+      decoded = layer.decode_cross(x, *layer.project_memory(memory), None)
+    np.testing.assert_allclose(decoded.numpy(), full, rtol=1e-5, atol=1e-5)
+
+
 def test_variable_paths_are_stable_and_unique():
   paths = [v.path for v in _model().trainable_weights]
   assert len(paths) == len(set(paths))

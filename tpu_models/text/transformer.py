@@ -248,11 +248,17 @@ class TokenEmbedding(_Layer):
 
 
 class MultiHeadAttention(_Layer):
-  """Multi-head attention without biases; fused QKV (self) or Q + fused KV (cross)."""
+  """Multi-head attention; fused QKV (self) or Q + fused KV (cross).
+
+  No biases by default (the Transformer's); `use_bias=True` adds one per
+  projection ("qkv_bias" [3d] or "query_bias" [d] + "key_value_bias" [2d],
+  and "output_bias" [d]), as the Vision Transformer has.
+  """
 
   def __init__(self, hidden_size: int, num_heads: int, self_attention: bool,
-               attention_dropout: float = 0.0, **kwargs):
+               attention_dropout: float = 0.0, use_bias: bool = False, **kwargs):
     super().__init__(**kwargs)
+    self.use_bias = use_bias
     if hidden_size % num_heads:
       raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}.")
     self.hidden_size = hidden_size
@@ -273,6 +279,20 @@ class MultiHeadAttention(_Layer):
       self.key_value_kernel = self.add_weight(name="key_value_kernel", shape=(d, 2 * d),
                                               initializer=init)
     self.output_kernel = self.add_weight(name="output_kernel", shape=(d, d), initializer=init)
+    # Bias name -> variable; empty without biases (see `_project`).
+    self._biases = {}
+    if self.use_bias:
+      widths = ({"qkv": 3 * d} if self.self_attention else {"query": d, "key_value": 2 * d})
+      for name, width in {**widths, "output": d}.items():
+        self._biases[name] = self.add_weight(name=f"{name}_bias", shape=(width,),
+                                             initializer="zeros")
+
+  def _project(self, x: tf.Tensor, kernel, name: str) -> tf.Tensor:
+    """x [..., in] @ kernel (+ the bias `name` when the layer has biases), compute dtype."""
+    out = _dense(x, _cast(kernel, self.compute_dtype))
+    if name in self._biases:
+      out += _cast(self._biases[name], self.compute_dtype)
+    return out
 
   # [B, T, n * d] -> n tensors [B, H, T, head_size].
   def _split_heads(self, x: tf.Tensor, n: int) -> List[tf.Tensor]:
@@ -285,7 +305,7 @@ class MultiHeadAttention(_Layer):
     """[B, H, T, head_size] -> output projection -> [B, T, d]."""
     shape = tf.shape(x)
     x = tf.reshape(tf.transpose(x, [0, 2, 1, 3]), [shape[0], shape[2], self.hidden_size])
-    return _dense(x, _cast(self.output_kernel, self.compute_dtype))
+    return self._project(x, self.output_kernel, "output")
 
   def _dropout_fn(self, training):
     if not training or self.attention_dropout == 0:
@@ -295,12 +315,11 @@ class MultiHeadAttention(_Layer):
   def project_memory(self, memory: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
     """Cross-attention keys and values of the encoder output, each [B, H, S, head_size]."""
     memory = tf.cast(memory, self.compute_dtype)
-    key, value = self._split_heads(
-        _dense(memory, _cast(self.key_value_kernel, self.compute_dtype)), 2)
+    key, value = self._split_heads(self._project(memory, self.key_value_kernel, "key_value"), 2)
     return key, value
 
   def _query(self, x: tf.Tensor) -> tf.Tensor:
-    return self._split_heads(_dense(x, _cast(self.query_kernel, self.compute_dtype)), 1)[0]
+    return self._split_heads(self._project(x, self.query_kernel, "query"), 1)[0]
 
   def call(self, x: tf.Tensor, bias: Optional[tf.Tensor], memory: Optional[tf.Tensor] = None,
            training: bool = False) -> tf.Tensor:
@@ -317,8 +336,7 @@ class MultiHeadAttention(_Layer):
     """
     x = tf.cast(x, self.compute_dtype)
     if self.self_attention:
-      query, key, value = self._split_heads(
-          _dense(x, _cast(self.qkv_kernel, self.compute_dtype)), 3)
+      query, key, value = self._split_heads(self._project(x, self.qkv_kernel, "qkv"), 3)
     else:
       query = self._query(x)
       key, value = self.project_memory(memory)
@@ -340,8 +358,7 @@ class MultiHeadAttention(_Layer):
       ([B, n, d], the updated cache).
     """
     x = tf.cast(x, self.compute_dtype)
-    query, key, value = self._split_heads(
-        _dense(x, _cast(self.qkv_kernel, self.compute_dtype)), 3)
+    query, key, value = self._split_heads(self._project(x, self.qkv_kernel, "qkv"), 3)
     cache = {"key": _write_block(cache["key"], tf.cast(key, cache["key"].dtype), index),
              "value": _write_block(cache["value"], tf.cast(value, cache["value"].dtype), index)}
     out = attention_ops.dot_product_attention(
@@ -365,12 +382,12 @@ class MultiHeadAttention(_Layer):
     """
     x = tf.cast(x, self.compute_dtype)
     n = x.shape[1]
-    query = _dense(x, _cast(self.query_kernel, self.compute_dtype))  # [B*g, n, d]
+    query = self._project(x, self.query_kernel, "query")  # [B*g, n, d]
     query = tf.reshape(query, [-1, group * n, self.num_heads, self.head_size])
     query = tf.transpose(query, [0, 2, 1, 3])  # [B, H, g*n, hs]
     out = attention_ops.dot_product_attention(query, key, value, bias)  # [B, H, g*n, hs]
     out = tf.reshape(tf.transpose(out, [0, 2, 1, 3]), [-1, n, self.hidden_size])
-    return _dense(out, _cast(self.output_kernel, self.compute_dtype))
+    return self._project(out, self.output_kernel, "output")
 
 
 class FeedForward(_Layer):
@@ -438,19 +455,23 @@ class _Sublayer(_Layer):
 
 
 class DecoderLayer(_Sublayer):
-  """Causal self-attention, cross-attention (encoder-decoder only), FFN."""
+  """Causal self-attention, cross-attention (encoder-decoder only), FFN.
+
+  `attention_bias` gives the attention projections biases (`MultiHeadAttention`'s
+  `use_bias`; the Vision Transformer's); the Transformer's have none.
+  """
 
   def __init__(self, hidden_size, num_heads, filter_size, dropout, attention_dropout,
                activation_dropout, activation, pre_layer_norm, cross_attention: bool = True,
-               **kwargs):
+               attention_bias: bool = False, **kwargs):
     super().__init__(hidden_size, dropout, pre_layer_norm, **kwargs)
     self.self_attention = MultiHeadAttention(hidden_size, num_heads, True, attention_dropout,
-                                             name="self_attention")
+                                             use_bias=attention_bias, name="self_attention")
     self.self_attention_norm = self._norm("self_attention_norm")
     self.has_cross_attention = cross_attention
     if cross_attention:
       self.cross_attention = MultiHeadAttention(hidden_size, num_heads, False, attention_dropout,
-                                                name="cross_attention")
+                                                use_bias=attention_bias, name="cross_attention")
       self.cross_attention_norm = self._norm("cross_attention_norm")
     self.ffn = FeedForward(hidden_size, filter_size, activation, activation_dropout, name="ffn")
     self.ffn_norm = self._norm("ffn_norm")

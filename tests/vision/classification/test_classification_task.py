@@ -38,7 +38,7 @@ def _write_records(path, n, seed):
   return labels
 
 
-def _config(tmp_path, extra=()):
+def _config(tmp_path, extra=(), model=None):
   train = str(tmp_path / "train.tfrecord")
   val = str(tmp_path / "val.tfrecord")
   if not os.path.exists(train):
@@ -46,8 +46,8 @@ def _config(tmp_path, extra=()):
     _write_records(val, 21, 1)
   base = {
       "task": {"name": "classification",
-               "model": {"name": "resnet18", "num_classes": 4, "stem": "small", "width": 8,
-                         "input_shape": [32, 32, 3]},
+               "model": model or {"name": "resnet18", "num_classes": 4, "stem": "small",
+                                  "width": 8, "input_shape": [32, 32, 3]},
                "image_size": 32, "augment": "inception_crop", "crop_area_range": [0.5, 1.0],
                "train_data": {"path": train, "global_batch_size": 16, "shuffle_buffer": 64},
                "eval_data": {"path": val, "global_batch_size": 8}},
@@ -229,3 +229,41 @@ def test_grayscale_pixels_feed_an_rgb_model_as_three_equal_channels():
   assert image.shape == (28, 28, 3)
   for c, (mean, std) in enumerate([(10.0, 2.0), (20.0, 4.0), (30.0, 5.0)]):
     np.testing.assert_allclose(image[..., c], (gray[..., 0] - mean) / std, rtol=1e-6)
+
+
+def test_vit_trains_with_randaugment_compiled(tmp_path, monkeypatch):
+  """The ViT through the unchanged task and Trainer, on RandAugment inputs.
+
+  (Its XLA train step: test_vit.py and `tpu-models check official/vit/imagenet_vit_b16.yaml`.)
+  """
+  from tpu_models.errors import ConfigError
+  from tpu_models.task import create_task
+  from tpu_models.vision import image as image_lib
+  calls = []
+  real = image_lib.randaugment
+
+  def spy(image, num_ops, magnitude, seed=None):
+    calls.append((tuple(image.shape), num_ops, magnitude))
+    return real(image, num_ops, magnitude, seed)
+
+  monkeypatch.setattr(image_lib, "randaugment", spy)
+  vit = {"name": "vit", "num_classes": 4, "patch_size": 8, "hidden_size": 32, "num_layers": 1,
+         "num_heads": 2, "mlp_dim": 64, "input_shape": [32, 32, 3]}
+  overrides = ["task.augment=randaugment", "task.randaugment_num_ops=2",
+               "task.randaugment_magnitude=15",
+               "trainer.train_steps=4", "trainer.steps_per_loop=2", "trainer.checkpoint_every=4",
+               "task.train_data.global_batch_size=8"]
+  config = _config(tmp_path, overrides, model=vit)
+  task = create_task(config.task)
+  images, labels = next(iter(task.build_inputs("train")))
+  assert images.shape == (8, 32, 32, 3) and images.dtype == tf.float32
+  # Traced once into the training map, after the crop, with the config's N and M ...
+  assert calls == [((32, 32, 3), 2, 15.0)]
+  next(iter(task.build_inputs("eval")))
+  assert len(calls) == 1  # ... and never for evaluation.
+  metrics = Trainer(config, str(tmp_path / "run")).train()
+  assert np.isfinite(metrics["loss"])
+  with pytest.raises(ConfigError, match="task.randaugment_magnitude"):
+    create_task(_config(tmp_path, ["task.randaugment_magnitude=40"], model=vit).task)
+  with pytest.raises(ConfigError, match="task.randaugment_num_ops"):
+    create_task(_config(tmp_path, ["task.randaugment_num_ops=0"], model=vit).task)

@@ -2,10 +2,14 @@
 
 Inputs may be ImageNet-convention TFRecords (`image/encoded`,
 `image/class/label`), decoded images from memory or TFDS (`{"image", "label"}`),
-or synthetic data for throughput runs. Two augmentations:
+or synthetic data for throughput runs. Three augmentations:
 
     inception_crop   random-resized crop (area 0.08-1, aspect 3/4-4/3) + flip;
                      eval: center crop 0.875. The ImageNet recipe.
+    randaugment      inception_crop, then RandAugment (`randaugment_num_ops`
+                     operations of `randaugment_magnitude`, vision/image.py)
+                     on each training image; eval as inception_crop. The
+                     EfficientNet and big_vision ViT recipes.
     pad_crop_flip    pad by `pad` pixels and crop back, + flip; eval: as is.
                      For 28-32 px images (Fashion-MNIST, CIFAR).
 """
@@ -37,7 +41,11 @@ class ClassificationConfig(TaskConfig):
   test_data: Optional[DataConfig] = None
   image_size: int = 224
   channels: int = 3  # 1 or 3; a 1-channel source (Fashion-MNIST) is repeated to 3 for RGB.
-  augment: str = "inception_crop"  # inception_crop | pad_crop_flip | none
+  augment: str = "inception_crop"  # inception_crop | randaugment | pad_crop_flip | none
+  # augment randaugment: N operations per training image, of magnitude M (0-30; 10 = the
+  # paper's strongest; vision/image.py:randaugment). Defaults: the paper's ImageNet N 2, M 9.
+  randaugment_num_ops: int = 2
+  randaugment_magnitude: float = 9.0
   crop_area_range: List[float] = dataclasses.field(default_factory=lambda: [0.08, 1.0])
   eval_crop_fraction: float = 0.875
   pad: int = 4  # pad_crop_flip
@@ -59,7 +67,8 @@ class ClassificationConfig(TaskConfig):
   max_image_pixels: int = image_lib.DEFAULT_MAX_IMAGE_PIXELS
 
 
-_AUGMENTATIONS = ("inception_crop", "pad_crop_flip", "none")
+_AUGMENTATIONS = ("inception_crop", "randaugment", "pad_crop_flip", "none")
+_INCEPTION_CROPS = ("inception_crop", "randaugment")  # Augmentations that crop as inception_crop.
 
 
 @register_task("classification")
@@ -73,6 +82,7 @@ class ClassificationTask(Task, Servable):
     if config.augment not in _AUGMENTATIONS:
       raise ConfigError(f"task.augment must be one of {', '.join(_AUGMENTATIONS)}, "
                        f"got {config.augment!r}.")
+    image_lib.check_randaugment(config.randaugment_num_ops, config.randaugment_magnitude)
     if len(config.mean) != config.channels or len(config.std) != config.channels:
       raise ConfigError(f"task.mean and task.std need {config.channels} values (task.channels), "
                        f"got {len(config.mean)} and {len(config.std)}.")
@@ -203,18 +213,25 @@ class ClassificationTask(Task, Servable):
 
   def _from_bytes(self, image_bytes, training: bool):
     cfg = self.config
-    if cfg.augment == "inception_crop" and training:
+    if cfg.augment in _INCEPTION_CROPS and training:
       image = image_lib.decode_and_random_crop(
           image_bytes, cfg.image_size, channels=cfg.channels,
           area_range=tuple(cfg.crop_area_range))
-    elif cfg.augment == "inception_crop":
+    elif cfg.augment in _INCEPTION_CROPS:
       image = image_lib.decode_and_center_crop(image_bytes, cfg.image_size, channels=cfg.channels,
                                                crop_fraction=cfg.eval_crop_fraction)
     else:
       image = tf.io.decode_image(image_bytes, channels=cfg.channels, expand_animations=False)
       return self._from_pixels(image, training)
+    return self._flip_and_randaugment(image, training)
+
+  def _flip_and_randaugment(self, image, training: bool):
+    """The training image's random flip (task.flip) and RandAugment (augment randaugment)."""
+    cfg = self.config
     if training and cfg.flip:
       image = image_lib.random_flip(image)
+    if training and cfg.augment == "randaugment":
+      image = image_lib.randaugment(image, cfg.randaugment_num_ops, cfg.randaugment_magnitude)
     return image
 
   def _from_pixels(self, image, training: bool):
@@ -224,7 +241,7 @@ class ClassificationTask(Task, Servable):
       # weights initialise a detector's backbone.
       image = tf.image.grayscale_to_rgb(image)
     image.set_shape([None, None, cfg.channels])
-    if cfg.augment == "inception_crop":
+    if cfg.augment in _INCEPTION_CROPS:
       if training:
         image = image_lib.random_resized_crop(image, cfg.image_size,
                                               area_range=tuple(cfg.crop_area_range))
@@ -236,9 +253,7 @@ class ClassificationTask(Task, Servable):
         image = tf.image.resize(image, [cfg.image_size, cfg.image_size])
       if training and cfg.augment == "pad_crop_flip":
         image = image_lib.pad_and_random_crop(image, cfg.pad)
-    if training and cfg.flip:
-      image = image_lib.random_flip(image)
-    return image
+    return self._flip_and_randaugment(image, training)
 
   def _synthetic(self, data: DataConfig, training: bool, input_context):
     cfg = self.config
