@@ -17,9 +17,6 @@ import tensorflow as tf
 from conftest import REPO
 from tpu_models.errors import ConfigError, DataError
 from tpu_models.registry import create_model
-from tpu_models.vision.detection import anchors as anchor_ops
-from tpu_models.vision.detection import nms
-from tpu_models.vision.detection import retinanet
 from tpu_models.vision.detection import torchvision as tv_retinanet
 from tpu_models.weights import catalogue, importing
 from tpu_models.weights.mapping import WeightsMismatchError
@@ -27,13 +24,9 @@ from tpu_models.weights.mapping import WeightsMismatchError
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "torch")
 WEIGHTS = os.path.join(FIXTURES, "tv_retinanet_narrow.safetensors")
 LEGACY = os.path.join(FIXTURES, "tv_retinanet_narrow_legacy_keys.safetensors")
-LEVELS = ("0", "1", "2", "p6", "p7")  # torchvision's names of P3..P7.
 # Narrow widths of the fixture (stem 4, stages 4/8/16/32, FPN 16, 8 classes).
 NARROW = dict(tv_retinanet.TORCHVISION_RETINANET_V1, backbone_depth=50, backbone_width=4,
               fpn_channels=16, num_classes=8)
-# Raw outputs: 1e-4 relative to the largest value of the level (logits reach
-# 11; torch's own float32 rounding on this narrow net is ~5e-5 absolute).
-RTOL = 1e-4
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(FIXTURES),
                                 reason="tests/fixtures/torch (the torch peer's fixtures) not here")
@@ -48,83 +41,38 @@ def _params(reference, photo):
   return dict(NARROW, image_size=list(reference[f"{photo}/transformed_nhwc"].shape[1:3]))
 
 
-def _ours_in_torchvision_order(values, params, per_anchor):
-  """Our flat [N, C] values split per level, in torchvision's anchor and box order."""
-  layout = retinanet.anchor_layout(**params)
-  sizes = list(anchor_ops.anchors_per_level(
-      layout["image_size"], 3, 7, 3, layout["aspect_ratios"]).values())
-  # Our anchor a sits where torchvision's order[a] sits: invert to read ours in theirs.
-  order = np.argsort(anchor_ops.torchvision_anchor_permutation(3, layout["aspect_ratios"]))
-  levels = np.split(values, np.cumsum(sizes)[:-1], axis=0)
-  out = []
-  for level in levels:
-    level = level.reshape(-1, 9, level.shape[-1])[:, order]
-    if per_anchor == "box":  # (dy, dx, dh, dw) / yxyx -> torchvision's x-first order.
-      level = level[..., [1, 0, 3, 2]]
-    out.append(level.reshape(-1, level.shape[-1]))
-  return out
-
-
 @pytest.fixture(scope="module")
 def chelsea_model(reference):
   """Our narrow RetinaNet at chelsea's padded 128x192 (built once: seconds per build)."""
   return create_model("retinanet", **_params(reference, "chelsea"))
 
 
-def _detections(outputs, anchors, params, image_hw):
-  sizes = anchor_ops.anchors_per_level(params["image_size"], 3, 7, 3, params["aspect_ratios"])
-  return nms.postprocess(outputs["class_logits"], outputs["box_deltas"], anchors,
-                         pre_nms_top_k=1000, score_threshold=0.05, iou_threshold=0.5,
-                         max_detections=300, level_sizes=list(sizes.values()),
-                         image_size=tf.constant([image_hw], tf.float32))
-
-
 def _assert_same_detections(detections, reference, photo):
-  """Same count; each of torchvision's detections has ours: same label, box, score.
-
-  Matched by box, not by rank: two kept scores ~1e-7 apart (the reference's
-  score_margins) may swap places under float32 rounding on either side.
-  """
-  theirs = {key: reference[f"{photo}/detections_resized/{key}"]
-            for key in ("boxes", "scores", "labels")}
-  count = int(detections["num_detections"][0])
-  assert count == len(theirs["scores"]) > 10
-  boxes = detections["boxes"][0, :count].numpy()[:, [1, 0, 3, 2]]  # yxyx -> xyxy.
-  scores = detections["scores"][0, :count].numpy()
-  labels = detections["classes"][0, :count].numpy()
-  distance = (np.abs(boxes[:, None] - theirs["boxes"][None]).max(-1) +
-              1e6 * (labels[:, None] != theirs["labels"][None]))
-  match = distance.argmin(axis=0)  # Ours for each of theirs.
-  assert len(set(match)) == count  # One to one.
-  assert distance[match, np.arange(count)].max() < 0.01  # Pixels of the resized image.
-  np.testing.assert_allclose(scores[match], theirs["scores"], atol=1e-4)
-  # Ranked alike up to near-ties.
-  assert np.abs(np.sort(scores)[::-1] - theirs["scores"]).max() < 1e-4
+  """Same count; each of torchvision's detections has ours: same label, box, score."""
+  compared = tv_retinanet.compare_detections(
+      detections, *(reference[f"{photo}/detections_resized/{key}"]
+                    for key in ("boxes", "scores", "labels")))
+  assert compared["count_theirs"] > 10
+  assert compared["equal"], compared
+  assert compared["max_box_diff"] < 0.01  # Pixels of the resized image.
+  assert compared["max_score_diff"] < 1e-4
 
 
 def test_raw_outputs_anchors_and_detections_equal_torchvisions(reference, chelsea_model):
   """chelsea: not square, resized 127x192 in 128x192, so P7's stride is (128, 96)."""
-  photo = "chelsea"
-  model, params = chelsea_model, _params(reference, photo)
-  report = importing.load_weights(model, WEIGHTS, "torchvision")
-  assert len(report.loaded) == len(model.variables) == 301
-  image = reference[f"{photo}/transformed_nhwc"]
-  outputs = model(image, training=False)
-  anchors = anchor_ops.multilevel_anchors(**retinanet.anchor_layout(**params)).numpy()
-  ours = {"cls_logits": _ours_in_torchvision_order(outputs["class_logits"][0].numpy(), params,
-                                                   "class"),
-          "bbox_regression": _ours_in_torchvision_order(outputs["box_deltas"][0].numpy(),
-                                                        params, "box"),
-          "anchors": _ours_in_torchvision_order(anchors, params, "box")}
-  for i, level in enumerate(LEVELS):
-    expected = reference[f"{photo}/anchors/{level}"]
-    np.testing.assert_array_equal(ours["anchors"][i], expected)  # Exactly torchvision's.
-    for key in ("cls_logits", "bbox_regression"):
-      expected = reference[f"{photo}/{key}/{level}"][0]
-      scale = max(1.0, float(np.abs(expected).max()))
-      assert np.abs(ours[key][i] - expected).max() <= RTOL * scale, (key, level)
-  image_hw = [float(s) for s in reference[f"{photo}/image_size"]]
-  _assert_same_detections(_detections(outputs, anchors, params, image_hw), reference, photo)
+  report = importing.load_weights(chelsea_model, WEIGHTS, "torchvision")
+  assert len(report.loaded) == len(chelsea_model.variables) == 301
+  compared = tv_retinanet.compare_outputs(chelsea_model, reference, "chelsea", NARROW)
+  for level in tv_retinanet.TORCHVISION_LEVELS:
+    assert compared[f"max_abs_diff_anchors/{level}"] == 0.0  # Exactly torchvision's anchors.
+    for kind in ("cls", "box"):
+      # 1e-4 relative to the level's largest value (logits reach 11; torch's
+      # own float32 rounding on this narrow net is ~5e-5 absolute).
+      scale = max(1.0, compared[f"max_abs_{kind}/{level}"])
+      assert compared[f"max_abs_diff_{kind}/{level}"] <= 1e-4 * scale, (kind, level, compared)
+  detections = compared["detections"]
+  assert detections["equal"] and detections["count_theirs"] == 300, detections
+  assert detections["max_box_diff"] < 0.01 and detections["max_score_diff"] < 1e-4
 
 
 def test_the_pre_013_key_layout_gives_the_same_model(chelsea_model):

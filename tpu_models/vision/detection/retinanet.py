@@ -28,6 +28,16 @@ Architecture (as the Model Garden's RetinaNet, so its checkpoints map 1:1):
             statistics differ by level); a final 3x3 conv predicts
             A x num_classes logits (bias -log((1 - pi) / pi)) and A x 4 deltas.
 
+torchvision's RetinaNet v1 (`retinanet_resnet50_fpn`, its COCO_V1 weights) is
+this architecture with five options that change no variable
+(`tpu_models.vision.detection.torchvision.TORCHVISION_RETINANET_V1`):
+backbone_padding "symmetric" (PyTorch's k // 2 padding), backbone_bn_epsilon
+0.0 (its frozen BNs), p67_padding "symmetric", use_batch_norm False (no FPN or
+head norms) and anchor_convention "torchvision" (its anchor generator:
+truncated sizes, rounded boxes, no half-stride offset, stride = input size //
+grid size; see anchors.py). The importer reorders the head's output channels
+into our anchor order, so the order above holds for every option.
+
 Variable paths (stable; checkpoints and warm starts restore by path):
   backbone/conv1/kernel, backbone/bn1/{gamma,beta,moving_mean,moving_variance},
   backbone/stage{2..5}_block{b}_{conv1,bn1,conv2,...,shortcut_conv,shortcut_bn}/...
