@@ -130,18 +130,19 @@ def main(argv=None) -> int:
     failed |= not detector_ok
     levels = ("0", "1", "2", "p6", "p7")
     print()
-    print(f"| {DETECTOR}.safetensors photo | padded | max |d| FPN P3..P7 | max |d| class logits "
+    print(f"| {DETECTOR}.safetensors photo | padded | max |d| FPN P3..P7 (max |value|) | max |d| class logits "
           f"P3..P7 (max |logit|) | max |d| box deltas P3..P7 | anchors equal | detections "
           f"(ours / torch) | detections equal | max box d px | max score d | s | result |")
     print("|---|---|---|---|---|---|---|---|---:|---:|---:|---|")
     for photo, padded, r, secs, ok in detector_rows:
       d = r["detections"]
       fpn = ", ".join(f"{r.get(f'max_abs_diff_fpn/{l}', float('nan')):.1e}" for l in levels)
+      fpn_max = max(r.get(f"max_abs_fpn/{l}", float("nan")) for l in levels)
       cls = ", ".join(f"{r[f'max_abs_diff_cls/{l}']:.1e}" for l in levels)
       cls_max = max(r[f"max_abs_cls/{l}"] for l in levels)
       box = ", ".join(f"{r[f'max_abs_diff_box/{l}']:.1e}" for l in levels)
       anchors = all(r[f"max_abs_diff_anchors/{l}"] == 0.0 for l in levels)
-      print(f"| {photo} | {padded[0]}x{padded[1]} | {fpn} | {cls} ({cls_max:.1f}) | {box} | "
+      print(f"| {photo} | {padded[0]}x{padded[1]} | {fpn} ({fpn_max:.1f}) | {cls} ({cls_max:.1f}) | {box} | "
             f"{'yes' if anchors else 'NO'} | {d['count_ours']} / {d['count_theirs']} | "
             f"{'yes' if d['equal'] else 'NO'} ({d['matched']} matched) | {d['max_box_diff']:.1e} | "
             f"{d['max_score_diff']:.1e} | {secs:.0f} | {'PASS' if ok else 'FAIL'} |")

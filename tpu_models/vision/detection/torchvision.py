@@ -96,7 +96,7 @@ def retinanet_name_map(model, store=None, *,
 
   Args:
     model: our RetinaNet built with TORCHVISION_RETINANET_V1 (any depth,
-      widths and num_classes).
+      widths and num_classes; min_level 3: torchvision's FPN starts at C3).
     store: the opened state dict (unused: both layouts are candidates).
     backbone_bn_epsilon: the epsilon the weights' backbone BNs ran with
       (COCO_V1: 0.0; a file of `retinanet_resnet50_fpn(weights=None)`: 1e-5);
@@ -112,11 +112,11 @@ def retinanet_name_map(model, store=None, *,
   # The backbone map's hint speaks of a classifier; ours follow.
   name_map.hints.clear()
 
-  def conv(ours: str, *theirs: str, transform=None, note: str = "") -> None:
+  def conv(ours: str, *theirs: str) -> None:
+    """A conv with bias; `theirs`: the module's names, current layout first."""
     name_map[f"{ours}/kernel"] = Source(tuple(f"{t}.weight" for t in theirs),
-                                        transform or conv_kernel_from_oihw,
-                                        note or "OIHW -> HWIO")
-    name_map[f"{ours}/bias"] = Source(tuple(f"{t}.bias" for t in theirs), transform, note)
+                                        conv_kernel_from_oihw, "OIHW -> HWIO")
+    name_map[f"{ours}/bias"] = Source(tuple(f"{t}.bias" for t in theirs))
 
   for path in paths:
     m = re.match(r"^fpn/(lateral|output)_p(\d)/kernel$", path)
@@ -251,7 +251,7 @@ def compare_outputs(model, arrays: Mapping[str, np.ndarray], photo: str,
 
   Returns:
     per level `max_abs_diff_{cls,box,anchors,fpn}/{level}` and
-    `max_abs_{cls,box}/{level}` (torchvision's largest value, for scale), and
+    `max_abs_{cls,box,fpn}/{level}` (torchvision's largest value, for scale), and
     the `compare_detections` figures under "detections".
   """
   import keras
@@ -281,6 +281,7 @@ def compare_outputs(model, arrays: Mapping[str, np.ndarray], photo: str,
     if has_fpn:
       result[f"max_abs_diff_fpn/{level}"] = float(
           np.abs(np.asarray(fpn[i]) - arrays[fpn_keys[i]]).max())
+      result[f"max_abs_fpn/{level}"] = float(np.abs(arrays[fpn_keys[i]]).max())
   detections = torchvision_postprocess(outputs, layout, arrays[f"{photo}/image_size"])
   result["detections"] = compare_detections(
       detections, *(arrays[f"{photo}/detections_resized/{key}"]
