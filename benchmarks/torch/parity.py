@@ -11,7 +11,17 @@ and float64 logits, and whether the top-5 classes agree.
     benchmarks/.venv-torch/bin/python benchmarks/torch/write_fixtures.py --output /work/fixtures/torch
     python benchmarks/torch/parity.py --fixtures /work/fixtures/torch      # our environment
 
-Exit 1 when a model misses the tolerance (default 1e-4 against float64).
+RetinaNet (`tv_retinanet_resnet50_fpn`, torchvision's v1 detector): imported
+into our RetinaNet with the catalogue entry's params at each photo's padded
+size (torchvision's transform: shorter side 800, padded to 32), fed the
+stored `transformed_nhwc`; prints per level max |delta| of the FPN outputs,
+class logits and box deltas (and torchvision's largest value), the anchors,
+and whether the detections after torchvision's post-processing are equal
+(count, labels, max box delta in pixels, max score delta).
+
+Exit 1 when a classifier misses the tolerance (default 1e-4 against float64),
+or a detector's raw outputs miss 1e-4 relative to the level's largest value
+or its detections differ.
 """
 
 import argparse
@@ -31,6 +41,39 @@ CLASSIFIERS = (
 )
 TORCH_PARAMS = {"padding": "symmetric", "bn_epsilon": 1e-5, "num_classes": 1000,
                 "input_shape": [224, 224, 3]}
+DETECTOR = "tv_retinanet_resnet50_fpn"
+PHOTOS = ("astronaut", "coffee", "chelsea")
+
+
+def detector_parity(fixtures: str, rtol: float):
+  """Rows of the RetinaNet table and whether all pass; None when the files are absent."""
+  import tpu_models
+  from tpu_models.vision.detection import torchvision as tv_retinanet
+  from tpu_models.weights import catalogue, importing
+  weights = os.path.join(fixtures, f"{DETECTOR}.safetensors")
+  reference = os.path.join(fixtures, f"{DETECTOR}_reference.npz")
+  if not (os.path.exists(weights) and os.path.exists(reference)):
+    return None
+  entry = catalogue.get_weights("torchvision_retinanet_resnet50_fpn_coco")
+  arrays = np.load(reference)
+  models, rows, ok_all = {}, [], True
+  for photo in PHOTOS:
+    start = time.time()
+    padded = list(arrays[f"{photo}/transformed_nhwc"].shape[1:3])
+    params = dict(entry.params, image_size=padded)
+    if tuple(padded) not in models:  # One model per padded size.
+      model = tpu_models.create_model(entry.model, **params)
+      importing.load_weights(model, weights, entry.source_format, family=entry.family)
+      models[tuple(padded)] = model
+    result = tv_retinanet.compare_outputs(models[tuple(padded)], arrays, photo, params)
+    raw_ok = all(result[f"max_abs_diff_{kind}/{level}"] <=
+                 rtol * max(1.0, result[f"max_abs_{kind}/{level}"])
+                 for kind in ("cls", "box") for level in tv_retinanet.TORCHVISION_LEVELS)
+    ok = raw_ok and result["detections"]["equal"] and all(
+        result[f"max_abs_diff_anchors/{level}"] == 0.0 for level in tv_retinanet.TORCHVISION_LEVELS)
+    ok_all &= ok
+    rows.append((photo, padded, result, time.time() - start, ok))
+  return rows, ok_all
 
 
 def main(argv=None) -> int:
@@ -39,6 +82,8 @@ def main(argv=None) -> int:
                       help="directory write_fixtures.py wrote")
   parser.add_argument("--atol", type=float, default=1e-4)
   parser.add_argument("--only", default="", help="comma-separated file stems")
+  parser.add_argument("--detector-rtol", type=float, default=1e-4,
+                      help="raw detector outputs: tolerance relative to the level's largest value")
   args = parser.parse_args(argv)
 
   import tpu_models
@@ -75,6 +120,32 @@ def main(argv=None) -> int:
   for stem, source, name, n, d32, d64, noise, mx, top5, secs, ok in rows:
     print(f"| {stem}.safetensors | {source} | {name} | {n} | {d32:.2e} | {d64:.2e} | {noise:.2e} "
           f"| {mx:.2f} | {'yes' if top5 else 'NO'} | {secs:.0f} | {'PASS' if ok else 'FAIL'} |")
+  if not args.only or DETECTOR in args.only.split(","):
+    found = detector_parity(args.fixtures, args.detector_rtol)
+    if found is None:
+      print(f"{DETECTOR}: no files in {args.fixtures}; write them with benchmarks/torch/"
+            f"write_fixtures.py in the torch venv", file=sys.stderr)
+      return 2
+    detector_rows, detector_ok = found
+    failed |= not detector_ok
+    levels = ("0", "1", "2", "p6", "p7")
+    print()
+    print(f"| {DETECTOR}.safetensors photo | padded | max |d| FPN P3..P7 (max |value|) | max |d| class logits "
+          f"P3..P7 (max |logit|) | max |d| box deltas P3..P7 | anchors equal | detections "
+          f"(ours / torch) | detections equal | max box d px | max score d | s | result |")
+    print("|---|---|---|---|---|---|---|---|---:|---:|---:|---|")
+    for photo, padded, r, secs, ok in detector_rows:
+      d = r["detections"]
+      fpn = ", ".join(f"{r.get(f'max_abs_diff_fpn/{l}', float('nan')):.1e}" for l in levels)
+      fpn_max = max(r.get(f"max_abs_fpn/{l}", float("nan")) for l in levels)
+      cls = ", ".join(f"{r[f'max_abs_diff_cls/{l}']:.1e}" for l in levels)
+      cls_max = max(r[f"max_abs_cls/{l}"] for l in levels)
+      box = ", ".join(f"{r[f'max_abs_diff_box/{l}']:.1e}" for l in levels)
+      anchors = all(r[f"max_abs_diff_anchors/{l}"] == 0.0 for l in levels)
+      print(f"| {photo} | {padded[0]}x{padded[1]} | {fpn} ({fpn_max:.1f}) | {cls} ({cls_max:.1f}) | {box} | "
+            f"{'yes' if anchors else 'NO'} | {d['count_ours']} / {d['count_theirs']} | "
+            f"{'yes' if d['equal'] else 'NO'} ({d['matched']} matched) | {d['max_box_diff']:.1e} | "
+            f"{d['max_score_diff']:.1e} | {secs:.0f} | {'PASS' if ok else 'FAIL'} |")
   print(json.dumps({"atol": args.atol, "failed": failed}))
   return 1 if failed else 0
 

@@ -54,6 +54,34 @@ def test_first_anchors_have_the_hand_computed_coordinates():
   np.testing.assert_allclose(boxes[-8], [64 - 256, 64 - 256, 64 + 256, 64 + 256])
 
 
+def test_torchvision_convention_has_torchvisions_hand_computed_anchors():
+  # torchvision's AnchorGenerator on a 96x160 input: P3 sizes 32, 40, 50
+  # (int(32 * 2^(s/3))), rounded halves, centres at j * stride, no offset.
+  boxes = anchor_ops.multilevel_anchors([96, 160], anchor_convention="torchvision").numpy()
+  # Position (0, 0), scale 0: our ratio w/h 0.5 = torchvision's h/w 2: half
+  # height round(16 * sqrt 2) = 23, half width round(16 / sqrt 2) = 11.
+  np.testing.assert_array_equal(boxes[:3], [[-23, -11, 23, 11], [-16, -16, 16, 16],
+                                            [-11, -23, 11, 23]])
+  np.testing.assert_array_equal(boxes[4], [-20, -20, 20, 20])  # Scale 1: int(40.3) = 40.
+  np.testing.assert_array_equal(boxes[7], [-25, -25, 25, 25])  # Scale 2: int(50.8) = 50.
+  np.testing.assert_array_equal(boxes[9 + 1], [-16, -8, 16, 24])  # Next column: x + 8.
+  # P7 is 1x2 (ceil(160 / 128)): stride 160 // 2 = 80 along x, 96 // 1 along y.
+  p7 = boxes[-18:].reshape(2, 9, 4)
+  np.testing.assert_array_equal(p7[1, 1] - p7[0, 1], [0, 80, 0, 80])
+  np.testing.assert_array_equal(p7[0, 1], [-256, -256, 256, 256])
+  assert boxes.shape == anchor_ops.multilevel_anchors([96, 160]).shape
+  with pytest.raises(ConfigError, match="anchor_convention must be one of"):
+    anchor_ops.multilevel_anchors(64, anchor_convention="detectron")
+
+
+def test_torchvision_anchor_permutation_maps_ratio_major_h_over_w_to_ours():
+  order = anchor_ops.torchvision_anchor_permutation()
+  # Ours a = scale * 3 + ratio (w/h 0.5, 1, 2); theirs ratio (h/w 0.5, 1, 2) * 3 + scale.
+  np.testing.assert_array_equal(order, [6, 3, 0, 7, 4, 1, 8, 5, 2])
+  with pytest.raises(ConfigError, match="inverted"):
+    anchor_ops.torchvision_anchor_permutation(3, (1.0, 3.0))
+
+
 def test_layout_matches_a_per_anchor_loop_in_the_reference_order():
   """Level, then y, then x, then scale, then aspect ratio; rectangular input."""
   image_size, ratios, scales, anchor_size = (128, 64), (0.5, 1.0, 2.0), 2, 3.0

@@ -187,6 +187,7 @@ def test_decode_image_and_boxes():
     (128, {}),
     (96, dict(min_level=2, max_level=5, num_scales=2, aspect_ratios=(0.25, 1.0, 3.0),
               anchor_size=3.0)),
+    (160, dict(anchor_convention="torchvision")),  # P6/P7 strides 53 and 80, no offset.
 ])
 def test_best_anchor_iou_equals_the_brute_force_maximum(size, params):
   rng = np.random.default_rng(size)

@@ -219,3 +219,33 @@ def test_anchor_coverage_of_the_training_records_for_check(data_dir):
   findings = big.data_report()
   assert len(findings) == 1 and findings[0][0] == "warning"
   assert "WARNING: only" in findings[0][1] and "boxes" in findings[0][1]
+
+
+def test_torchvision_post_processing_options_reach_the_task():
+  """anchor_convention, per-level top-k and clipping to the content, from the config."""
+  from tpu_models.vision.detection import anchors as anchor_ops
+  from tpu_models.vision.detection import nms
+  model = dict(TINY_MODEL, anchor_convention="torchvision")
+  config = config_lib.experiment_from_dict(
+      {"task": {"name": "detection", "model": model, "pre_nms_top_k": 5,
+                "pre_nms_top_k_per_level": True, "clip_to_content": True,
+                "score_threshold": 0.0}})
+  task = create_task(config.task)
+  np.testing.assert_array_equal(
+      task.anchors, anchor_ops.multilevel_anchors(64, 3, 5, anchor_size=3,
+                                                  anchor_convention="torchvision"))
+  rng = np.random.default_rng(0)
+  outputs = {"class_logits": tf.constant(rng.normal(0, 2, (1, len(task.anchors), 10)),
+                                         tf.float32),
+             "box_deltas": tf.constant(rng.normal(0, 0.5, (1, len(task.anchors), 4)),
+                                       tf.float32)}
+  content = [40.0, 64.0]  # A landscape image padded at the bottom.
+  info = tf.constant([[[80, 128], content, [0.5, 0.5], [0, 0]]], tf.float32)
+  detections = task.postprocess(outputs, info)
+  expected = nms.postprocess(outputs["class_logits"], outputs["box_deltas"], task.anchors,
+                             pre_nms_top_k=5, score_threshold=0.0, max_detections=100,
+                             level_sizes=[576, 144, 36], image_size=tf.constant([content]))
+  for key in expected:
+    np.testing.assert_array_equal(detections[key], expected[key])
+  assert int(detections["num_detections"][0]) > 5  # More than one level's top 5.
+  assert float(tf.reduce_max(detections["boxes"][..., 2])) <= 40.0

@@ -140,6 +140,41 @@ def test_postprocess_matches_numpy_reference_with_top_k(iou_threshold):
     _assert_matches(got, expected, b)
 
 
+def test_per_level_top_k_and_per_image_clipping_match_a_numpy_reference():
+  """torchvision's order: per level the top k scores, all levels into class-wise NMS."""
+  rng = np.random.default_rng(3)
+  anchors = anchor_ops.multilevel_anchors(64, 3, 5, 1, (1.0,), 2.0).numpy()
+  sizes = list(anchor_ops.anchors_per_level(64, 3, 5, 1, (1.0,)).values())  # 64, 16, 4
+  num_classes, top_k = 3, 20
+  class_logits, box_deltas = _random_outputs(rng, 2, anchors.shape[0], num_classes, -1.0)
+  clip = np.array([[40.0, 64.0], [64.0, 50.0]], np.float32)  # (h, w) of each image's content.
+
+  @tf.function(jit_compile=True)
+  def run(class_logits, box_deltas, clip):
+    return nms.postprocess(class_logits, box_deltas, anchors, pre_nms_top_k=top_k,
+                           score_threshold=0.05, iou_threshold=0.5, max_detections=30,
+                           level_sizes=sizes, image_size=clip)
+
+  got = _numpy(run(class_logits, box_deltas, tf.constant(clip)))
+  for b in range(2):
+    scores = 1 / (1 + np.exp(-class_logits[b].astype(np.float64)))
+    pairs, start = [], 0
+    for size in sizes:
+      level = scores[start:start + size].ravel()
+      pairs += list(start * num_classes + np.argsort(-level, kind="stable")[:min(top_k, level.size)])
+      start += size
+    pairs = np.array(pairs)
+    anchor_idx, classes = pairs // num_classes, pairs % num_classes
+    boxes = box_ops.decode_boxes(box_deltas[b, anchor_idx], anchors[anchor_idx]).numpy()
+    boxes = np.clip(boxes, 0, np.tile(clip[b], 2))
+    expected = _np_nms(boxes, scores.ravel()[pairs], classes, 0.5, 0.05, 30)
+    _assert_matches(got, expected, b)
+  # A level of fewer pairs than k gives all its pairs; the total is per level.
+  assert 4 * num_classes < top_k
+  with pytest.raises(ValueError, match="level_sizes"):
+    nms.postprocess(class_logits, box_deltas, anchors, level_sizes=[64, 16])
+
+
 def test_postprocess_decodes_and_clips():
   anchors = np.array([[-4, -4, 12, 12], [8, 8, 24, 24]], np.float32)
   logits = np.array([[[3.0], [2.0]]], np.float32)

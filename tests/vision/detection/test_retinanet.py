@@ -168,6 +168,35 @@ def test_bad_arguments_are_rejected():
     _tiny(min_level=2)
   with pytest.raises(ValueError, match="depth"):
     _tiny(backbone_depth=42)
+  with pytest.raises(ConfigError, match="p67_padding must be one of same, symmetric"):
+    _tiny(p67_padding="valid")
+  with pytest.raises(ConfigError, match="anchor_convention must be one of"):
+    _tiny(anchor_convention="detectron")
+  with pytest.raises(ConfigError, match="BN epsilons must be >= 0"):
+    _tiny(backbone_bn_epsilon=-1.0)
+  with pytest.raises(ConfigError, match="Unknown ResNet padding"):
+    _tiny(backbone_padding="reflect")
+
+
+def test_torchvision_options_pad_like_pytorch_and_keep_the_variables():
+  default = _tiny()
+  torch_like = _tiny(backbone_padding="symmetric", backbone_bn_epsilon=0.0,
+                     p67_padding="symmetric", anchor_convention="torchvision")
+  paths = {v.path: v for v in default.weights}
+  assert sorted(paths) == sorted(v.path for v in torch_like.weights)
+  assert torch_like.get_layer("coarser_p6_pad").padding == ((1, 1), (1, 1))
+  backbone = torch_like.get_layer("backbone")
+  assert backbone.get_layer("bn1").epsilon == 0.0 and backbone.get_layer("pool1_pad")
+  assert torch_like.get_layer("bn_p3").epsilon == default.get_layer("bn_p3").epsilon
+  for variable in torch_like.weights:
+    variable.assign(paths[variable.path])
+  images = np.random.default_rng(0).standard_normal((1, 64, 64, 3)).astype(np.float32)
+  # TensorFlow's "same" pads 0 before / 1 after at stride 2 on even sizes: other outputs.
+  difference = np.abs(torch_like(images)["class_logits"] - default(images)["class_logits"])
+  assert float(np.max(difference)) > 1e-3
+  layout = retinanet.anchor_layout(**TINY, anchor_convention="torchvision")
+  assert layout["anchor_convention"] == "torchvision"
+  assert "anchor_convention" not in retinanet.anchor_layout(**TINY)  # The default layout as before.
 
 
 def test_anchor_layout_from_the_model_config():

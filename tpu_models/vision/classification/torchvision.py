@@ -93,24 +93,32 @@ def resnet_state_dict_name_map(our_paths: Sequence[str], prefix: str = "",
   return name_map
 
 
-def check_torch_conventions(model, prefix: str = "") -> None:
-  """The settings no tensor carries: symmetric padding and PyTorch's BN epsilon."""
-  names = {layer.name for layer in _all_layers(model)}
+def check_torch_conventions(model, prefix: str = "",
+                            epsilons: Sequence[float] = (TORCH_BN_EPSILON,),
+                            epsilon_option: str = "bn_epsilon") -> None:
+  """The settings no tensor carries: symmetric padding and PyTorch's BN epsilon.
+
+  epsilons: the BN epsilon(s) the weights ran with; epsilon_option: the model
+  option that sets it (for the message).
+  """
+  names = {layer.name for layer in all_layers(model)}
   if "pool1_pad" not in names and f"{prefix}pool1_pad" not in names:
     raise ConfigError(f"Model {model.name!r} pads like TensorFlow; PyTorch ResNet weights need "
                       f"padding: symmetric (or backbone_padding for a detector).")
-  epsilons = {float(layer.epsilon) for layer in _all_layers(model) if hasattr(layer, "epsilon")
-              and layer.name.endswith(("bn1", "bn2", "bn3", "shortcut_bn"))}
-  if epsilons != {TORCH_BN_EPSILON}:
-    raise ConfigError(f"Model {model.name!r} has BN epsilon {sorted(epsilons)}; PyTorch "
-                      f"ResNet weights were trained with {TORCH_BN_EPSILON} (bn_epsilon).")
+  found = {float(layer.epsilon) for layer in all_layers(model) if hasattr(layer, "epsilon")
+           and layer.name.endswith(("bn1", "bn2", "bn3", "shortcut_bn"))}
+  if found != {float(e) for e in epsilons}:
+    expected = " or ".join(f"{e:g}" for e in epsilons)
+    raise ConfigError(f"Model {model.name!r} has BN epsilon {sorted(found)}; PyTorch "
+                      f"ResNet weights were trained with {expected} ({epsilon_option}).")
 
 
-def _all_layers(model):
+def all_layers(model):
+  """Every layer of `model`, nested models' layers included."""
   for layer in model.layers:
     yield layer
     if hasattr(layer, "layers"):
-      yield from _all_layers(layer)
+      yield from all_layers(layer)
 
 
 def resnet_name_map(model, store=None) -> NameMap:

@@ -21,6 +21,18 @@ Boxes are [ymin, xmin, ymax, xmax] in pixels of the model input (see boxes.py).
 When H and W are multiples of 2^max_level the anchors equal those of both
 references exactly; otherwise the last grid cell of a level extends past the
 image (the references require the multiple).
+
+`anchor_convention="torchvision"` gives torchvision's `AnchorGenerator` boxes
+(the RetinaNet weights trained with them need them) on the same grids and in
+the same flat order (scale, then aspect ratio = width / height, as above):
+sides int(anchor_size * 2^l * 2^(s / num_scales)) truncated (32, 40, 50 on
+P3), half widths and heights rounded to integers (computed in float32 as
+torchvision does), centres at (i * stride_h, j * stride_w) with no half-stride
+offset, and stride = image size // grid size per axis (integer division:
+2^l whenever the size is a multiple of 2^l, otherwise smaller, e.g. 61 on P6
+of an 800-high input). torchvision orders a position's anchors aspect ratio
+first and calls h / w the ratio; importers permute its head's output
+channels into this order (`torchvision_anchor_permutation`).
 """
 
 import functools
@@ -35,8 +47,11 @@ from tpu_models.errors import ConfigError
 from tpu_models.vision.detection import boxes as box_ops
 
 DEFAULT_ASPECT_RATIOS = (0.5, 1.0, 2.0)
+# How anchor boxes are placed and sized (see the module docstring).
+ANCHOR_CONVENTIONS = ("model_garden", "torchvision")
 # The anchor layout besides image_size: the keyword arguments of `multilevel_anchors`.
-LAYOUT_KEYS = ("min_level", "max_level", "num_scales", "aspect_ratios", "anchor_size")
+LAYOUT_KEYS = ("min_level", "max_level", "num_scales", "aspect_ratios", "anchor_size",
+               "anchor_convention")
 
 # Values of `class_targets` besides the class ids (>= 0) of positive anchors.
 NEGATIVE = -1  # Background: every class's focal-loss target is 0.
@@ -86,7 +101,8 @@ def num_anchors(image_size: box_ops.ImageSize, min_level: int = 3, max_level: in
 def multilevel_anchors(image_size: box_ops.ImageSize, min_level: int = 3, max_level: int = 7,
                        num_scales: int = 3,
                        aspect_ratios: Sequence[float] = DEFAULT_ASPECT_RATIOS,
-                       anchor_size: float = 4.0) -> tf.Tensor:
+                       anchor_size: float = 4.0,
+                       anchor_convention: str = "model_garden") -> tf.Tensor:
   """All anchors of all levels in the flat order of the module docstring.
 
   Args:
@@ -95,12 +111,14 @@ def multilevel_anchors(image_size: box_ops.ImageSize, min_level: int = 3, max_le
     num_scales: anchor sizes per octave: 2^(s / num_scales), s < num_scales.
     aspect_ratios: width / height of the anchors at each scale.
     anchor_size: side of the scale-0 anchor in units of the level's stride.
+    anchor_convention: "model_garden" (centres at (i + 0.5) 2^l, exact sides)
+      or "torchvision" (see the module docstring).
 
   Returns:
     float32 [N, 4] constant [ymin, xmin, ymax, xmax], N = `num_anchors(...)`.
   """
   key = (box_ops.image_hw(image_size), int(min_level), int(max_level), int(num_scales),
-         tuple(float(r) for r in aspect_ratios), float(anchor_size))
+         tuple(float(r) for r in aspect_ratios), float(anchor_size), str(anchor_convention))
   return tf.constant(_anchor_array(*key))
 
 
@@ -123,10 +141,67 @@ def complete_layout(**layout) -> Dict[str, Any]:
   return complete
 
 
+def check_convention(anchor_convention: str) -> str:
+  """`anchor_convention` if it is one of ANCHOR_CONVENTIONS, else a one-line ConfigError."""
+  if anchor_convention not in ANCHOR_CONVENTIONS:
+    raise ConfigError(f"anchor_convention must be one of {', '.join(ANCHOR_CONVENTIONS)}, got "
+                      f"{anchor_convention!r}.")
+  return anchor_convention
+
+
+def level_geometry(image_size: box_ops.ImageSize, level: int, grid_hw: Tuple[int, int],
+                   num_scales: int, aspect_ratios: Sequence[float], anchor_size: float,
+                   anchor_convention: str = "model_garden"):
+  """Where one level's anchors sit and how large they are.
+
+  Returns:
+    (stride_hw, origin_hw, half_h, half_w): the centre of grid cell (i, j) is
+    (origin_h + i * stride_h, origin_w + j * stride_w); half_h, half_w are
+    float64 [A] half heights and widths in the (scale, aspect ratio) order.
+  """
+  check_convention(anchor_convention)
+  height, width = box_ops.image_hw(image_size)
+  ratios = np.array([r for _ in range(num_scales) for r in aspect_ratios])
+  if anchor_convention == "torchvision":
+    # torchvision: integer sizes (truncated), h = size * sqrt(h / w) in
+    # float32, base box [-w/2, -h/2, w/2, h/2] rounded; no half-stride offset.
+    sides = np.array([int(anchor_size * 2**level * 2.0**(s / num_scales))
+                      for s in range(num_scales) for _ in aspect_ratios], np.float32)
+    h_ratio = np.sqrt((1.0 / ratios).astype(np.float32))
+    w_ratio = np.float32(1.0) / h_ratio
+    half_h = np.round(h_ratio * sides / np.float32(2.0)).astype(np.float64)
+    half_w = np.round(w_ratio * sides / np.float32(2.0)).astype(np.float64)
+    stride = (float(height // grid_hw[0]), float(width // grid_hw[1]))
+    return stride, (0.0, 0.0), half_h, half_w
+  stride = 2.0**level
+  sides = np.array([anchor_size * stride * 2.0**(s / num_scales)
+                    for s in range(num_scales) for _ in aspect_ratios])
+  half_h = sides / np.sqrt(ratios) / 2.0
+  half_w = sides * np.sqrt(ratios) / 2.0
+  return (stride, stride), (0.5 * stride, 0.5 * stride), half_h, half_w
+
+
+def torchvision_anchor_permutation(num_scales: int = 3,
+                                   aspect_ratios: Sequence[float] = DEFAULT_ASPECT_RATIOS,
+                                   torchvision_ratios: Sequence[float] = DEFAULT_ASPECT_RATIOS
+                                   ) -> np.ndarray:
+  """int [A]: entry a is torchvision's anchor index of our anchor a at the same position.
+
+  Ours: a = scale * len(aspect_ratios) + ratio index, ratio = width / height.
+  torchvision's: ratio index * num_scales + scale, ratio = height / width.
+  """
+  ours = [float(r) for r in aspect_ratios]
+  theirs = [1.0 / float(r) for r in torchvision_ratios]
+  if sorted(ours) != sorted(theirs):
+    raise ConfigError(f"aspect_ratios {ours} (width / height) are not torchvision's "
+                      f"{[float(r) for r in torchvision_ratios]} (height / width) inverted.")
+  return np.array([theirs.index(r) * num_scales + s for s in range(num_scales) for r in ours])
+
+
 @functools.lru_cache(maxsize=32)
 def _anchor_array(image_hw: Tuple[int, int], min_level: int, max_level: int,
                   num_scales: int, aspect_ratios: Tuple[float, ...],
-                  anchor_size: float) -> np.ndarray:
+                  anchor_size: float, anchor_convention: str = "model_garden") -> np.ndarray:
   if num_scales < 1 or not aspect_ratios or min(aspect_ratios) <= 0 or anchor_size <= 0:
     raise ConfigError(
         f"Anchors need num_scales >= 1, positive aspect_ratios and anchor_size > 0; got "
@@ -134,15 +209,12 @@ def _anchor_array(image_hw: Tuple[int, int], min_level: int, max_level: int,
         f"anchor_size={anchor_size}.")
   levels = []
   for level, (grid_h, grid_w) in feature_sizes(image_hw, min_level, max_level).items():
-    stride = 2.0**level
     # [A] half heights and half widths in the (scale, aspect ratio) order.
-    sides = np.array([anchor_size * stride * 2.0**(s / num_scales)
-                      for s in range(num_scales) for _ in aspect_ratios])
-    ratios = np.array([r for _ in range(num_scales) for r in aspect_ratios])
-    half_h = sides / np.sqrt(ratios) / 2.0
-    half_w = sides * np.sqrt(ratios) / 2.0
-    yc = (np.arange(grid_h) + 0.5) * stride
-    xc = (np.arange(grid_w) + 0.5) * stride
+    (stride_h, stride_w), (origin_h, origin_w), half_h, half_w = level_geometry(
+        image_hw, level, (grid_h, grid_w), num_scales, aspect_ratios, anchor_size,
+        anchor_convention)
+    yc = origin_h + np.arange(grid_h) * stride_h
+    xc = origin_w + np.arange(grid_w) * stride_w
     yc, xc = yc[:, None, None], xc[None, :, None]  # Broadcast to [H, W, A].
     level_boxes = np.stack(np.broadcast_arrays(yc - half_h, xc - half_w,
                                                yc + half_h, xc + half_w), axis=-1)

@@ -616,22 +616,22 @@ def best_anchor_iou(boxes: np.ndarray, image_size: int, **layout) -> np.ndarray:
     return best
   area = np.maximum(boxes[:, 2] - boxes[:, 0], 0) * np.maximum(boxes[:, 3] - boxes[:, 1], 0)
   center_y, center_x = (boxes[:, 0] + boxes[:, 2]) / 2, (boxes[:, 1] + boxes[:, 3]) / 2
-  for level, (grid_h, grid_w) in anchors_lib.feature_sizes(image_size, min_level,
-                                                            max_level).items():
-    stride = 2.0**level
-    anchor_y = (np.clip(np.floor(center_y / stride), 0, grid_h - 1) + 0.5) * stride
-    anchor_x = (np.clip(np.floor(center_x / stride), 0, grid_w - 1) + 0.5) * stride
-    for scale in range(num_scales):
-      side = anchor_size * stride * 2.0**(scale / num_scales)
-      for ratio in layout["aspect_ratios"]:
-        half_h, half_w = side / np.sqrt(ratio) / 2, side * np.sqrt(ratio) / 2
-        inter_h = np.maximum(np.minimum(boxes[:, 2], anchor_y + half_h) -
-                             np.maximum(boxes[:, 0], anchor_y - half_h), 0)
-        inter_w = np.maximum(np.minimum(boxes[:, 3], anchor_x + half_w) -
-                             np.maximum(boxes[:, 1], anchor_x - half_w), 0)
-        inter = inter_h * inter_w
-        union = area + 4 * half_h * half_w - inter
-        best = np.maximum(best, inter / np.maximum(union, 1e-12))
+  for level, grid_hw in anchors_lib.feature_sizes(image_size, min_level, max_level).items():
+    (stride_h, stride_w), (origin_h, origin_w), halves_h, halves_w = anchors_lib.level_geometry(
+        image_size, level, grid_hw, num_scales, layout["aspect_ratios"], anchor_size,
+        layout["anchor_convention"])
+    # The grid centre nearest to the box centre, per axis.
+    cell_y = np.clip(np.floor((center_y - origin_h) / stride_h + 0.5), 0, grid_hw[0] - 1)
+    cell_x = np.clip(np.floor((center_x - origin_w) / stride_w + 0.5), 0, grid_hw[1] - 1)
+    anchor_y, anchor_x = origin_h + cell_y * stride_h, origin_w + cell_x * stride_w
+    for half_h, half_w in zip(halves_h, halves_w):
+      inter_h = np.maximum(np.minimum(boxes[:, 2], anchor_y + half_h) -
+                           np.maximum(boxes[:, 0], anchor_y - half_h), 0)
+      inter_w = np.maximum(np.minimum(boxes[:, 3], anchor_x + half_w) -
+                           np.maximum(boxes[:, 1], anchor_x - half_w), 0)
+      inter = inter_h * inter_w
+      union = area + 4 * half_h * half_w - inter
+      best = np.maximum(best, inter / np.maximum(union, 1e-12))
   return best
 
 

@@ -19,6 +19,7 @@ after a handful of iterations. The result is exactly greedy NMS.
 
 from typing import Dict, Optional, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from tpu_models.vision.detection import boxes as box_ops
@@ -122,11 +123,29 @@ def batched_nms(boxes, scores, classes, *, iou_threshold: float = 0.5,
   return out
 
 
+def _top_pairs(class_logits: tf.Tensor, k: int):
+  """The k highest (anchor, class) logits of [B, n, K]: (logits [B, k] sorted, anchor, class)."""
+  batch = tf.shape(class_logits)[0]
+  num_anchors, num_classes = class_logits.shape[1], class_logits.shape[2]
+  # The top k (anchor, class) pairs in two exact stages: the anchors of the
+  # top k pairs are among the k anchors with the highest best-class logit, so
+  # a top-k over N anchors, then over their k * K pairs, replaces one over
+  # N * K (XLA's CPU top-k over 6M COCO pairs takes seconds, these two ms).
+  top_anchors = tf.math.top_k(tf.reduce_max(class_logits, axis=-1),
+                              k=min(k, num_anchors), sorted=False).indices  # [B, k_a]
+  candidate_logits = tf.reshape(tf.gather(class_logits, top_anchors, batch_dims=1),
+                                [batch, -1])  # [B, k_a * K]
+  top_logits, pair_index = tf.math.top_k(candidate_logits, k=k, sorted=True)
+  anchor_index = tf.gather(top_anchors, pair_index // num_classes, batch_dims=1)
+  return top_logits, anchor_index, pair_index % num_classes
+
+
 def postprocess(class_logits, box_deltas, anchors, *, pre_nms_top_k: int = 1000,
                 score_threshold: float = 0.05, iou_threshold: float = 0.5,
                 max_detections: int = 100,
                 box_weights: Sequence[float] = box_ops.RETINANET_BOX_WEIGHTS,
-                image_size: Optional[box_ops.ImageSize] = None) -> Dict[str, tf.Tensor]:
+                image_size=None,
+                level_sizes: Optional[Sequence[int]] = None) -> Dict[str, tf.Tensor]:
   """RetinaNet outputs -> padded detections (fixed shapes; XLA-compilable).
 
   1. Scores are sigmoid(class_logits); the pre_nms_top_k highest
@@ -134,6 +153,9 @@ def postprocess(class_logits, box_deltas, anchors, *, pre_nms_top_k: int = 1000,
      tensorflow/tpu does; computed exactly in two cheap stages). Model
      Garden's generator takes the top k of each class instead; the two agree
      whenever at most pre_nms_top_k pairs score above score_threshold.
+     Given level_sizes, the pre_nms_top_k highest pairs of EACH level are
+     kept instead (torchvision's `topk_candidates`), up to
+     len(level_sizes) * pre_nms_top_k candidates in all.
   2. Their anchors' deltas are decoded (`boxes.decode_boxes`) and, given
      image_size, clipped to the image.
   3. Pairs scoring <= score_threshold are dropped; per-class greedy NMS
@@ -144,13 +166,19 @@ def postprocess(class_logits, box_deltas, anchors, *, pre_nms_top_k: int = 1000,
     class_logits: float [B, N, K] (the model's "class_logits").
     box_deltas: float [B, N, 4] (the model's "box_deltas").
     anchors: float [N, 4] from `anchors.multilevel_anchors`.
-    pre_nms_top_k: candidates entering NMS per image (capped at N * K).
+    pre_nms_top_k: candidates entering NMS per image (capped at N * K), or
+      per level and image with level_sizes.
     score_threshold: minimum score (exclusive).
     iou_threshold: NMS threshold.
     max_detections: D, the output length.
     box_weights: the box coder weights the targets were encoded with.
-    image_size: int or [height, width] of the model input to clip boxes to;
-      None leaves them unclipped.
+    image_size: what boxes are clipped to: int or [height, width] of the
+      model input, or float [B, 2] (height, width) per image (e.g. the
+      content inside the padding, torchvision's `image_sizes`); None leaves
+      them unclipped.
+    level_sizes: the number of anchors of each level in the flat order
+      (`anchors.anchors_per_level(...).values()`, summing to N); None: one
+      top-k over all levels.
 
   Returns:
     dict: boxes float32 [B, D, 4] (pixels of the model input, [ymin, xmin,
@@ -168,23 +196,28 @@ def postprocess(class_logits, box_deltas, anchors, *, pre_nms_top_k: int = 1000,
   if anchors.shape[0] != num_anchors or box_deltas.shape[1] != num_anchors:
     raise ValueError(f"class_logits {class_logits.shape}, box_deltas {box_deltas.shape} "
                      f"and anchors {anchors.shape} must have the same number of anchors.")
-  batch = tf.shape(class_logits)[0]
-  k = min(int(pre_nms_top_k), num_anchors * num_classes)
-  # The top k (anchor, class) pairs in two exact stages: the anchors of the
-  # top k pairs are among the k anchors with the highest best-class logit, so
-  # a top-k over N anchors, then over their k * K pairs, replaces one over
-  # N * K (XLA's CPU top-k over 6M COCO pairs takes seconds, these two ms).
-  top_anchors = tf.math.top_k(tf.reduce_max(class_logits, axis=-1),
-                              k=min(k, num_anchors), sorted=False).indices  # [B, k_a]
-  candidate_logits = tf.reshape(tf.gather(class_logits, top_anchors, batch_dims=1),
-                                [batch, -1])  # [B, k_a * K]
-  top_logits, pair_index = tf.math.top_k(candidate_logits, k=k, sorted=True)
+  if level_sizes is None:
+    top_logits, anchor_index, classes = _top_pairs(
+        class_logits, min(int(pre_nms_top_k), num_anchors * num_classes))
+  else:
+    level_sizes = [int(n) for n in level_sizes]
+    if sum(level_sizes) != num_anchors or min(level_sizes) < 1:
+      raise ValueError(f"level_sizes {level_sizes} must be positive and sum to the "
+                       f"{num_anchors} anchors.")
+    pieces, start = [], 0
+    for size, level_logits in zip(level_sizes, tf.split(class_logits, level_sizes, axis=1)):
+      logits, index, level_classes = _top_pairs(
+          level_logits, min(int(pre_nms_top_k), size * num_classes))
+      pieces.append((logits, index + start, level_classes))
+      start += size
+    top_logits, anchor_index, classes = (tf.concat(p, axis=1) for p in zip(*pieces))
   scores = tf.sigmoid(top_logits)
-  anchor_index = tf.gather(top_anchors, pair_index // num_classes, batch_dims=1)
-  classes = pair_index % num_classes
   boxes = box_ops.decode_boxes(tf.gather(box_deltas, anchor_index, batch_dims=1),
                                tf.gather(anchors, anchor_index), box_weights)
-  if image_size is not None:
+  if isinstance(image_size, (tf.Tensor, np.ndarray)) and len(image_size.shape) == 2:
+    hw = tf.cast(image_size, boxes.dtype)  # [B, 2] per image.
+    boxes = tf.clip_by_value(boxes, 0.0, tf.tile(hw, [1, 2])[:, None, :])
+  elif image_size is not None:
     boxes = box_ops.clip_boxes(boxes, image_size)
   return batched_nms(boxes, scores, classes, iou_threshold=iou_threshold,
                      score_threshold=score_threshold, max_detections=max_detections)

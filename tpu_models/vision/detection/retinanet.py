@@ -28,6 +28,16 @@ Architecture (as the Model Garden's RetinaNet, so its checkpoints map 1:1):
             statistics differ by level); a final 3x3 conv predicts
             A x num_classes logits (bias -log((1 - pi) / pi)) and A x 4 deltas.
 
+torchvision's RetinaNet v1 (`retinanet_resnet50_fpn`, its COCO_V1 weights) is
+this architecture with five options that change no variable
+(`tpu_models.vision.detection.torchvision.TORCHVISION_RETINANET_V1`):
+backbone_padding "symmetric" (PyTorch's k // 2 padding), backbone_bn_epsilon
+0.0 (its frozen BNs), p67_padding "symmetric", use_batch_norm False (no FPN or
+head norms) and anchor_convention "torchvision" (its anchor generator:
+truncated sizes, rounded boxes, no half-stride offset, stride = input size //
+grid size; see anchors.py). The importer reorders the head's output channels
+into our anchor order, so the order above holds for every option.
+
 Variable paths (stable; checkpoints and warm starts restore by path):
   backbone/conv1/kernel, backbone/bn1/{gamma,beta,moving_mean,moving_variance},
   backbone/stage{2..5}_block{b}_{conv1,bn1,conv2,...,shortcut_conv,shortcut_bn}/...
@@ -66,7 +76,14 @@ def _head_conv(filters: int, name: str, bias: float = 0.0) -> keras.layers.Conv2
       bias_initializer=keras.initializers.Constant(bias))
 
 
-def _fpn_conv(filters: int, kernel_size: int, strides: int, name: str) -> keras.layers.Conv2D:
+def _fpn_conv(filters: int, kernel_size: int, strides: int, name: str,
+              padding: str = "same"):
+  """The conv (a callable on NHWC tensors); "symmetric" pads a strided conv k // 2 first."""
+  if padding == "symmetric" and strides > 1:
+    pad = keras.layers.ZeroPadding2D(kernel_size // 2, name=f"{name}_pad")
+    conv = keras.layers.Conv2D(filters, kernel_size, strides=strides, padding="valid",
+                               name=name, kernel_initializer=keras.initializers.VarianceScaling())
+    return lambda x: conv(pad(x))
   return keras.layers.Conv2D(filters, kernel_size, strides=strides, padding="same", name=name,
                              kernel_initializer=keras.initializers.VarianceScaling())
 
@@ -81,10 +98,12 @@ def retinanet(*,
               num_scales: int = 3,
               aspect_ratios: List[float] = anchor_ops.DEFAULT_ASPECT_RATIOS,
               anchor_size: float = 4.0,
+              anchor_convention: str = "model_garden",
               fpn_channels: int = 256,
               head_channels: Optional[int] = None,
               head_convs: int = 4,
               p67_input: str = "p5",
+              p67_padding: str = "same",
               prior_probability: float = 0.01,
               use_batch_norm: bool = True,
               bn_momentum: float = 0.99,
@@ -92,6 +111,8 @@ def retinanet(*,
               fused_bn: bool = True,
               backbone_stem: str = "imagenet",
               backbone_width: int = 64,
+              backbone_padding: str = "same",
+              backbone_bn_epsilon: Optional[float] = None,
               backbone_trainable: bool = True,
               backbone_frozen_bn: bool = False,
               backbone_pointwise_matmul: Optional[bool] = None,
@@ -110,18 +131,29 @@ def retinanet(*,
     num_scales, aspect_ratios, anchor_size: the anchor layout
       (`tpu_models.vision.detection.anchors`); the model needs num_scales * len(aspect_ratios)
       anchors per position, the others are kept for `anchor_layout`.
+    anchor_convention: "model_garden" or "torchvision": how anchors are placed
+      and sized (`anchors.py`); no weight depends on it, the labeler, loss
+      and post-processing read it through `anchor_layout`.
     fpn_channels: channels of every pyramid level (256).
     head_channels: channels of the subnet convs; None = fpn_channels.
     head_convs: 3x3 convs in each subnet before its output conv (4).
     p67_input: "p5" (Model Garden, tensorflow/tpu) or "c5" (the paper): the
       input of the P6 conv.
+    p67_padding: padding of the stride-2 P6/P7 convs: "same" (TensorFlow: 0
+      before, 1 after on an even size) or "symmetric" (PyTorch's 1 on every
+      side; torchvision's weights need it).
     prior_probability: pi, the initial foreground probability of every class.
     use_batch_norm: BN after the FPN outputs and after each subnet conv.
-    bn_momentum, bn_epsilon: of every BN, the backbone's included (Keras
-      convention; 0.99 / 1e-3 as the Model Garden).
+    bn_momentum, bn_epsilon: of every BN, the backbone's included unless
+      backbone_bn_epsilon is set (Keras convention; 0.99 / 1e-3 as the Model
+      Garden).
     fused_bn: use `FusedBatchNormalization` (same variables, faster).
     backbone_stem: "imagenet" or "space_to_depth" (see resnet.py).
     backbone_width: ResNet stage-2 width (64 = the paper's ResNets).
+    backbone_padding: the ResNet's `padding`: "same" (TensorFlow) or
+      "symmetric" (PyTorch, for torchvision/timm weights).
+    backbone_bn_epsilon: the backbone BNs' epsilon; None = bn_epsilon.
+      torchvision's COCO_V1 RetinaNet runs its frozen backbone BNs with 0.0.
     backbone_trainable: False freezes the whole backbone (BN in inference mode).
     backbone_frozen_bn: keep the backbone's BN layers in inference mode with
       frozen statistics and affine parameters (small per-replica batches).
@@ -147,6 +179,15 @@ def retinanet(*,
                       f"{max_level}; got {image_size!r}.")
   if p67_input not in ("p5", "c5"):
     raise ConfigError(f"p67_input must be 'p5' or 'c5', got {p67_input!r}.")
+  if p67_padding not in resnet_lib.PADDINGS:
+    raise ConfigError(f"p67_padding must be one of {', '.join(resnet_lib.PADDINGS)}, got "
+                      f"{p67_padding!r}.")
+  anchor_ops.check_convention(anchor_convention)
+  if backbone_bn_epsilon is None:
+    backbone_bn_epsilon = bn_epsilon
+  if backbone_bn_epsilon < 0 or bn_epsilon < 0:
+    raise ConfigError(f"BN epsilons must be >= 0, got bn_epsilon={bn_epsilon}, "
+                      f"backbone_bn_epsilon={backbone_bn_epsilon}.")
   if backbone_stem not in _BACKBONE_STEMS:
     raise ConfigError(f"RetinaNet backbone_stem must be one of {', '.join(_BACKBONE_STEMS)} "
                       f"(C_l at stride 2^l), got {backbone_stem!r}.")
@@ -156,15 +197,16 @@ def retinanet(*,
                       f"{prior_probability}.")
   per_location = anchor_ops.anchors_per_location(num_scales, aspect_ratios)
   anchor_ops.multilevel_anchors((height, width), min_level, max_level, num_scales,
-                                aspect_ratios, anchor_size)  # Validates the layout.
+                                aspect_ratios, anchor_size,
+                                anchor_convention)  # Validates the layout.
   head_channels = head_channels or fpn_channels
 
   inputs = keras.Input(shape=(height, width, 3), name="image")
   with keras.name_scope("backbone"):
     backbone = resnet_lib.resnet(
         depth=backbone_depth, include_top=False, input_shape=[height, width, 3],
-        stem=backbone_stem, bn_momentum=bn_momentum, bn_epsilon=bn_epsilon,
-        fused_bn=fused_bn, pointwise_matmul=backbone_pointwise_matmul,
+        stem=backbone_stem, bn_momentum=bn_momentum, bn_epsilon=backbone_bn_epsilon,
+        padding=backbone_padding, fused_bn=fused_bn, pointwise_matmul=backbone_pointwise_matmul,
         width=backbone_width, project_first_shortcut=backbone_project_first_shortcut,
         name="backbone")
   backbone.trainable = backbone_trainable
@@ -181,7 +223,7 @@ def retinanet(*,
 
   with keras.name_scope("fpn"):
     pyramid = _fpn(stages, min_level, max_level, fpn_channels, p67_input, use_batch_norm,
-                   batch_norm)
+                   batch_norm, p67_padding)
   with keras.name_scope("head"):
     class_outputs = _subnet(pyramid, "class", head_convs, head_channels, per_location,
                             num_classes, use_batch_norm, batch_norm,
@@ -200,8 +242,8 @@ def retinanet(*,
 
 
 def _fpn(stages: Dict[str, keras.KerasTensor], min_level: int, max_level: int,
-         channels: int, p67_input: str, use_batch_norm: bool, batch_norm
-         ) -> Dict[int, keras.KerasTensor]:
+         channels: int, p67_input: str, use_batch_norm: bool, batch_norm,
+         p67_padding: str = "same") -> Dict[int, keras.KerasTensor]:
   """{level: [B, H_l, W_l, channels]} for min_level..max_level."""
   top = min(max_level, _BACKBONE_MAX_LEVEL)
   laterals = {level: _fpn_conv(channels, 1, 1, f"lateral_p{level}")(stages[f"C{level}"])
@@ -218,7 +260,7 @@ def _fpn(stages: Dict[str, keras.KerasTensor], min_level: int, max_level: int,
       x = stages["C5"] if p67_input == "c5" else pyramid[level - 1]
     else:
       x = keras.layers.ReLU(name=f"relu_p{level - 1}")(pyramid[level - 1])
-    pyramid[level] = _fpn_conv(channels, 3, 2, f"coarser_p{level}")(x)
+    pyramid[level] = _fpn_conv(channels, 3, 2, f"coarser_p{level}", p67_padding)(x)
   if use_batch_norm:
     pyramid = {level: batch_norm(f"bn_p{level}")(x) for level, x in pyramid.items()}
   return pyramid
@@ -255,11 +297,14 @@ def anchor_layout(**model_params) -> Dict[str, object]:
 
   Returns:
     {"image_size", "min_level", "max_level", "num_scales", "aspect_ratios",
-    "anchor_size"}, e.g. `anchors.multilevel_anchors(**anchor_layout(**params))`.
+    "anchor_size"} and "anchor_convention" when it is not the default
+    "model_garden", e.g. `anchors.multilevel_anchors(**anchor_layout(**params))`.
   """
   defaults = inspect.signature(retinanet).parameters
   layout = {key: model_params.get(key, defaults[key].default)
             for key in ("image_size",) + anchor_ops.LAYOUT_KEYS}
+  if layout["anchor_convention"] == defaults["anchor_convention"].default:
+    del layout["anchor_convention"]  # Layouts of existing configs stay as they were.
   layout["aspect_ratios"] = tuple(float(r) for r in layout["aspect_ratios"])
   if not isinstance(layout["image_size"], int):
     layout["image_size"] = tuple(int(s) for s in layout["image_size"])

@@ -92,6 +92,12 @@ class DetectionConfig(TaskConfig):
   box_loss_weight: float = 50.0
   # Post-processing (nms.py), inside the compiled eval step and the SavedModel.
   pre_nms_top_k: int = 1000
+  # True: pre_nms_top_k candidates per pyramid level (torchvision's topk_candidates)
+  # instead of over all levels together.
+  pre_nms_top_k_per_level: bool = False
+  # True: boxes are clipped to the image content inside the padding before NMS
+  # (torchvision's image_sizes) instead of to the whole model input.
+  clip_to_content: bool = False
   score_threshold: float = 0.05
   nms_iou_threshold: float = 0.5
   max_detections: int = 100
@@ -309,20 +315,32 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter):
     directions.update({name: HIGHER for name in names if name.startswith("AP/")})
     return directions
 
-  def postprocess(self, outputs) -> Dict[str, tf.Tensor]:
-    """Model outputs -> padded detections in model-input pixels (`nms.postprocess`)."""
+  def postprocess(self, outputs, image_info=None) -> Dict[str, tf.Tensor]:
+    """Model outputs -> padded detections in model-input pixels (`nms.postprocess`).
+
+    image_info: float32 [B, 4, 2] of `inputs.resize_and_pad`; with
+    task.clip_to_content, boxes are clipped to its content rows [B, 2].
+    """
     cfg = self.config
+    clip = self.image_size
+    if cfg.clip_to_content and image_info is not None:
+      clip = tf.convert_to_tensor(image_info)[:, 1, :]
+    level_sizes = None
+    if cfg.pre_nms_top_k_per_level:
+      level_sizes = list(anchors_lib.anchors_per_level(
+          self.image_size, *(self.layout[k] for k in ("min_level", "max_level", "num_scales",
+                                                      "aspect_ratios"))).values())
     return nms_lib.postprocess(
         outputs["class_logits"], outputs["box_deltas"], tf.constant(self.anchors),
         pre_nms_top_k=cfg.pre_nms_top_k, score_threshold=cfg.score_threshold,
         iou_threshold=cfg.nms_iou_threshold, max_detections=cfg.max_detections,
-        image_size=self.image_size)
+        image_size=clip, level_sizes=level_sizes)
 
   def eval_step(self, model, features, labels, weights):
     """Loss sums (padding weighs 0) and, for the host, detections + ground truth."""
     outputs = model(features, training=False)
     sums = self._sums(self._loss_parts(labels, outputs, weights), weights)
-    detections = self.postprocess(outputs)
+    detections = self.postprocess(outputs, labels.get("image_info"))
     host = {
         "source_id": labels["source_id"],
         "image_info": labels["image_info"],
@@ -513,7 +531,8 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter):
     def detect(pixels):
       image, info = self._resize_pixels(pixels)
       outputs = model(image[None], training=False)
-      detections = self.postprocess({k: tf.cast(v, tf.float32) for k, v in outputs.items()})
+      detections = self.postprocess({k: tf.cast(v, tf.float32) for k, v in outputs.items()},
+                                    info[None])
       boxes = detection_data.to_original_pixels(detections["boxes"], info[None])
       return (boxes[0], detections["scores"][0], detections["classes"][0],
               detections["num_detections"][0])
@@ -646,7 +665,7 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter):
     def detect(images, infos, valid, reason):
       outputs = model(images, training=False)
       outputs = {k: tf.cast(v, tf.float32) for k, v in outputs.items()}
-      detections = self.postprocess(outputs)
+      detections = self.postprocess(outputs, infos)
       boxes = detection_data.to_original_pixels(detections["boxes"], infos)
       return {
           "detection_boxes": tf.where(valid[:, None, None], boxes, 0.0),
