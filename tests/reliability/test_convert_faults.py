@@ -191,6 +191,8 @@ def test_bad_annotation_files_are_one_line_errors_naming_the_file(tmp_path):
   (voc / "x.xml").write_text("<annotation><filename>x.jpg</filename>")  # Cut short.
   latin1_csv = tmp_path / "latin1.csv"
   latin1_csv.write_bytes(b"x.jpg,1,1,9,9,caf\xe9\n")
+  good_csv = tmp_path / "good.csv"
+  good_csv.write_text("x.jpg,1,1,9,9,thing\n")
   labelled = tmp_path / "labelled"  # A damaged label map where the shards go.
   labelled.mkdir()
   (labelled / "label_map.json").write_text('[{"label": 0, "name": "thing"')
@@ -214,7 +216,7 @@ def test_bad_annotation_files_are_one_line_errors_naming_the_file(tmp_path):
       "csv_missing": ["convert", "csv", tmp_path / "missing.csv", tmp_path / "o11" / "train"],
       "csv_latin1": ["convert", "csv", latin1_csv, tmp_path / "o12" / "train",
                      "--image-dir", images],
-      "classes_latin1": ["convert", "csv", latin1_csv, tmp_path / "o13" / "train",
+      "classes_latin1": ["convert", "csv", good_csv, tmp_path / "o13" / "train",
                          "--image-dir", images, "--classes", latin1_csv],
   }
   results = dict(zip(cases, run_batch(tmp_path, list(cases.values()))))

@@ -113,7 +113,7 @@ def test_convert_train_resume_evaluate_export_and_serve_through_the_cli_on_ram(t
       ["export", config, *run, "--output", tmp_path / "local"],
       ["export", config, *run, "--output", "ram://at_the_root"],  # Once made a local "ram:".
       {"serve": "ram://at_the_root", "images": images},
-  ])
+  ], timeout=900)
   (convert_train, convert_eval, train, first_export, first_served, resume, evaluate, refused,
    overwrite, served, local, at_root, served_at_root) = results
   for result in (convert_train, convert_eval, train, first_export, resume, evaluate, overwrite,
