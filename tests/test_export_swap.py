@@ -38,6 +38,14 @@ def test_exchange_is_refused_for_non_local_paths():
   assert export._exchange("ram://a", "ram://b") is False
 
 
+def test_an_output_at_a_filesystem_root_has_that_root_as_its_parent():
+  # os.path.dirname("ram://exp") is "ram:", which export once created as a local directory.
+  assert export._parent("ram://exp") == "ram://"
+  assert export._beside("ram://exp", export._PARTIAL) == f"ram://.exp.partial-{os.getpid()}"
+  assert export._parent("gs://bucket/runs/exp") == "gs://bucket/runs"
+  assert export._parent("exp") == "." and export._parent("/tmp/exp") == "/tmp"
+
+
 def test_a_failed_rename_in_puts_the_old_export_back(tmp_path, monkeypatch):
   monkeypatch.setattr(export, "_exchange", lambda a, b: False)
   output, staging = str(tmp_path / "out"), str(tmp_path / "out.partial-1")
