@@ -7,6 +7,7 @@ its traceback.
     DataError           input data is missing, corrupt or out of range (names the file/record)
     MissingExtraError   an optional dependency is not installed (names the pip command)
     UnknownNameError    no registered model/task/dataset has this name (lists close matches)
+    DiskFullError       a write failed for lack of space (names the path and the free space)
 """
 
 
@@ -29,4 +30,13 @@ class UnknownNameError(KeyError):
     return str(self.args[0]) if self.args else ""
 
 
-USER_ERRORS = (ConfigError, DataError, MissingExtraError, UnknownNameError, FileNotFoundError)
+class DiskFullError(OSError):
+  """A write failed because the disk (or quota) is full; names the path, the free space and
+  what was kept."""
+
+  def __str__(self) -> str:  # OSError would prefix "[Errno N]" when given an errno.
+    return str(self.args[0]) if self.args else ""
+
+
+USER_ERRORS = (ConfigError, DataError, MissingExtraError, UnknownNameError, FileNotFoundError,
+               DiskFullError)

@@ -12,11 +12,23 @@ existing non-empty output directory is refused unless `overwrite`.
 The export is written beside the output first (`OUTPUT.partial-PID`) and put in
 place only once complete: on Linux with a local filesystem the old and the new
 directory are exchanged in one step (`renameat2(RENAME_EXCHANGE)`), so `OUTPUT`
-always holds a complete export; elsewhere (`gs://`, other systems) the old one is
-renamed aside (`OUTPUT.old-PID`), the new one renamed in, and the old one then
-deleted (a moment without `OUTPUT`, never one without a complete export). A
-failed export removes its partial directory; partial directories of exports
-whose process no longer runs are removed by the next export, with a notice.
+always holds a complete export; on other local systems the old one is renamed
+aside (`OUTPUT.old-PID`), the new one renamed in, and the old one then deleted (a
+moment without `OUTPUT`, never one without a complete export). A failed export
+removes its partial directory; partial directories of exports whose process no
+longer runs are removed by the next export, with a notice. A full disk is one
+line naming the free space (`DiskFullError`).
+
+Other `tf.io.gfile` filesystems (`gs://`, `ram://`) have no directory rename: the
+staging and set-aside directories are `.OUTPUT.partial-PID` / `.OUTPUT.old-PID`
+beside `OUTPUT` (on ram:// a name extending OUTPUT's would make OUTPUT "exist"), and
+each move renames file by file (on gs:// a copy and a delete per file), with
+`saved_model.pb` moved into `OUTPUT` last and out of it first: best effort. A
+process killed mid-move leaves an `OUTPUT` without `saved_model.pb`, which
+`tf.saved_model.load` refuses, never a loadable export with part of its variables;
+the old export is then whole in `.OUTPUT.old-PID` (or partly there and partly in
+`OUTPUT`, when killed while setting it aside), and such leftovers are not removed
+automatically (no pid can be checked there).
 
 The signatures are the task's: `task.serving_signatures(model)` returns them by
 name (`serving_default` among them), preprocessing and postprocessing inside
@@ -32,12 +44,12 @@ import json
 import os
 import re
 import socket
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 import tensorflow as tf
 
 from tpu_models import config as config_lib
-from tpu_models.errors import ConfigError
+from tpu_models.errors import ConfigError, DiskFullError
 from tpu_models.task import Servable, create_task, require
 from tpu_models.training import checkpoints
 from tpu_models.training import model_dir as model_dir_lib
@@ -105,10 +117,10 @@ def export_saved_model(config: config_lib.ExperimentConfig, model_dir: str, outp
   module.model = model
   for name, fn in signatures.items():
     setattr(module, name, fn)
-  tf.io.gfile.makedirs(os.path.dirname(output) or ".")
+  tf.io.gfile.makedirs(_parent(output))
   _remove_abandoned(output, say)
   # Written beside the output first: a failed export never leaves half of one behind.
-  staging = f"{output}{_PARTIAL}{os.getpid()}"
+  staging = _beside(output, _PARTIAL)
   if tf.io.gfile.exists(staging):
     tf.io.gfile.rmtree(staging)
   try:
@@ -118,6 +130,16 @@ def export_saved_model(config: config_lib.ExperimentConfig, model_dir: str, outp
       json.dump({"checkpoint": checkpoint, "step": step, "model_dir": model_dir,
                  "signatures": sorted(signatures)}, f, indent=1)
     _put_in_place(staging, output)
+  except (OSError, tf.errors.OpError) as e:
+    if not model_dir_lib.is_disk_full(e):
+      raise
+    kept = (f"{output} is unchanged" if tf.io.gfile.exists(output)
+            else f"nothing was written to {output}")
+    raise DiskFullError(
+        f"No space left on device while exporting to {output} "
+        f"({model_dir_lib.free_space(staging)}); the partial export was removed and {kept}. "
+        f"Free some space (a SavedModel of this model takes about as much as one of its "
+        f"checkpoints) and run the same command again.") from None
   finally:
     if tf.io.gfile.exists(staging):  # A failure, or the old export after an exchange.
       _remove(staging)
@@ -128,6 +150,26 @@ def export_saved_model(config: config_lib.ExperimentConfig, model_dir: str, outp
 
 _PARTIAL = ".partial-"
 _ASIDE = ".old-"
+_SAVED_MODEL_FILE = "saved_model.pb"  # What makes a directory load as a SavedModel.
+
+
+def _parent(path: str) -> str:
+  """The directory holding `path`, also for a filesystem's root ("ram://exp" -> "ram://")."""
+  scheme, sep, rest = path.rpartition("://")
+  return f"{scheme}{sep}{os.path.dirname(rest)}" if sep else (os.path.dirname(path) or ".")
+
+
+def _beside(output: str, kind: str) -> str:
+  """Where this process stages (`kind` = _PARTIAL) or sets aside (_ASIDE) exports of `output`.
+
+  Locally `OUTPUT.partial-PID`. Elsewhere `.OUTPUT.partial-PID` in the same directory:
+  on ram:// a name that starts with OUTPUT's would make OUTPUT "exist" while it does not.
+  """
+  if model_dir_lib.is_local(output):
+    return f"{output}{kind}{os.getpid()}"
+  parent = _parent(output)
+  name = f".{os.path.basename(output)}{kind}{os.getpid()}"
+  return parent + name if parent.endswith("/") else f"{parent}/{name}"
 
 
 def _exchange(a: str, b: str) -> bool:
@@ -152,22 +194,67 @@ def _put_in_place(staging: str, output: str) -> None:
     return
   if _exchange(staging, output):
     return
-  aside = f"{output}{_ASIDE}{os.getpid()}"
-  _move(output, aside)
+  aside = _beside(output, _ASIDE)
+  try:
+    _move(output, aside, saved_model_first=True)
+  except BaseException:
+    if tf.io.gfile.exists(aside):  # Moved file by file, and only in part: back.
+      _move(aside, output)
+    raise
   try:
     _move(staging, output)
   except BaseException:
+    if not model_dir_lib.is_local(output) and tf.io.gfile.exists(output):
+      _remove(output)  # What got in of the new export (never its saved_model.pb).
     _move(aside, output)  # Back: the old export stays.
     raise
   _remove(aside)
 
 
-def _move(source: str, target: str) -> None:
-  tf.io.gfile.rename(source, target)
+def _move(source: str, target: str, saved_model_first: bool = False) -> None:
+  """Renames directory `source` to `target`: in one step locally, else file by file.
+
+  Object stores (gs://) and ram:// have no directory rename (TensorFlow's ram://
+  renames the directory's name and leaves its files behind), so there each file is
+  renamed (on gs:// a copy and a delete). `saved_model.pb` is moved last, so a
+  directory that loads as a SavedModel has all its files; `saved_model_first` moves
+  it first instead (taking an export out of service before its variables go).
+  """
+  if model_dir_lib.is_local(source) and model_dir_lib.is_local(target):
+    tf.io.gfile.rename(source, target)
+    return
+  for folder, _, _ in tf.io.gfile.walk(source):
+    tf.io.gfile.makedirs(target + folder[len(source):])
+  files = _files(source)
+  is_saved_model = lambda path: path == os.path.join(source, _SAVED_MODEL_FILE)
+  files.sort(key=lambda path: is_saved_model(path) != saved_model_first)
+  for path in files:
+    tf.io.gfile.rename(path, target + path[len(source):], overwrite=True)
+  _remove(source)
+
+
+def _files(directory: str) -> List[str]:
+  """The files under `directory`, without the names ram:// lists that are not there.
+
+  ram:// lists by name prefix: beside `assets.extra/config.yaml`, the folder `assets`
+  also "holds" `.extra`.
+  """
+  return [path for folder, _, names in tf.io.gfile.walk(directory)
+          for path in (os.path.join(folder, name) for name in names)
+          if tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path)]
 
 
 def _remove(path: str) -> None:
-  tf.io.gfile.rmtree(path) if tf.io.gfile.isdir(path) else tf.io.gfile.remove(path)
+  if not tf.io.gfile.isdir(path):
+    tf.io.gfile.remove(path)
+    return
+  try:
+    tf.io.gfile.rmtree(path)
+  except tf.errors.NotFoundError:
+    # ram:// deletes everything, then fails on a name it listed that is not there (see
+    # _files): only something left behind is an error.
+    if tf.io.gfile.exists(path) and _files(path):
+      raise
 
 
 def _remove_abandoned(output: str, say: Callable[[str], None]) -> None:

@@ -12,6 +12,13 @@ FAULT (the kill is real, inside tf.train.CheckpointManager.save of ckpt-STEP):
     kill-mid-sweep      after ckpt-STEP is recorded, while an old checkpoint is being
                         deleted (max_to_keep): its index is gone, its data not yet
 
+FAULT disk-full-checkpoint: the save of ckpt-STEP runs out of space after its
+`ckpt-STEP_temp/` shard is written, while the final data file is being merged
+(half of it written): TensorFlow's ResourceExhaustedError "No space left on
+device", as its C++ writers raise for ENOSPC.
+FAULT disk-full-metrics: writing the metrics.jsonl row of step STEP runs out of
+space half-way through the line (OSError ENOSPC, as a Python write raises it).
+
 FAULT kill-converting: SIGKILL inside data/records.py's ShardedRecordWriter.write
 after STEP records (a `tpu-models convert` killed mid-way).
 FAULT kill-after-export-swap: SIGKILL in `tpu-models export` right after the new
@@ -21,6 +28,13 @@ export was put in place, before the old one is deleted (STEP is ignored).
 writes [{"argv", "code", "stdout", "stderr", "traceback"}] to OUT.json: many
 failing commands for the price of one TensorFlow start-up. A case may also be
 {"argv": [...], "env": {NAME: VALUE}}: the variables are set for that case only.
+
+A case {"serve": EXPORT_DIR, "images": [FILE, ...], "copy_to": LOCAL_DIR} plays the
+serving system instead of running the CLI: tf.saved_model.load(EXPORT_DIR), its
+`serving_default` called on the files' bytes; the result has "outputs" (lists),
+"export_json" (its assets.extra/export.json) and "listing" (the names beside
+EXPORT_DIR). With "copy_to", the export's files are copied there (tf.io.gfile), so
+a filesystem that lives in this process (ram://) can be served by another one.
 
 FAULT_CPU_FLAGS="avx2 fma ..." (in the environment, or a case's env) replaces the
 CPU feature flags `runtime.mixed_precision: auto` reads from /proc/cpuinfo, so
@@ -60,7 +74,58 @@ def _inject_converter_kill(records_written: int) -> None:
   records.ShardedRecordWriter.write = write_then_maybe_kill
 
 
+def _no_space(path: str):
+  import tensorflow as tf
+  return tf.errors.ResourceExhaustedError(None, None,
+                                          f"{path}; No space left on device (injected)")
+
+
+def _inject_disk_full_checkpoint(step: int) -> None:
+  from tensorflow.python.ops import gen_io_ops
+  merge = gen_io_ops.merge_v2_checkpoints
+
+  def merge_running_out_of_space(checkpoint_prefixes, destination_prefix, *args, **kwargs):
+    destination = destination_prefix.numpy().decode()
+    if os.path.basename(destination) != f"ckpt-{step}":
+      return merge(checkpoint_prefixes, destination_prefix, *args, **kwargs)
+    temp = os.path.dirname(checkpoint_prefixes[0].numpy().decode())
+    data = [name for name in os.listdir(temp) if ".data-" in name][0]
+    with open(os.path.join(temp, data), "rb") as f:
+      written = f.read()
+    with open(f"{destination}.data-00000-of-00001", "wb") as f:  # Cut off by the full disk.
+      f.write(written[:len(written) // 2])
+    raise _no_space(f"{destination}.data-00000-of-00001")
+
+  gen_io_ops.merge_v2_checkpoints = merge_running_out_of_space
+
+
+def _inject_disk_full_metrics(step: int) -> None:
+  import errno
+  from tensorflow.python.lib.io import file_io
+  write = file_io.FileIO.write
+
+  def write_running_out_of_space(self, file_content):
+    if self.name.endswith("metrics.jsonl") and isinstance(file_content, str):
+      try:
+        row = json.loads(file_content)
+      except ValueError:
+        row = None
+      if isinstance(row, dict) and row.get("step") == step:
+        write(self, file_content[:len(file_content) // 2])
+        self.flush()
+        raise OSError(errno.ENOSPC, "No space left on device (injected)", self.name)
+    return write(self, file_content)
+
+  file_io.FileIO.write = write_running_out_of_space
+
+
 def _inject(fault: str, step: int) -> None:
+  if fault == "disk-full-checkpoint":
+    _inject_disk_full_checkpoint(step)
+    return
+  if fault == "disk-full-metrics":
+    _inject_disk_full_metrics(step)
+    return
   if fault == "kill-converting":
     _inject_converter_kill(step)
     return
@@ -145,12 +210,42 @@ def _environment(env):
         os.environ[name] = value
 
 
+def _serve(case) -> dict:
+  import tensorflow as tf
+  export_dir = case["serve"]
+  loaded = tf.saved_model.load(export_dir)
+  images = []
+  for path in case["images"]:
+    with open(path, "rb") as f:
+      images.append(f.read())
+  outputs = loaded.signatures["serving_default"](image_bytes=tf.constant(images))
+  with tf.io.gfile.GFile(f"{export_dir}/assets.extra/export.json") as f:
+    export_json = json.load(f)
+  parent = export_dir.rsplit("/", 1)[0] + "/"
+  if case.get("copy_to"):
+    for folder, _, names in tf.io.gfile.walk(export_dir):
+      target = case["copy_to"] + folder[len(export_dir):]
+      tf.io.gfile.makedirs(target)
+      for name in names:
+        if tf.io.gfile.exists(f"{folder}/{name}"):  # ram:// lists `assets/.extra` too.
+          tf.io.gfile.copy(f"{folder}/{name}", f"{target}/{name}")
+  return {"outputs": {k: v.numpy().tolist() for k, v in outputs.items() if v.dtype != tf.string},
+          "export_json": export_json,
+          "listing": sorted(name.rstrip("/") for name in tf.io.gfile.listdir(parent))}
+
+
 def _batch(cases_path: str, out_path: str) -> int:
   from tpu_models import cli
   with open(cases_path) as f:
     cases = json.load(f)
   results = []
   for case in cases:
+    if isinstance(case, dict) and "serve" in case:
+      try:
+        results.append(dict(_serve(case), traceback=""))
+      except BaseException:  # pylint: disable=broad-except
+        results.append({"traceback": traceback.format_exc()})
+      continue
     argv, env = (case["argv"], case.get("env", {})) if isinstance(case, dict) else (case, {})
     if "FAULT_EXPORT" in env:
       _fake_export_failures()

@@ -47,10 +47,14 @@ def driver_command(argv, fault):
 def run_batch(tmp_path, cases, timeout=600):
   """Runs each argv of `cases` through `cli.main` in ONE subprocess; returns their results.
 
-  A case is an argv list, or {"argv": [...], "env": {...}} (variables set for that case).
+  A case is an argv list, or {"argv": [...], "env": {...}} (variables set for that case), or
+  {"serve": EXPORT_DIR, "images": [...], "copy_to": DIR} (see fault_driver.py).
   """
   cases_file, out_file = tmp_path / "cases.json", tmp_path / "results.json"
   def as_json(case):
+    if isinstance(case, dict) and "serve" in case:
+      return {key: [str(v) for v in value] if isinstance(value, list) else str(value)
+              for key, value in case.items()}
     if isinstance(case, dict):
       return {"argv": [str(a) for a in case["argv"]], "env": case.get("env", {})}
     return [str(a) for a in case]

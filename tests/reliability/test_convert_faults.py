@@ -1,6 +1,7 @@
 """Fault injection on the converters, through the CLI: a killed `convert`, a re-run with
 another shard count, shards cut short or left from another conversion, COCO duplicate
-image ids and file names outside the image folder. No half dataset is ever read."""
+image ids and file names outside the image folder, missing or damaged annotation files.
+No half dataset is ever read."""
 
 import json
 import os
@@ -167,3 +168,88 @@ def test_coco_duplicate_ids_and_outside_file_names_are_errors(results):
   line = error_line(absolute)
   assert absolute["code"] == 2
   assert f"absolute.csv:2: file_name '{tmp / 'outside.jpg'}' resolves to" in line
+
+
+def test_bad_annotation_files_are_one_line_errors_naming_the_file(tmp_path):
+  """Missing, unreadable, cut-off and wrongly shaped annotation inputs of `convert coco|voc|csv`:
+  exit 2, one line naming the file and what was expected; no shard is written."""
+  images = tmp_path / "images"
+  images.mkdir()
+  (images / "x.jpg").write_bytes(tf.io.encode_jpeg(np.zeros((16, 16, 3), np.uint8)).numpy())
+  cut = tmp_path / "cut.json"
+  cut.write_text(json.dumps({"images": [], "annotations": [], "categories": []})[:20])
+  latin1 = tmp_path / "latin1.json"
+  latin1.write_bytes(b'{"images": "caf\xe9"}')
+  (tmp_path / "list.json").write_text("[1, 2]")
+  (tmp_path / "no_lists.json").write_text(json.dumps({"images": [], "info": {}}))
+  (tmp_path / "empty.json").write_text(json.dumps({"images": [], "annotations": [],
+                                                   "categories": []}))
+  no_boxes = _coco(tmp_path / "no_boxes.json", ["x.jpg"], [1])
+  no_boxes.write_text(json.dumps(dict(json.loads(no_boxes.read_text()), annotations=[])))
+  voc = tmp_path / "voc"
+  voc.mkdir()
+  (voc / "x.xml").write_text("<annotation><filename>x.jpg</filename>")  # Cut short.
+  latin1_csv = tmp_path / "latin1.csv"
+  latin1_csv.write_bytes(b"x.jpg,1,1,9,9,caf\xe9\n")
+  good_csv = tmp_path / "good.csv"
+  good_csv.write_text("x.jpg,1,1,9,9,thing\n")
+  labelled = tmp_path / "labelled"  # A damaged label map where the shards go.
+  labelled.mkdir()
+  (labelled / "label_map.json").write_text('[{"label": 0, "name": "thing"')
+
+  def coco(annotations, out, *extra):
+    return ["convert", "coco", annotations, images, tmp_path / out / "train", *extra]
+
+  cases = {
+      "missing": coco(tmp_path / "missing.json", "o1"),
+      "folder": coco(images, "o2"),
+      "cut": coco(cut, "o3"),
+      "latin1": coco(latin1, "o4"),
+      "list": coco(tmp_path / "list.json", "o5"),
+      "no_lists": coco(tmp_path / "no_lists.json", "o6"),
+      "empty": coco(tmp_path / "empty.json", "o7"),
+      "no_boxes": coco(no_boxes, "o8", "--skip-empty"),
+      "label_map": ["convert", "coco", no_boxes, images, labelled / "train"],
+      "voc_malformed": ["convert", "voc", voc, tmp_path / "o9" / "train"],
+      "voc_image_set": ["convert", "voc", voc, tmp_path / "o10" / "train", "--image-set",
+                        tmp_path / "missing.txt"],
+      "csv_missing": ["convert", "csv", tmp_path / "missing.csv", tmp_path / "o11" / "train"],
+      "csv_latin1": ["convert", "csv", latin1_csv, tmp_path / "o12" / "train",
+                     "--image-dir", images],
+      "classes_latin1": ["convert", "csv", good_csv, tmp_path / "o13" / "train",
+                         "--image-dir", images, "--classes", latin1_csv],
+  }
+  results = dict(zip(cases, run_batch(tmp_path, list(cases.values()))))
+  coco_expected = ("expected a COCO instances JSON file: an object with 'images', "
+                   "'annotations' and 'categories' lists.")
+  expected = {
+      "missing": f"COCO annotation file '{tmp_path / 'missing.json'}' does not exist; "
+                 + coco_expected,
+      "folder": f"COCO annotation file '{images}' is a folder, not a file; " + coco_expected,
+      "cut": f"COCO annotation file '{cut}' is not valid JSON (",
+      "latin1": f"COCO annotation file '{latin1}' is not UTF-8 text (invalid continuation byte "
+                f"at byte 15); " + coco_expected,
+      "list": f"COCO annotation file '{tmp_path / 'list.json'}' holds a JSON list; "
+              + coco_expected,
+      "no_lists": f"COCO annotation file '{tmp_path / 'no_lists.json'}' has no 'annotations' "
+                  f"or 'categories' list (it has 'images', 'info'); " + coco_expected,
+      "empty": f"COCO annotation file '{tmp_path / 'empty.json'}' lists no images",
+      "no_boxes": "convert no_boxes.json: no image left to write: none of the listed images "
+                  "has a box (skip_images_without_boxes / --skip-empty",
+      "label_map": f"Label map '{labelled / 'label_map.json'}' is not valid JSON (",
+      "voc_malformed": f"Every one of the 1 .xml file(s) in '{voc}' is malformed (first: "
+                       f"{voc / 'x.xml'}: malformed XML: no element found",
+      "voc_image_set": f"Image set file '{tmp_path / 'missing.txt'}' does not exist; expected "
+                       f"image ids, one per line",
+      "csv_missing": f"CSV annotation file '{tmp_path / 'missing.csv'}' does not exist; "
+                     f"expected lines path,x1,y1,x2,y2,class_name.",
+      "csv_latin1": f"CSV annotation file '{latin1_csv}' is not UTF-8 text (",
+      "classes_latin1": f"Classes file '{latin1_csv}' is not UTF-8 text (",
+  }
+  for name, text in expected.items():
+    result = results[name]
+    assert result["code"] == 2, (name, result["stderr"] + result["traceback"])
+    assert f"tpu-models convert: error: {text}" in error_line(result), name
+  assert "expected " + ('a JSON list of {"label", "name", "category_id"} objects'
+                        ) in error_line(results["label_map"])
+  assert not list(tmp_path.glob("o*/train-*")) and not list(labelled.glob("train-*"))

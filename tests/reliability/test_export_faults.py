@@ -1,6 +1,7 @@
 """Fault injection on `tpu-models export --overwrite`: a failure while saving (a full disk,
-injected), retried; a SIGKILL right after the swap; a partial directory of a dead export.
-The output is always one complete export, and no partial directory outlives its export."""
+injected; one line naming the free space), retried; a SIGKILL right after the swap; a partial
+directory of a dead export. The output is always one complete export, and no partial
+directory outlives its export."""
 
 import json
 import os
@@ -9,7 +10,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from faults import _experiment, _write, driver_command, run_batch
+from faults import _experiment, _write, driver_command, error_line, run_batch
 
 
 def _listing(tmp):
@@ -64,8 +65,14 @@ def test_a_failed_export_removes_its_partial_directory_and_keeps_the_old_one(res
   first = results["first"]
   for step in first[:3]:
     assert step["code"] == 0, step["stderr"] + step["traceback"]
+  output = results["tmp"] / "exported"
   for failed in first[3:5]:  # Each retry fails the same way and leaves nothing behind.
-    assert failed["code"] is None and "No space left on device (injected)" in failed["traceback"]
+    assert failed["code"] == 2, failed["stderr"] + failed["traceback"]
+    line = error_line(failed)  # One line, no traceback: the path, the free space, what is kept.
+    assert line.startswith(f"tpu-models export: error: No space left on device while exporting "
+                           f"to {output} ("), line
+    assert " free of " in line
+    assert f"the partial export was removed and {output} is unchanged" in line
   assert results["after_failures"] == {"listing": ["exported"], "step": 4}
 
 

@@ -4,8 +4,9 @@
 exactly as `gs://` does on a TPU pod, with the quirks that broke resuming
 there (a checkpoint prefix "is a directory" when files start with it). Data
 written there by the shard writer, then train -> resume -> evaluate, all in this
-process (the filesystem lives in it). Exporting to it is not covered yet: it
-cannot rename directories, which the atomic export relies on.
+process (the filesystem lives in it). Then the whole chain as CLI commands:
+convert -> train -> export -> serve -> resume -> evaluate -> export --overwrite ->
+serve, in one `tpu-models` process (the fault driver's batch mode).
 """
 
 import os
@@ -70,3 +71,74 @@ def test_data_train_resume_and_evaluate_on_ram_filesystem():
   assert evaluator.current_step == 8
   assert evaluator.evaluate()["loss"] == metrics["loss"]
   evaluator.close()
+
+
+def _image_folder(root):
+  """root/<a|b|c|d>/<i>.jpg: 4 random 16x16 JPEGs per class."""
+  rng = np.random.default_rng(0)
+  for name in "abcd":
+    (root / name).mkdir(parents=True)
+    for i in range(4):
+      pixels = rng.integers(0, 255, (16, 16, 3), dtype=np.uint8)
+      (root / name / f"{i}.jpg").write_bytes(tf.io.encode_jpeg(pixels).numpy())
+  return root
+
+
+def test_convert_train_resume_evaluate_export_and_serve_through_the_cli_on_ram(tmp_path):
+  """The whole chain as `tpu-models` commands of one process (ram:// lives in one process).
+
+  The ram:// exports are loaded there with tf.saved_model.load and served; the last one is
+  also copied out and served here, in another process, against an export of the same
+  checkpoint to local disk.
+  """
+  from faults import _experiment, error_line, run_batch  # tests/reliability (on sys.path).
+
+  photos = _image_folder(tmp_path / "photos")
+  images = sorted(str(p) for p in photos.glob("*/0.jpg"))
+  root = f"ram://{uuid.uuid4().hex}"
+  config = _experiment(tmp_path, "ram", f"{root}/data/train-*", f"{root}/data/validation-*")
+  run = ["--import", "tiny_image_model", "--model-dir", f"{root}/run"]
+  export = ["export", config, *run, "--output", f"{root}/exported"]
+  results = run_batch(tmp_path, [
+      ["convert", "image-folder", photos, f"{root}/data/train", "--num-shards", 2],
+      ["convert", "image-folder", photos, f"{root}/data/validation", "--num-shards", 1],
+      ["train", config, *run],
+      export,
+      {"serve": f"{root}/exported", "images": images},
+      ["train", config, *run, "--set", "trainer.train_steps=8"],
+      ["evaluate", config, *run],
+      export,  # Refused: the export exists.
+      export + ["--overwrite"],
+      {"serve": f"{root}/exported", "images": images, "copy_to": tmp_path / "copied"},
+      ["export", config, *run, "--output", tmp_path / "local"],
+  ], timeout=900)
+  (convert_train, convert_eval, train, first_export, first_served, resume, evaluate, refused,
+   overwrite, served, local) = results
+  for result in (convert_train, convert_eval, train, first_export, resume, evaluate, overwrite,
+                 local):
+    assert result["code"] == 0, result["stderr"][-2000:] + result["traceback"]
+  for result in (first_served, served):
+    assert not result["traceback"], result["traceback"]
+  assert f"Exported checkpoint {root}/run/ckpt-4 (step 4)" in first_export["stdout"]
+  assert first_served["export_json"]["step"] == 4
+  assert "step 8/8" in resume["stdout"] and "step 6/8" in resume["stdout"]
+  assert "step 2/8" not in resume["stdout"]  # Resumed from its ckpt-4, not from scratch.
+  assert f"Resumed from {root}/run/ckpt-8 at step 8.\neval at step 8:" in evaluate["stdout"]
+  assert "examples 16" in evaluate["stdout"]
+  assert refused["code"] == 2 and "already exists; pass --overwrite" in error_line(refused)
+  assert served["export_json"]["step"] == 8 and served["export_json"]["checkpoint"] == (
+      f"{root}/run/ckpt-8")
+  # Nothing left beside the export: no staging or set-aside directory.
+  assert served["listing"] == ["data", "exported", "run"]
+  assert served["outputs"]["valid"] == [True] * 4
+  assert served["outputs"]["classes"] != first_served["outputs"]["classes"] or (
+      served["outputs"]["logits"] != first_served["outputs"]["logits"])  # Really replaced.
+
+  # Served in this process from the copy, and from the local export of the same checkpoint.
+  batch = tf.constant([open(path, "rb").read() for path in images])
+  for export_dir in (tmp_path / "copied", tmp_path / "local"):
+    outputs = tf.saved_model.load(str(export_dir)).signatures["serving_default"](
+        image_bytes=batch)
+    np.testing.assert_allclose(outputs["logits"].numpy(), served["outputs"]["logits"],
+                               rtol=1e-5, atol=1e-6)
+    assert outputs["classes"].numpy().tolist() == served["outputs"]["classes"]

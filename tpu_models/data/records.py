@@ -25,6 +25,8 @@ from typing import Dict, List, Optional, Union
 
 import tensorflow as tf
 
+from tpu_models.errors import DataError
+
 # Suffix of a shard being written; the reader refuses files that end in it.
 PARTIAL_SUFFIX = ".partial"
 # `{prefix}.shards.json`: the completion marker of the shard set `{prefix}-*-of-*`.
@@ -73,6 +75,44 @@ def read_marker(output_prefix: str) -> Optional[Dict]:
     raise ValueError(f"{path} is not a shard marker (a JSON object listing each shard's "
                      f"name, records and bytes); it may be cut short.") from None
   return marker
+
+
+def read_input(path: str, what: str, expected: str, *, binary: bool = False
+               ) -> Union[str, bytes]:
+  """The whole contents of a converter's input file `path` (any tf.io.gfile path).
+
+  Args:
+    path: the file.
+    what: what it is, for the error ("CSV annotation file").
+    expected: what it should be, for the error ("lines path,x1,y1,x2,y2,class_name").
+    binary: return bytes; else UTF-8 text (a byte-order mark is dropped).
+
+  Returns:
+    str, or bytes with `binary`.
+
+  Raises:
+    DataError: `path` does not exist, is a folder, cannot be read or (text) is
+      not UTF-8; one line naming `what`, the path and `expected`.
+  """
+  problem = ""
+  try:
+    if tf.io.gfile.isdir(path):
+      problem = "is a folder, not a file"
+    else:
+      with tf.io.gfile.GFile(path, "rb") as f:
+        data = f.read()
+  except tf.errors.NotFoundError:
+    problem = "does not exist"
+  except tf.errors.OpError as e:  # Permission denied, a filesystem that fails.
+    problem = f"cannot be read ({type(e).__name__}: {' '.join(e.message.split())[:200]})"
+  if not problem and not binary:
+    try:
+      return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+      problem = f"is not UTF-8 text ({e.reason} at byte {e.start})"
+  if problem:
+    raise DataError(f"{what} {path!r} {problem}; expected {expected}.")
+  return data
 
 
 def _glob(pattern: str) -> List[str]:

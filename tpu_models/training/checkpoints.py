@@ -421,7 +421,9 @@ def write_warm_start_report(model_dir: str, report: WarmStartReport) -> str:
 def saved_step(path: str) -> int:
   """The training step stored in the checkpoint at `path` (0 if it has none)."""
   try:
-    return int(tf.train.load_variable(path, "step/.ATTRIBUTES/VARIABLE_VALUE"))
+    # The prefix's own reader, not tf.train.load_variable: see `unreadable_reason`.
+    return int(tf.compat.v1.train.NewCheckpointReader(path).get_tensor(
+        "step/.ATTRIBUTES/VARIABLE_VALUE"))
   except (tf.errors.NotFoundError, ValueError):
     return 0
 

@@ -33,9 +33,11 @@ succeed. Whether a holder on another host is alive cannot be known: its lock
 is never taken over automatically (the message says which file to delete).
 """
 
+import errno
 import hashlib
 import json
 import os
+import shutil
 import socket
 import time
 import weakref
@@ -108,8 +110,50 @@ def _describe(holder: dict) -> str:
           f"{holder.get('started', 'at an unknown time')}")
 
 
-def _is_local(path: str) -> bool:
+def is_local(path: str) -> bool:
+  """Whether `path` is on a local (POSIX) filesystem rather than another `tf.io.gfile` one."""
   return "://" not in path
+
+
+# ----------------------------------------------------------------------------
+# Full disks.
+
+_DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded")
+
+
+def is_disk_full(error: BaseException) -> bool:
+  """Whether `error` is a write that failed for lack of space (ENOSPC, EDQUOT).
+
+  Python writes raise OSError with the errno; TensorFlow's C++ writers (checkpoints,
+  SavedModels, tf.io.gfile) raise an OpError (ResourceExhaustedError for ENOSPC) whose
+  message carries the system's text.
+  """
+  if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+    return True
+  return isinstance(error, tf.errors.OpError) and any(
+      text in str(error.message) for text in _DISK_FULL_TEXTS)
+
+
+def _bytes(count: int) -> str:
+  for unit in ("bytes", "KB", "MB", "GB"):
+    if count < 1024 or unit == "GB":
+      return f"{count} {unit}" if unit == "bytes" else f"{count:.1f} {unit}"
+    count /= 1024
+  return ""
+
+
+def free_space(path: str) -> str:
+  """"12.3 MB free of 40.0 GB" for the local filesystem holding `path`; "unknown" elsewhere."""
+  if not is_local(path):
+    return "free space unknown (not a local filesystem)"
+  folder = os.path.abspath(path)
+  while not os.path.exists(folder) and os.path.dirname(folder) != folder:
+    folder = os.path.dirname(folder)
+  try:
+    usage = shutil.disk_usage(folder)
+  except OSError:
+    return "free space unknown"
+  return f"{_bytes(usage.free)} free of {_bytes(usage.total)} on the filesystem of {folder}"
 
 
 def _read(path: str) -> Optional[dict]:
@@ -128,7 +172,7 @@ def _read(path: str) -> Optional[dict]:
 
 def _create(path: str, text: str) -> bool:
   """Creates lock file `path` holding `text` unless it exists; whether this call created it."""
-  if _is_local(path):
+  if is_local(path):
     try:
       fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:

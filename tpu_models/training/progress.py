@@ -18,6 +18,7 @@ from typing import Dict, Optional
 
 import tensorflow as tf
 
+from tpu_models.errors import DiskFullError
 from tpu_models.training import model_dir as model_dir_lib
 
 METRICS_FILE = "metrics.jsonl"
@@ -145,8 +146,19 @@ class Reporter:
     row = {"time": round(time.time(), 3), "split": split, "step": int(step)}
     row.update({k: float(v) for k, v in metrics.items()})
     row.update(extra)
-    self._jsonl.write(json.dumps(row) + "\n")
-    self._jsonl.flush()
+    try:
+      self._jsonl.write(json.dumps(row) + "\n")
+      self._jsonl.flush()
+    except (OSError, tf.errors.OpError) as e:
+      if not model_dir_lib.is_disk_full(e):
+        raise
+      path = os.path.join(self._model_dir, METRICS_FILE)
+      self._jsonl = None  # Closing it would only fail again (its buffer cannot be written).
+      raise DiskFullError(
+          f"No space left on device while writing {path} ({model_dir_lib.free_space(path)}): "
+          f"the {split} row of step {step} was not written (a line cut short is moved to "
+          f"{REWOUND_FILE} when the run resumes). The checkpoints are not affected; run the "
+          f"same command again once there is space.") from None
     if self._tensorboard and metrics:
       writer = self._writers.get(split)
       if writer is None:

@@ -45,7 +45,7 @@ from tpu_models import distribute
 from tpu_models.config import (DataConfig, ExperimentConfig, config_warnings, dump_config,
                                to_dict, validate)
 from tpu_models.data import pipeline
-from tpu_models.errors import ConfigError, DataError
+from tpu_models.errors import ConfigError, DataError, DiskFullError
 from tpu_models.task import HIGHER, LOWER, Task, create_task
 from tpu_models.training import checkpoints
 from tpu_models.training import fine_tune
@@ -336,14 +336,51 @@ class Trainer:
       checkpoints.move_aside(self.model_dir, [prefix], say=self._say,
                              reasons={prefix: "it would have been overwritten by a run that "
                                               "did not restore it"})
+    new = step not in self._saved_steps
     self._saved_steps.add(step)
     self.elapsed_seconds.assign(self._elapsed())
-    path = self.manager.save(checkpoint_number=self.step)
+    try:
+      path = self.manager.save(checkpoint_number=self.step)
+    except (OSError, tf.errors.OpError) as e:
+      if not model_dir_lib.is_disk_full(e):
+        raise
+      raise self._disk_full(prefix, remove_unfinished=new and self.chief) from None
     if not self.chief:  # Other workers write only because saving is collective.
       shutil.rmtree(self._checkpoint_dir, ignore_errors=True)
       path = prefix  # Where the chief writes this step (it may not be done yet).
     self._last_saved = (step, path)
     return path
+
+  def _disk_full(self, prefix: str, remove_unfinished: bool) -> DiskFullError:
+    """The error of a checkpoint save that ran out of space; removes what the save left.
+
+    Unless the state file already names it (the space ran out afterwards, deleting old
+    checkpoints), the save is unfinished and the earlier checkpoints are as they were:
+    its files (`ckpt-N_temp/`, a cut-off `ckpt-N.*`) are removed, which also frees their
+    space, so the next run does not take them for a killed save.
+    """
+    latest = tf.train.latest_checkpoint(self.model_dir)
+    if latest and os.path.basename(latest) == os.path.basename(prefix):
+      return DiskFullError(
+          f"No space left on device after saving checkpoint {prefix} "
+          f"({model_dir_lib.free_space(self.model_dir)}); it is complete and recorded. Free "
+          f"some space and run the same command again to resume from it.")
+    if remove_unfinished:
+      for leftover in tf.io.gfile.glob(prefix + ".*") + tf.io.gfile.glob(prefix + "_temp"):
+        try:
+          if tf.io.gfile.isdir(leftover):
+            tf.io.gfile.rmtree(leftover)
+          else:
+            tf.io.gfile.remove(leftover)
+        except tf.errors.OpError:
+          pass  # Reported by the next run as an unfinished save; nothing is lost.
+    kept = (f"The earlier checkpoints are intact (the newest is {latest}); run the same "
+            f"command again once there is space and it resumes from there." if latest else
+            "There is no earlier checkpoint; the run starts from scratch when run again.")
+    return DiskFullError(
+        f"No space left on device while saving checkpoint {prefix} "
+        f"({model_dir_lib.free_space(self.model_dir)}); the unfinished save was removed. "
+        f"{kept}")
 
   def _elapsed(self) -> float:
     if self._run_start is None:

@@ -123,3 +123,16 @@ def test_annotation_file_with_sparse_category_ids_and_crowd(tmp_path):
   unknown.add_detections([8], boxes[:1], [[0.9, 0.0]], [[0, -1]])
   with pytest.raises(ValueError, match="not image ids"):
     unknown.evaluate()
+
+
+def test_a_missing_or_malformed_annotation_file_is_a_data_error_naming_it(tmp_path):
+  from tpu_models.errors import DataError
+  cut = tmp_path / "cut.json"
+  cut.write_text('{"images": [')
+  no_images = tmp_path / "no_images.json"
+  no_images.write_text(json.dumps({"annotations": [], "categories": []}))
+  for path, problem in ((tmp_path / "missing.json", "does not exist"),
+                        (cut, "is not valid JSON"), (no_images, "has no 'images' list")):
+    with pytest.raises(DataError, match=f"COCO annotation file '{path}' {problem}.*expected a "
+                                        f"COCO instances JSON file"):
+      COCOEvaluator(str(path))

@@ -23,8 +23,45 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from tpu_models.data import records
+from tpu_models.errors import DataError
+
 METRIC_NAMES = ("AP", "AP50", "AP75", "APs", "APm", "APl",
                 "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
+
+
+_INSTANCES = ("a COCO instances JSON file: an object with 'images', 'annotations' and "
+              "'categories' lists")
+
+
+def load_instances(annotation_file: str) -> Dict:
+  """A COCO instances file (any tf.io.gfile path) as a dict with its three lists checked.
+
+  Returns:
+    The parsed JSON object; `images`, `annotations` and `categories` are lists
+    (their entries are checked by whoever reads them).
+
+  Raises:
+    DataError: the file is missing, unreadable, not JSON, or not an object with
+      those lists; one line naming the file and what was expected.
+  """
+  text = records.read_input(annotation_file, "COCO annotation file", _INSTANCES)
+  try:
+    data = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise DataError(f"COCO annotation file {annotation_file!r} is not valid JSON ({e}); "
+                    f"expected {_INSTANCES}.") from None
+  if not isinstance(data, dict):
+    raise DataError(f"COCO annotation file {annotation_file!r} holds a JSON "
+                    f"{type(data).__name__}; expected {_INSTANCES}.")
+  missing = [key for key in ("images", "annotations", "categories")
+             if not isinstance(data.get(key), list)]
+  if missing:
+    found = ", ".join(repr(key) for key in sorted(data)[:8]) or "nothing"
+    raise DataError(f"COCO annotation file {annotation_file!r} has no "
+                    f"{' or '.join(repr(key) for key in missing)} list (it has {found}); "
+                    f"expected {_INSTANCES}.")
+  return data
 
 
 def _rows(values: np.ndarray, counts: Optional[np.ndarray], classes: np.ndarray, b: int):
@@ -72,8 +109,7 @@ class COCOEvaluator:
     self.max_detections = max_detections
     self._file_dataset = None
     if annotation_file is not None:
-      with open(annotation_file) as f:
-        self._file_dataset = json.load(f)
+      self._file_dataset = load_instances(annotation_file)
       categories = sorted(self._file_dataset.get("categories", []), key=lambda c: c["id"])
       if category_ids is None:
         category_ids = [c["id"] for c in categories]

@@ -32,6 +32,7 @@ import collections
 import concurrent.futures
 import csv
 import dataclasses
+import io
 import json
 import math
 import os
@@ -45,11 +46,14 @@ import tensorflow as tf
 
 from tpu_models.vision.classification import convert as convert_lib
 from tpu_models.vision import image as image_lib
+from tpu_models.vision.detection import coco as coco_lib
 from tpu_models.vision.detection import inputs as detection
 from tpu_models.data import records
 from tpu_models.errors import DataError
 
 LABEL_MAP_FILE = "label_map.json"
+_LABEL_MAP_FORMAT = ('a JSON list of {"label", "name", "category_id"} objects with labels 0, 1, '
+                     '2, ... in order')
 INVALID_REASONS = ("nan", "zero_area", "outside_image", "unknown_class", "malformed")
 _EXAMPLES_PER_REASON = 5  # Invalid boxes printed per reason; the rest are only counted.
 
@@ -104,23 +108,24 @@ def read_label_map(path: str) -> List[Dict]:
   """A label map file (or the directory holding one) as [{"label", "name", "category_id"}].
 
   Raises:
-    FileNotFoundError / ValueError naming the file when missing or malformed.
+    FileNotFoundError naming the file when it is missing; DataError when it is
+    unreadable or malformed.
   """
   if tf.io.gfile.isdir(path):
     path = os.path.join(path, LABEL_MAP_FILE)
   if not tf.io.gfile.exists(path):
     raise FileNotFoundError(f"Label map {path!r} does not exist; the detection converters "
                             f"write it beside the shards.")
-  with tf.io.gfile.GFile(path) as f:
-    try:
-      entries = json.load(f)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{path} is not valid JSON: {e}") from None
+  text = records.read_input(path, "Label map", _LABEL_MAP_FORMAT)
+  try:
+    entries = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise DataError(f"Label map {path!r} is not valid JSON ({e}); expected "
+                    f"{_LABEL_MAP_FORMAT}.") from None
   if (not isinstance(entries, list) or
       any(not isinstance(e, dict) or set(e) != {"label", "name", "category_id"} for e in entries)
       or [e["label"] for e in entries] != list(range(len(entries)))):
-    raise ValueError(f"{path} must be a JSON list of {{\"label\", \"name\", \"category_id\"}} "
-                     f"with labels 0, 1, 2, ... in order.")
+    raise DataError(f"Label map {path!r} is not {_LABEL_MAP_FORMAT}.")
   return entries
 
 
@@ -148,7 +153,7 @@ def _resolve_label_map(output_prefix: str, classes: Sequence[Tuple[str, int]],
     existing_names = {e["name"] for e in existing}
     missing = sorted({name for name, _ in classes} - existing_names)
     if explicit or missing:
-      raise ValueError(
+      raise DataError(
           f"{path} already maps other classes"
           + (f" (it lacks {missing[:10]})" if missing else "")
           + "; shards written beside it would use other label ids. Write to another "
@@ -166,10 +171,12 @@ def _read_class_names(class_names: Union[str, Sequence[str]]) -> List[Tuple[str,
   if not isinstance(class_names, str):
     names = list(class_names)
     if len(set(names)) != len(names):
-      raise ValueError(f"class_names has duplicates: {names}.")
+      raise DataError(f"class_names has duplicates: {names}.")
     return [(name, i + 1) for i, name in enumerate(names)]
-  with tf.io.gfile.GFile(class_names) as f:
-    rows = [row for row in csv.reader(f) if row and any(field.strip() for field in row)]
+  text = records.read_input(class_names, "Classes file",
+                            "`class_name,id` or `class_name` lines (--classes)")
+  rows = [row for row in csv.reader(io.StringIO(text))
+          if row and any(field.strip() for field in row)]
   classes = []
   for number, row in enumerate(rows, 1):
     if len(row) == 1:
@@ -177,11 +184,11 @@ def _read_class_names(class_names: Union[str, Sequence[str]]) -> List[Tuple[str,
     elif len(row) == 2 and row[1].strip().lstrip("-").isdigit():
       classes.append((row[0].strip(), int(row[1])))
     else:
-      raise ValueError(f"{class_names}:{number}: expected `class_name,id` or `class_name`, "
+      raise DataError(f"{class_names}:{number}: expected `class_name,id` or `class_name`, "
                        f"got {','.join(row)!r}.")
   classes.sort(key=lambda c: c[1])  # Labels follow the ids' order.
   if len({c[0] for c in classes}) != len(classes) or len({c[1] for c in classes}) != len(classes):
-    raise ValueError(f"{class_names} repeats a class name or id.")
+    raise DataError(f"{class_names} repeats a class name or id.")
   return classes
 
 
@@ -277,6 +284,9 @@ def _write_records(images: List[_Image],
                    max_image_pixels: int,
                    invalid: Optional[collections.Counter] = None) -> Dict:
   """Validates and writes `images`; returns the stats every converter reports."""
+  if not images:  # The converters refuse sources that list none; this is --skip-empty's doing.
+    raise DataError(f"{description}: no image left to write: none of the listed images has a "
+                    f"box (skip_images_without_boxes / --skip-empty leaves such images out).")
   images = sorted(images, key=lambda image: image.filename)
   if shuffle_seed is not None:
     random.Random(shuffle_seed).shuffle(images)
@@ -392,19 +402,14 @@ def convert_coco(annotation_file: str,
     DataError: two image entries share an id (their boxes could not be told
       apart), or a `file_name` is outside `image_dir` (see allow_outside_paths).
   """
-  with tf.io.gfile.GFile(annotation_file) as f:
-    try:
-      coco = json.load(f)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{annotation_file} is not valid JSON: {e}") from None
-  for key in ("images", "annotations", "categories"):
-    if not isinstance(coco.get(key), list):
-      raise ValueError(f"{annotation_file} has no {key!r} list; expected a COCO instances file "
-                       f"with 'images', 'annotations' and 'categories'.")
+  coco = coco_lib.load_instances(annotation_file)
+  if not coco["images"]:
+    raise DataError(f"COCO annotation file {annotation_file!r} lists no images ('images' is "
+                    f"empty); nothing to convert.")
   try:
     categories = sorted((int(c["id"]), str(c["name"])) for c in coco["categories"])
   except (KeyError, TypeError, ValueError):
-    raise ValueError(f"{annotation_file}: every category needs an integer 'id' and a "
+    raise DataError(f"{annotation_file}: every category needs an integer 'id' and a "
                      f"'name'.") from None
   label_map = _resolve_label_map(output_prefix, [(name, cid) for cid, name in categories],
                                  explicit=True)
@@ -415,7 +420,7 @@ def convert_coco(annotation_file: str,
     try:
       image_id, file_name = int(info["id"]), str(info["file_name"])
     except (KeyError, TypeError, ValueError):
-      raise ValueError(f"{annotation_file}: image entry {str(info)[:200]} lacks an integer "
+      raise DataError(f"{annotation_file}: image entry {str(info)[:200]} lacks an integer "
                        f"'id' or a 'file_name'.") from None
     if image_id in images:
       first_number, first_name = entry_of[image_id]
@@ -470,8 +475,8 @@ def convert_coco(annotation_file: str,
 
 def _parse_voc_xml(path: str):
   """(filename, (height, width) or None, [(name, difficult, xmin, ymin, xmax, ymax, index)])."""
-  with tf.io.gfile.GFile(path, "rb") as f:
-    root = ElementTree.fromstring(f.read())
+  root = ElementTree.fromstring(records.read_input(
+      path, "VOC annotation file", "a Pascal VOC XML file", binary=True))
   filename = (root.findtext("filename") or "").strip()
   size = root.find("size")
   declared = None
@@ -541,8 +546,9 @@ def convert_voc(annotations_dir: str,
   xml_files = sorted(name for name in tf.io.gfile.listdir(annotations_dir)
                      if name.lower().endswith(".xml"))
   if image_set_file:
-    with tf.io.gfile.GFile(image_set_file) as f:
-      wanted = [line.split()[0] for line in f if line.strip()]
+    text = records.read_input(image_set_file, "Image set file",
+                              "image ids, one per line (VOC's ImageSets/Main/train.txt)")
+    wanted = [line.split()[0] for line in text.splitlines() if line.strip()]
     available = {os.path.splitext(name)[0]: name for name in xml_files}
     missing = [i for i in wanted if i not in available]
     if missing:
@@ -550,7 +556,7 @@ def convert_voc(annotations_dir: str,
                               f"{annotations_dir}, e.g. {missing[:3]}.")
     xml_files = sorted(available[i] for i in wanted)
   if not xml_files:
-    raise ValueError(f"{annotations_dir!r} holds no .xml annotation files.")
+    raise DataError(f"{annotations_dir!r} holds no .xml annotation files.")
 
   parsed, malformed_files = [], []
   for name in xml_files:
@@ -561,6 +567,10 @@ def convert_voc(annotations_dir: str,
       malformed_files.append((path, f"malformed XML: {e}"))
       print(f"Skipping {path}: malformed XML: {e}", file=sys.stderr)
 
+  if not parsed:
+    raise DataError(f"Every one of the {len(xml_files)} .xml file(s) in {annotations_dir!r} is "
+                    f"malformed (first: {malformed_files[0][0]}: {malformed_files[0][1]}); "
+                    f"expected Pascal VOC XML files.")
   if class_names is not None:
     label_map = _resolve_label_map(output_prefix, _read_class_names(class_names), explicit=True)
   else:
@@ -643,8 +653,8 @@ def convert_csv(csv_file: str,
   """
   if image_dir is None:
     image_dir = os.path.dirname(csv_file)
-  with tf.io.gfile.GFile(csv_file) as f:
-    rows = list(csv.reader(f))
+  rows = list(csv.reader(io.StringIO(records.read_input(
+      csv_file, "CSV annotation file", "lines path,x1,y1,x2,y2,class_name"))))
   base = os.path.basename(csv_file)
   by_path: Dict[str, list] = collections.OrderedDict()
   invalid = collections.Counter()
@@ -678,7 +688,7 @@ def convert_csv(csv_file: str,
       continue
     boxes.append((values, name, f"{base}:{number}"))
   if not by_path:
-    raise ValueError(f"{csv_file} lists no images; expected lines path,x1,y1,x2,y2,class_name.")
+    raise DataError(f"{csv_file} lists no images; expected lines path,x1,y1,x2,y2,class_name.")
 
   if class_names is not None:
     label_map = _resolve_label_map(output_prefix, _read_class_names(class_names), explicit=True)
