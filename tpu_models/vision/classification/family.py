@@ -6,6 +6,7 @@ FAMILY = Family(
     "classification",
     modules=(
         Module("tpu_models.vision.classification.resnet", models=("resnet*",)),
+        Module("tpu_models.vision.classification.efficientnet", models=("efficientnet*",)),
         Module("tpu_models.vision.classification.task", tasks=("classification",)),
         Module("tpu_models.vision.classification.fashion_mnist", datasets=("fashion_mnist",)),
     ),
