@@ -140,6 +140,24 @@ class FineTuneConfig:
 
 
 @dataclasses.dataclass
+class EmaConfig:
+  """An exponential moving average of the weights, used by evaluate and export.
+
+  After each optimizer step every shadow s of a weight w (trainable weights and
+  batch-norm statistics) becomes s - (1 - d) * (s - w); see training/ema.py.
+  """
+  decay: float = 0.9999
+  # d = min(decay, (1 + n) / (10 + n)) after n updates (tf.train.ExponentialMovingAverage
+  # with num_updates): early averages forget the random initialisation quickly.
+  warmup: bool = False
+
+  def __post_init__(self):
+    if not 0.0 < self.decay < 1.0:
+      raise ConfigError(f"Config key 'trainer.ema.decay' must be in (0, 1), e.g. 0.9999; "
+                        f"got {self.decay!r}.")
+
+
+@dataclasses.dataclass
 class TrainerConfig:
   train_steps: int = 1000
   steps_per_loop: int = 100  # Steps per compiled host loop; also the log interval.
@@ -163,6 +181,9 @@ class TrainerConfig:
   init_checkpoint_map: Dict[str, str] = dataclasses.field(default_factory=dict)
   # Freezing, batch-norm statistics, layer-wise learning rates, re-initialised layers.
   fine_tune: FineTuneConfig = dataclasses.field(default_factory=FineTuneConfig)
+  # An exponential moving average of the weights, kept in the checkpoint and used by
+  # evaluate and export (and predict); None = none.
+  ema: Optional[EmaConfig] = None
   tensorboard: bool = True
 
 
