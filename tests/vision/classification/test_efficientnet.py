@@ -1,6 +1,8 @@
 """Tests of EfficientNet and StochasticDepth; tiny inputs, one full-size B0 build."""
 
 import inspect
+import json
+import os
 
 import keras
 import numpy as np
@@ -152,3 +154,33 @@ def test_stochastic_depth_drops_whole_examples():
   with pytest.raises(ValueError, match="rate"):
     StochasticDepth(1.0)
   assert StochasticDepth.from_config(layer.get_config()).rate == 0.25
+
+
+def test_classification_trains_and_exports_the_moving_average(tmp_path):
+  """The unchanged classification task trains a tiny EfficientNet; export serves the EMA."""
+  from test_classification_task import _config, _jpeg
+  from tpu_models import export
+  from tpu_models.training.trainer import Trainer
+  config = _config(tmp_path, [
+      "task.model={name: efficientnet, width_coefficient: 0.25, depth_coefficient: 0.25, "
+      "num_classes: 4, stem: small, input_shape: [32, 32, 3]}",
+      "trainer.train_steps=3", "trainer.steps_per_loop=3", "trainer.checkpoint_every=3",
+      "trainer.ema.decay=0.5"])
+  trainer = Trainer(config, str(tmp_path / "run"))
+  trainer.train()
+  output = export.export_saved_model(config, trainer.model_dir, str(tmp_path / "saved"))
+  rng = np.random.default_rng(7)
+  images = [_jpeg(rng, k) for k in range(4)]
+  served = tf.saved_model.load(output).signatures["serving_default"](
+      image_bytes=tf.constant(images))["logits"].numpy()
+  batch = tf.stack([trainer.task.decode({"image/encoded": tf.constant(b),
+                                         "label": tf.constant(0)}, training=False)[0]
+                    for b in images])
+  with trainer.ema.averaged_weights():
+    averaged = trainer.model(batch, training=False).numpy()
+  trained = trainer.model(batch, training=False).numpy()
+  np.testing.assert_allclose(served, averaged, rtol=1e-4, atol=1e-4)
+  assert np.abs(served - trained).max() > 1e-3
+  with open(os.path.join(output, "assets.extra", "export.json")) as f:
+    assert json.load(f)["weights"] == "moving average"
+  trainer.close()
