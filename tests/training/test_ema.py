@@ -115,3 +115,16 @@ def test_decay_outside_0_1_is_a_config_error(value):
 def test_unknown_ema_key_is_a_config_error():
   with pytest.raises(ConfigError, match="warmup"):
     toy_task.toy_config(["trainer.ema.warm_up=true"])
+
+
+def test_a_warm_start_starts_the_average_from_the_loaded_weights(tmp_path):
+  source = Trainer(toy_task.toy_config(["trainer.train_steps=4", "trainer.steps_per_loop=4"]),
+                   str(tmp_path / "source"))
+  source.train()
+  source.close()
+  target = _trainer(tmp_path, [f"trainer.init_checkpoint={tmp_path / 'source'}"], name="target")
+  for loaded, average, trained in zip(_values(target.model.variables),
+                                      _values(target.ema.averages),
+                                      _values(source.model.variables)):
+    assert np.array_equal(loaded, trained) and np.array_equal(average, trained)
+  target.close()

@@ -276,8 +276,6 @@ class Trainer:
     elif self.config.trainer.init_checkpoint:
       self.warm_start(self.config.trainer.init_checkpoint,
                       self.config.trainer.init_checkpoint_map)
-      if self.ema is not None:
-        self.ema.reset()  # The average starts from the loaded weights.
 
   def _restore(self, path: str) -> bool:
     """Restores the training state from `path`; True if the moving average had to start afresh.
@@ -335,6 +333,8 @@ class Trainer:
     """
     self._warm_start_report = checkpoints.warm_start(
         self.model, path, mapping, say=self._say, reinitialize=self.fine_tune.reinitialize)
+    if self.ema is not None:
+      self.ema.reset()  # The average starts from the loaded weights.
     return self._warm_start_report
 
   def save_checkpoint(self) -> str:
