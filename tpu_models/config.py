@@ -70,12 +70,13 @@ class TaskConfig:
 
 @dataclasses.dataclass
 class OptimizerConfig:
-  name: str = "sgd"  # sgd | lars | adamw | adafactor
-  momentum: float = 0.9
+  name: str = "sgd"  # sgd | lars | adamw | adafactor | rmsprop
+  momentum: float = 0.9  # sgd, lars, rmsprop
   nesterov: bool = False
   beta_1: float = 0.9
   beta_2: float = 0.999
-  epsilon: float = 1e-7
+  epsilon: float = 1e-7  # adamw, rmsprop
+  rho: float = 0.9  # rmsprop: the decay of the mean squared gradient.
   # Decoupled weight decay (AdamW, LARS, SGD's `weight_decay`): w -= lr * wd * w.
   weight_decay: float = 0.0
   # Coupled L2 penalty added to the loss: l2 * sum(w**2) / 2 (as some reference recipes do).
@@ -90,12 +91,15 @@ class OptimizerConfig:
 @dataclasses.dataclass
 class ScheduleConfig:
   """Learning rate: linear warmup, then `name`. Steps are optimizer steps."""
-  name: str = "constant"  # constant | cosine | step | inverse_sqrt | polynomial
+  name: str = "constant"  # constant | cosine | step | inverse_sqrt | polynomial | exponential
   base_lr: float = 0.1
   warmup_steps: int = 0
-  decay_steps: Optional[int] = None  # Defaults to trainer.train_steps.
+  # Defaults to trainer.train_steps; exponential: the steps per factor of decay_rate.
+  decay_steps: Optional[int] = None
   end_lr: float = 0.0  # cosine / polynomial floor.
   power: float = 1.0  # polynomial
+  decay_rate: float = 0.5  # exponential: base_lr * decay_rate ** (steps / decay_steps)
+  staircase: bool = False  # exponential: whole periods only (the exponent rounded down).
   boundaries: List[int] = dataclasses.field(default_factory=list)  # step
   multipliers: List[float] = dataclasses.field(default_factory=list)  # step
 
@@ -140,6 +144,24 @@ class FineTuneConfig:
 
 
 @dataclasses.dataclass
+class EmaConfig:
+  """An exponential moving average of the weights, used by evaluate and export.
+
+  After each optimizer step every shadow s of a weight w (trainable weights and
+  batch-norm statistics) becomes s - (1 - d) * (s - w); see training/ema.py.
+  """
+  decay: float = 0.9999
+  # d = min(decay, (1 + n) / (10 + n)) after n updates (tf.train.ExponentialMovingAverage
+  # with num_updates): early averages forget the random initialisation quickly.
+  warmup: bool = False
+
+  def __post_init__(self):
+    if not 0.0 < self.decay < 1.0:
+      raise ConfigError(f"Config key 'trainer.ema.decay' must be in (0, 1), e.g. 0.9999; "
+                        f"got {self.decay!r}.")
+
+
+@dataclasses.dataclass
 class TrainerConfig:
   train_steps: int = 1000
   steps_per_loop: int = 100  # Steps per compiled host loop; also the log interval.
@@ -163,6 +185,9 @@ class TrainerConfig:
   init_checkpoint_map: Dict[str, str] = dataclasses.field(default_factory=dict)
   # Freezing, batch-norm statistics, layer-wise learning rates, re-initialised layers.
   fine_tune: FineTuneConfig = dataclasses.field(default_factory=FineTuneConfig)
+  # An exponential moving average of the weights, kept in the checkpoint and used by
+  # evaluate and export (and predict); None = none.
+  ema: Optional[EmaConfig] = None
   tensorboard: bool = True
 
 
@@ -225,8 +250,9 @@ class ExperimentConfig:
 _CHOICES = {
     ("runtime", "mixed_precision"): ("float32", "bfloat16", "float16", "auto"),
     ("trainer", "nan_policy"): ("raise", "restore"),
-    ("optimizer", "name"): ("sgd", "lars", "adamw", "adafactor"),
-    ("schedule", "name"): ("constant", "cosine", "step", "inverse_sqrt", "polynomial"),
+    ("optimizer", "name"): ("sgd", "lars", "adamw", "adafactor", "rmsprop"),
+    ("schedule", "name"): ("constant", "cosine", "step", "inverse_sqrt", "polynomial",
+                           "exponential"),
     ("data", "on_corrupt"): ("error", "skip"),
     ("expect", "split"): ("eval", "test"),
 }
@@ -250,6 +276,8 @@ _AT_LEAST = {
     ("schedule", "decay_steps"): 1,
     ("schedule", "base_lr"): 0,
     ("schedule", "end_lr"): 0,
+    ("schedule", "decay_rate"): 0,
+    ("optimizer", "rho"): 0,
 }
 
 

@@ -52,6 +52,7 @@ from tpu_models import config as config_lib
 from tpu_models.errors import ConfigError, DiskFullError
 from tpu_models.task import Servable, create_task, require
 from tpu_models.training import checkpoints
+from tpu_models.training import ema as ema_lib
 from tpu_models.training import model_dir as model_dir_lib
 
 
@@ -73,13 +74,28 @@ def newest_checkpoint(model_dir: str, say: Optional[Callable[[str], None]] = Non
 
 def load_model(config: config_lib.ExperimentConfig, model_dir: str,
                checkpoint: Optional[str] = None):
-  """(task, float32 Keras model with the newest readable weights of `model_dir`, or `checkpoint`)."""
+  """(task, float32 Keras model with the newest readable weights of `model_dir`, or `checkpoint`).
+
+  With `trainer.ema` the weights are the checkpoint's moving average when it has one
+  (`uses_average`), else the trained weights.
+  """
   checkpoint = checkpoint or newest_checkpoint(model_dir)
   task = create_task(config.task)
   model_dir_lib.check_fingerprints(model_dir, task.required_files())
   model = task.build_model()  # float32: the caller's policy (default float32).
-  tf.train.Checkpoint(model=model).restore(checkpoint).expect_partial().assert_existing_objects_matched()
+  if uses_average(config, checkpoint):
+    average = ema_lib.WeightAverage(model, config.trainer.ema)
+    tf.train.Checkpoint(model=model, **{ema_lib.CHECKPOINT_KEY: average.checkpointable}).restore(
+        checkpoint).expect_partial().assert_existing_objects_matched()
+    average.copy_to_model()
+  else:
+    tf.train.Checkpoint(model=model).restore(checkpoint).expect_partial().assert_existing_objects_matched()
   return task, model
+
+
+def uses_average(config: config_lib.ExperimentConfig, checkpoint: str) -> bool:
+  """Whether `load_model` serves the moving average: `trainer.ema` is set and `checkpoint` has it."""
+  return config.trainer.ema is not None and ema_lib.in_checkpoint(checkpoint)
 
 
 def export_saved_model(config: config_lib.ExperimentConfig, model_dir: str, output: str, *,
@@ -109,6 +125,7 @@ def export_saved_model(config: config_lib.ExperimentConfig, model_dir: str, outp
   from tpu_models.training.trainer import precision_policy
   checkpoint = newest_checkpoint(model_dir, say)
   step = checkpoints.saved_step(checkpoint)
+  weights = "moving average" if uses_average(config, checkpoint) else "trained"
   with precision_policy("float32"):
     task, model = load_model(config, model_dir, checkpoint)
     require(task, Servable)
@@ -128,7 +145,7 @@ def export_saved_model(config: config_lib.ExperimentConfig, model_dir: str, outp
     config_lib.dump_config(config, os.path.join(staging, "assets.extra", "config.yaml"))
     with tf.io.gfile.GFile(os.path.join(staging, "assets.extra", "export.json"), "w") as f:
       json.dump({"checkpoint": checkpoint, "step": step, "model_dir": model_dir,
-                 "signatures": sorted(signatures)}, f, indent=1)
+                 "signatures": sorted(signatures), "weights": weights}, f, indent=1)
     _put_in_place(staging, output)
   except (OSError, tf.errors.OpError) as e:
     if not model_dir_lib.is_disk_full(e):
@@ -143,7 +160,8 @@ def export_saved_model(config: config_lib.ExperimentConfig, model_dir: str, outp
   finally:
     if tf.io.gfile.exists(staging):  # A failure, or the old export after an exchange.
       _remove(staging)
-  say(f"Exported checkpoint {checkpoint} (step {step}) to {output} "
+  what = ", the moving average of its weights" if weights == "moving average" else ""
+  say(f"Exported checkpoint {checkpoint} (step {step}{what}) to {output} "
       f"(signatures: {', '.join(sorted(signatures))}).")
   return output
 

@@ -41,6 +41,33 @@ def test_step_inverse_sqrt_polynomial():
     schedules.build_schedule(ScheduleConfig(name="step", boundaries=[1], multipliers=[]), 5)
 
 
+def test_exponential_with_and_without_staircase():
+  # The tensorflow/tpu EfficientNet schedule: x0.97 every 2.4 epochs (here 10 steps), after warmup.
+  config = dict(name="exponential", base_lr=0.256, warmup_steps=5, decay_steps=10,
+                decay_rate=0.97)
+  smooth = schedules.build_schedule(ScheduleConfig(**config), 1000)
+  stairs = schedules.build_schedule(ScheduleConfig(**config, staircase=True), 1000)
+  assert _lr(stairs, 4) == pytest.approx(0.256)  # End of warmup.
+  assert [_lr(stairs, s) for s in (5, 14, 15, 24, 25, 105)] == pytest.approx(
+      [0.256, 0.256, 0.256 * 0.97, 0.256 * 0.97, 0.256 * 0.97 ** 2, 0.256 * 0.97 ** 10])
+  assert _lr(smooth, 10) == pytest.approx(0.256 * 0.97 ** 0.5)
+  assert _lr(smooth, 105) == pytest.approx(0.256 * 0.97 ** 10)
+
+
+def test_rmsprop_matches_the_formula():
+  w = keras.Variable(np.array([[1.0, -2.0]], np.float32), name="w")
+  opt = optimizers.build_optimizer(OptimizerConfig(name="rmsprop", rho=0.9, momentum=0.9,
+                                                   epsilon=1e-3), 0.1, [w])
+  expected, ms, mom = np.array([[1.0, -2.0]]), np.zeros((1, 2)), np.zeros((1, 2))
+  for _ in range(3):
+    grad = 2.0 * expected  # d/dw sum(w^2)
+    opt.apply_gradients([(tf.constant(grad, tf.float32), w)])
+    ms = 0.9 * ms + 0.1 * grad ** 2
+    mom = 0.9 * mom + 0.1 * grad / np.sqrt(ms + 1e-3)
+    expected = expected - mom
+  np.testing.assert_allclose(w.numpy(), expected, rtol=1e-5)
+
+
 def _variables():
   kernel = keras.Variable(np.array([[1.0, -2.0], [3.0, 0.5]], np.float32), name="kernel")
   bias = keras.Variable(np.array([0.5, -0.5], np.float32), name="bias")
@@ -81,7 +108,7 @@ def test_l2_penalty():
   assert float(optimizers.l2_penalty([kernel, bias], 0.01)) == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("name", ["adamw", "adafactor", "sgd", "lars"])
+@pytest.mark.parametrize("name", ["adamw", "adafactor", "sgd", "lars", "rmsprop"])
 def test_every_optimizer_reduces_a_quadratic(name):
   w = keras.Variable(np.array([[3.0, -2.0]], np.float32), name="w")
   opt = optimizers.build_optimizer(OptimizerConfig(name=name, momentum=0.5, lars_eta=1.0), 0.05,

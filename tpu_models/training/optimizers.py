@@ -1,6 +1,8 @@
 """Optimizers from `OptimizerConfig`, and the weight-decay exclusion rule.
 
-SGD (momentum, Nesterov), LARS, AdamW and Adafactor. Vectors (biases, batch-norm
+SGD (momentum, Nesterov), LARS, AdamW, Adafactor and RMSProp (with momentum:
+ms = rho * ms + (1 - rho) * g^2; m = momentum * m + lr * g / sqrt(ms + epsilon);
+w -= m, Keras' RMSprop; its mean square starts at 0). Vectors (biases, batch-norm
 gamma/beta) and variables whose path contains an `exclude_from_weight_decay`
 substring are excluded from weight decay, the coupled L2 penalty and LARS'
 layer-wise trust ratio, as in the published large-batch recipes.
@@ -201,8 +203,12 @@ def build_optimizer(config: OptimizerConfig, learning_rate, variables: List,
                                                epsilon=config.epsilon)
   elif config.name == "adafactor":
     cls, kwargs = keras.optimizers.Adafactor, dict(weight_decay=wd)
+  elif config.name == "rmsprop":
+    cls, kwargs = keras.optimizers.RMSprop, dict(rho=config.rho, momentum=config.momentum,
+                                                 epsilon=config.epsilon, weight_decay=wd)
   else:
-    raise ConfigError(f"Unknown optimizer {config.name!r}; expected sgd, lars, adamw or adafactor.")
+    raise ConfigError(f"Unknown optimizer {config.name!r}; expected sgd, lars, adamw, adafactor "
+                      f"or rmsprop.")
   if lr_multipliers:
     cls = _with_learning_rate_factors(cls)
   optimizer = cls(learning_rate, **kwargs)

@@ -5,6 +5,7 @@
     step          base_lr * multipliers[i] once step >= boundaries[i]
     inverse_sqrt  base_lr * sqrt(warmup_steps / step)  (Vaswani et al. 2017)
     polynomial    (base_lr - end_lr) * (1 - t)^power + end_lr
+    exponential   base_lr * decay_rate^(steps / decay_steps)  (staircase: floor of the exponent)
 
 Decays count from the end of warmup, so `warmup_steps` never shortens them.
 """
@@ -24,7 +25,8 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
 
   def __init__(self, name: str = "constant", base_lr: float = 0.1, warmup_steps: int = 0,
                decay_steps: int = 1, end_lr: float = 0.0, power: float = 1.0,
-               boundaries: Sequence[int] = (), multipliers: Sequence[float] = ()):
+               boundaries: Sequence[int] = (), multipliers: Sequence[float] = (),
+               decay_rate: float = 0.5, staircase: bool = False):
     if name == "step" and len(boundaries) != len(multipliers):
       raise ConfigError(f"step schedule: {len(boundaries)} boundaries need as many multipliers, "
                        f"got {len(multipliers)}.")
@@ -40,6 +42,8 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
     self.power = float(power)
     self.boundaries = [int(b) for b in boundaries]
     self.multipliers = [float(m) for m in multipliers]
+    self.decay_rate = float(decay_rate)
+    self.staircase = bool(staircase)
 
   def _decayed(self, step):
     base = tf.constant(self.base_lr, tf.float32)
@@ -58,6 +62,12 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
       for boundary, multiplier in zip(self.boundaries, self.multipliers):
         lr = tf.where(step >= boundary, self.base_lr * multiplier, lr)
       return lr
+    if self.name == "exponential":
+      # Whole decay_steps periods after warmup, not the fraction of the run (`progress`).
+      periods = after_warmup / float(self.decay_steps)
+      if self.staircase:
+        periods = tf.floor(periods)
+      return base * tf.pow(self.decay_rate, periods)
     if self.name == "inverse_sqrt":
       return base * tf.sqrt(self.warmup_steps / tf.maximum(step, float(self.warmup_steps)))
     raise ConfigError(f"Unknown schedule {self.name!r}.")
@@ -74,7 +84,8 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
   def get_config(self):
     return dict(name=self.name, base_lr=self.base_lr, warmup_steps=self.warmup_steps,
                 decay_steps=self.decay_steps, end_lr=self.end_lr, power=self.power,
-                boundaries=self.boundaries, multipliers=self.multipliers)
+                boundaries=self.boundaries, multipliers=self.multipliers,
+                decay_rate=self.decay_rate, staircase=self.staircase)
 
 
 def build_schedule(config: ScheduleConfig, train_steps: int) -> WarmupDecay:
@@ -82,4 +93,5 @@ def build_schedule(config: ScheduleConfig, train_steps: int) -> WarmupDecay:
   return WarmupDecay(
       name=config.name, base_lr=config.base_lr, warmup_steps=config.warmup_steps,
       decay_steps=config.decay_steps or train_steps, end_lr=config.end_lr, power=config.power,
-      boundaries=config.boundaries, multipliers=config.multipliers)
+      boundaries=config.boundaries, multipliers=config.multipliers,
+      decay_rate=config.decay_rate, staircase=config.staircase)

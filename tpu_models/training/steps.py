@@ -10,6 +10,7 @@ A train step on one replica, for any task:
     norm    = |grads| unscaled                  (logged, clipped against, checked)
     update  = optimizer (loss-scaled under float16: an overflow skips the update
               and lowers the scale; it is counted, not an error)
+    average = the moving average of the weights, when `trainer.ema` is set (training/ema.py)
 
 An eval step runs the task's `eval_step` and returns its metric sums plus the
 host outputs with the padding mask, which the caller gathers across replicas.
@@ -38,12 +39,14 @@ class Steps:
     jit_model: compile the model's forward (and its gradient) with XLA on its own;
       used on CPU/GPU, where the cross-replica sums stay outside XLA. On a TPU
       (and in `tpu-models check`) the caller compiles the whole step instead.
+    ema: the weights' moving average to update after each step (`ema.WeightAverage`), or None.
   """
 
   def __init__(self, task: Task, model: keras.Model, optimizer: keras.optimizers.Optimizer,
                strategy: tf.distribute.Strategy, optimizer_config: OptimizerConfig,
-               jit_model: bool = False):
+               jit_model: bool = False, ema=None):
     self.task = task
+    self.ema = ema
     self.model = model
     self.optimizer = optimizer
     self.strategy = strategy
@@ -96,6 +99,9 @@ class Steps:
       threshold = cfg.clip_norm if scale is None else cfg.clip_norm * tf.cast(scale, tf.float32)
       grads, _ = tf.clip_by_global_norm(grads, threshold, use_norm=scaled_norm)
     self.optimizer.apply_gradients(zip(grads, variables))
+    if self.ema is not None:
+      # A non-finite gradient is not applied (float16 skips it) and does not move the average.
+      self.ema.update(finite)
 
     sums = {"loss": (loss_sum, normaliser)}
     sums.update(task_metrics(self.task, labels, outputs, _batch_ones(labels), aux))

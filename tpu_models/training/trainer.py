@@ -48,6 +48,7 @@ from tpu_models.data import pipeline
 from tpu_models.errors import ConfigError, DataError, DiskFullError
 from tpu_models.task import HIGHER, LOWER, Task, create_task
 from tpu_models.training import checkpoints
+from tpu_models.training import ema as ema_lib
 from tpu_models.training import fine_tune
 from tpu_models.training import host_memory
 from tpu_models.training import model_dir as model_dir_lib
@@ -156,13 +157,21 @@ class Trainer:
       self.skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
       self._overflows_in_a_row = tf.Variable(0, dtype=tf.int64, trainable=False,
                                              name="overflows_in_a_row")
+      # trainer.ema: the weights' moving average, used by evaluate and export.
+      self.ema = (ema_lib.WeightAverage(self.model, trainer_cfg.ema) if trainer_cfg.ema
+                  else None)
     self.steps = Steps(self.task, self.model, self.optimizer, self.strategy,
-                       trainer_cfg.optimizer, jit_model=self.jit_compile and self.device != "tpu")
+                       trainer_cfg.optimizer, jit_model=self.jit_compile and self.device != "tpu",
+                       ema=self.ema)
 
     # Variables are saved once but reachable two ways: through the model's object
     # graph (resume) and by variable path under "weights/" (warm starts).
     state = dict(model=self.model, optimizer=self.optimizer, step=self.step,
                  elapsed_seconds=self.elapsed_seconds, skipped_steps=self.skipped_steps)
+    # Restored without the shadows when a checkpoint has none (EMA turned on mid-run).
+    self._restore_without_ema = tf.train.Checkpoint(**state)
+    if self.ema is not None:
+      state[ema_lib.CHECKPOINT_KEY] = self.ema.checkpointable
     self._restore_target = tf.train.Checkpoint(**state)
     self.checkpoint = tf.train.Checkpoint(
         **state, weights=checkpoints.weights_checkpoint(self.model.variables))
@@ -265,7 +274,7 @@ class Trainer:
                 f"starts (never deleted).")
     if latest:
       try:
-        self._restore_target.restore(latest).assert_existing_objects_matched()
+        fresh_average = self._restore(latest)
       except (AssertionError, ValueError) as e:
         raise ConfigError(
             f"Checkpoint {latest} does not match this model: "
@@ -275,9 +284,24 @@ class Trainer:
       self._saved_steps.add(self._resume.step)
       self._elapsed_at_start = float(self.elapsed_seconds.numpy())
       self._say(f"Resumed from {latest} at step {self.current_step}.")
+      if fresh_average:
+        self._say(f"trainer.ema: {latest} holds no moving average of the weights; it starts "
+                  f"from the restored weights.")
     elif self.config.trainer.init_checkpoint:
       self.warm_start(self.config.trainer.init_checkpoint,
                       self.config.trainer.init_checkpoint_map)
+
+  def _restore(self, path: str) -> bool:
+    """Restores the training state from `path`; True if the moving average had to start afresh.
+
+    A checkpoint written without `trainer.ema` has no shadows: they start from its weights.
+    """
+    fresh_average = self.ema is not None and not ema_lib.in_checkpoint(path)
+    target = self._restore_without_ema if fresh_average else self._restore_target
+    target.restore(path).assert_existing_objects_matched()
+    if fresh_average:
+      self.ema.reset()
+    return fresh_average
 
   def _prepare_model_dir(self) -> None:
     """Before the first save of a training run: put the model_dir in order (chief only).
@@ -323,6 +347,8 @@ class Trainer:
     """
     self._warm_start_report = checkpoints.warm_start(
         self.model, path, mapping, say=self._say, reinitialize=self.fine_tune.reinitialize)
+    if self.ema is not None:
+      self.ema.reset()  # The average starts from the loaded weights.
     return self._warm_start_report
 
   def save_checkpoint(self) -> str:
@@ -628,7 +654,7 @@ class Trainer:
       what = "The loss or its gradients became NaN or Inf"
     where = f"{what} at step {bad_step} (in the loop of steps {loop_start + 1}-{loop_start + num_steps})."
     if cfg.nan_policy == "restore" and latest and restores <= cfg.max_nan_restores:
-      self._restore_target.restore(latest).assert_existing_objects_matched()
+      self._restore(latest)
       self._overflows_in_a_row.assign(0)
       self._say(f"{where} Restored {latest} (step {self.current_step}) and continuing "
                 f"with the next batches ({restores}/{cfg.max_nan_restores} restores).")
@@ -745,11 +771,20 @@ class Trainer:
     Every example counts once: batches are padded with masked examples and the
     loop ends when no replica has a real example left. `split` is "eval" (the
     validation data watched during training) or "test" (held out; for reporting).
+    With `trainer.ema` the weights evaluated are the moving average (swapped in
+    for the evaluation and back after it).
     """
     return self._evaluate(split)[0]
 
   def _evaluate(self, split: str) -> Tuple[Dict[str, float], Any]:
     """(`evaluate`'s metrics, the task's aggregated host state) for `split`."""
+    if self.ema is None:
+      return self._evaluate_weights(split)
+    with self.ema.averaged_weights():
+      return self._evaluate_weights(split)
+
+  def _evaluate_weights(self, split: str) -> Tuple[Dict[str, float], Any]:
+    """`_evaluate` with the weights the model holds now."""
     if split not in self._eval_datasets:
       self._eval_datasets[split] = self._inputs(split)
     if self._eval_step_fn is None:
@@ -823,11 +858,19 @@ class Trainer:
   def continuous_evaluate(self, timeout: Optional[float] = None) -> Dict[str, float]:
     """Evaluates each new checkpoint in model_dir until the final step (or `timeout` idle seconds)."""
     restore = tf.train.Checkpoint(model=self.model, step=self.step)
+    if self.ema is not None:  # A checkpoint without shadows is evaluated with its weights.
+      restore_averaged = tf.train.Checkpoint(model=self.model, step=self.step,
+                                             **{ema_lib.CHECKPOINT_KEY: self.ema.checkpointable})
     metrics: Dict[str, float] = {}
     for path in tf.train.checkpoints_iterator(self.model_dir, min_interval_secs=1,
                                               timeout=timeout):
       try:
-        restore.restore(path).expect_partial()
+        if self.ema is not None and ema_lib.in_checkpoint(path):
+          restore_averaged.restore(path).expect_partial()
+        else:
+          restore.restore(path).expect_partial()
+          if self.ema is not None:
+            self.ema.reset()
       except (tf.errors.NotFoundError, ValueError):
         continue  # Deleted by max_checkpoints between listing and reading.
       except (tf.errors.OpError, IndexError) as e:  # Damaged: wait for the next one.

@@ -13,7 +13,12 @@ ResNet space-to-depth stem uses it.
 
 `PointwiseConv2D` is a 1x1 stride-1 `Conv2D` that runs as one matmul when it
 computes in bfloat16 (faster on CPUs with AMX; benchmarks/classification/pointwise_conv.py).
+
+`StochasticDepth` drops a residual branch per example in training (EfficientNet's
+"drop connect"); any residual network can use it.
 """
+
+from typing import Optional
 
 import keras
 import tensorflow as tf
@@ -188,3 +193,41 @@ class PointwiseConv2D(keras.layers.Conv2D):
 
   def get_config(self):
     return {**super().get_config(), "as_matmul": self.as_matmul}
+
+
+@keras.saving.register_keras_serializable(package="tpu_models")
+class StochasticDepth(keras.layers.Layer):
+  """Drops a residual branch for whole examples ("drop connect", Huang et al. 2016).
+
+  In training each example's branch is zeroed with probability `rate` and the
+  kept ones are scaled by 1 / (1 - rate), so the expected output is the input;
+  in inference the layer is the identity. Apply it to the branch, before the
+  residual add: `x = shortcut + StochasticDepth(rate)(branch)`.
+
+  Call: inputs [B, ...] of the compute dtype, training (Python bool or None)
+  -> a tensor like `inputs`.
+  """
+
+  def __init__(self, rate: float, seed: Optional[int] = None, **kwargs):
+    super().__init__(**kwargs)
+    if not 0.0 <= rate < 1.0:
+      raise ValueError(f"StochasticDepth rate must be in [0, 1), got {rate!r}.")
+    self.rate = float(rate)
+    self.seed = seed
+    # Only a layer that drops anything owns a random state (a variable in the model).
+    self.seed_generator = keras.random.SeedGenerator(seed) if self.rate > 0 else None
+
+  def call(self, inputs, training=None):
+    if not training or self.rate == 0:
+      return inputs
+    keep = 1.0 - self.rate
+    shape = [tf.shape(inputs)[0]] + [1] * (len(inputs.shape) - 1)
+    # floor(keep + U[0, 1)) is 1 with probability `keep`, else 0.
+    mask = tf.floor(keep + keras.random.uniform(shape, seed=self.seed_generator))
+    return inputs * tf.cast(mask / keep, inputs.dtype)
+
+  def compute_output_shape(self, input_shape):
+    return input_shape
+
+  def get_config(self):
+    return {**super().get_config(), "rate": self.rate, "seed": self.seed}

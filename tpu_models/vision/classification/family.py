@@ -7,6 +7,7 @@ FAMILY = Family(
     modules=(
         Module("tpu_models.vision.classification.resnet", models=("resnet*",)),
         Module("tpu_models.vision.classification.vit", models=("vit*",)),
+        Module("tpu_models.vision.classification.efficientnet", models=("efficientnet*",)),
         Module("tpu_models.vision.classification.task", tasks=("classification",)),
         Module("tpu_models.vision.classification.fashion_mnist", datasets=("fashion_mnist",)),
     ),
