@@ -112,6 +112,23 @@ class FusedBatchNormalization(keras.layers.BatchNormalization):
     return tf.cast(tf.reduce_prod(tf.shape(x)[:-1]), tf.float32)
 
 
+class BatchNormFactory:
+  """Builds the BN layers of one model with shared settings: `bn(name)` -> a BN layer.
+
+  `fused` picks `FusedBatchNormalization` (the same variables as Keras' layer,
+  faster); `zero_init` starts gamma at 0 (a residual branch's last BN).
+  """
+
+  def __init__(self, momentum: float, epsilon: float, fused: bool):
+    self.cls = FusedBatchNormalization if fused else keras.layers.BatchNormalization
+    self.momentum = momentum
+    self.epsilon = epsilon
+
+  def __call__(self, name: str, zero_init: bool = False) -> keras.layers.Layer:
+    return self.cls(axis=-1, momentum=self.momentum, epsilon=self.epsilon,
+                    gamma_initializer="zeros" if zero_init else "ones", name=name)
+
+
 @keras.saving.register_keras_serializable(package="tpu_models")
 class SpaceToDepth(keras.layers.Layer):
   """Moves each `block_size x block_size` spatial patch into the channels.

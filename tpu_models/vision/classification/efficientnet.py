@@ -53,7 +53,7 @@ import keras
 from tpu_models.builders import preset
 from tpu_models.errors import ConfigError
 from tpu_models.registry import register_model
-from tpu_models.vision.layers import FusedBatchNormalization, PointwiseConv2D, StochasticDepth
+from tpu_models.vision.layers import BatchNormFactory, PointwiseConv2D, StochasticDepth
 
 
 class _BlockGroup(NamedTuple):
@@ -130,18 +130,6 @@ def _conv(filters: int, kernel_size: int, strides: int, name: str,
   return keras.layers.Conv2D(filters, kernel_size, **kwargs)
 
 
-class _BatchNormFactory:
-  """Builds the BN layers of one model with shared settings."""
-
-  def __init__(self, momentum: float, epsilon: float, fused: bool):
-    self.cls = FusedBatchNormalization if fused else keras.layers.BatchNormalization
-    self.momentum = momentum
-    self.epsilon = epsilon
-
-  def __call__(self, name: str) -> keras.layers.Layer:
-    return self.cls(axis=-1, momentum=self.momentum, epsilon=self.epsilon, name=name)
-
-
 def _swish(name: str) -> keras.layers.Layer:
   return keras.layers.Activation("swish", name=name)
 
@@ -152,7 +140,7 @@ def _swish(name: str) -> keras.layers.Layer:
 
 def _mbconv_block(x, *, kernel_size: int, strides: int, expand_ratio: int,
                   input_filters: int, output_filters: int, drop_rate: float,
-                  bn: _BatchNormFactory, pointwise_matmul: Optional[bool], prefix: str):
+                  bn: BatchNormFactory, pointwise_matmul: Optional[bool], prefix: str):
   """Expand -> depthwise -> squeeze-excite -> project, plus the input when shapes allow."""
   inputs = x
   filters = input_filters * expand_ratio
@@ -245,7 +233,7 @@ def efficientnet(*,
     input_shape = [None, None, 3]
   if len(input_shape) != 3:
     raise ConfigError(f"input_shape must be [height, width, channels], got {input_shape}.")
-  bn = _BatchNormFactory(bn_momentum, bn_epsilon, fused_bn)
+  bn = BatchNormFactory(bn_momentum, bn_epsilon, fused_bn)
 
   inputs = keras.Input(shape=tuple(input_shape), name="image")
   x = _conv(round_filters(_STEM_FILTERS, width_coefficient), 3, 2 if stem == "imagenet" else 1,

@@ -31,7 +31,7 @@ from typing import Dict, List, Optional
 import keras
 import numpy as np
 
-from tpu_models.vision.layers import FusedBatchNormalization, PointwiseConv2D, SpaceToDepth
+from tpu_models.vision.layers import BatchNormFactory, PointwiseConv2D, SpaceToDepth
 from tpu_models.builders import preset
 from tpu_models.registry import register_model
 from tpu_models.errors import ConfigError
@@ -80,24 +80,11 @@ def _conv_layer(filters: int, kernel_size: int, strides: int, name: str,
   return keras.layers.Conv2D(filters, kernel_size, **kwargs)
 
 
-class _BatchNormFactory:
-  """Builds the BN layers of one model with shared settings."""
-
-  def __init__(self, momentum: float, epsilon: float, fused: bool):
-    self.cls = FusedBatchNormalization if fused else keras.layers.BatchNormalization
-    self.momentum = momentum
-    self.epsilon = epsilon
-
-  def __call__(self, name: str, zero_init: bool = False) -> keras.layers.Layer:
-    return self.cls(axis=-1, momentum=self.momentum, epsilon=self.epsilon,
-                    gamma_initializer="zeros" if zero_init else "ones", name=name)
-
-
 # ----------------------------------------------------------------------------
 # Residual blocks. `x` is NHWC; each returns the block output after the ReLU.
 
 
-def _shortcut(x, filters: int, strides: int, bn: _BatchNormFactory, prefix: str,
+def _shortcut(x, filters: int, strides: int, bn: BatchNormFactory, prefix: str,
               pointwise_matmul: Optional[bool], project: bool = False):
   """Identity, or a strided 1x1 projection when the shape changes (v1.5: no pooling) or `project`."""
   if strides == 1 and x.shape[-1] == filters and not project:
@@ -106,7 +93,7 @@ def _shortcut(x, filters: int, strides: int, bn: _BatchNormFactory, prefix: str,
   return bn(f"{prefix}_shortcut_bn")(x)
 
 
-def _basic_block(x, width: int, strides: int, bn: _BatchNormFactory,
+def _basic_block(x, width: int, strides: int, bn: BatchNormFactory,
                  zero_init_last_bn: bool, prefix: str, pointwise_matmul: Optional[bool],
                  project_shortcut: bool = False, padding: str = "same"):
   """3x3 conv (stride here) -> 3x3 conv, plus the shortcut. Outputs `width` channels."""
@@ -121,7 +108,7 @@ def _basic_block(x, width: int, strides: int, bn: _BatchNormFactory,
   return keras.layers.ReLU(name=f"{prefix}_out")(x)
 
 
-def _bottleneck_block(x, width: int, strides: int, bn: _BatchNormFactory,
+def _bottleneck_block(x, width: int, strides: int, bn: BatchNormFactory,
                       zero_init_last_bn: bool, prefix: str, pointwise_matmul: Optional[bool],
                       project_shortcut: bool = False, padding: str = "same"):
   """1x1 -> 3x3 (stride here: v1.5) -> 1x1 conv, plus the shortcut. Outputs 4 * width."""
@@ -143,7 +130,7 @@ def _bottleneck_block(x, width: int, strides: int, bn: _BatchNormFactory,
 # Stems.
 
 
-def _stem(x, stem: str, bn: _BatchNormFactory, filters: int = 64, padding: str = "same"):
+def _stem(x, stem: str, bn: BatchNormFactory, filters: int = 64, padding: str = "same"):
   """The layers before stage 2: stride 4 for imagenet/space_to_depth, 1 for small."""
   if stem == "imagenet":
     x = _conv(filters, 7, 2, "conv1", padding=padding)(x)
@@ -277,7 +264,7 @@ def resnet(*,
     raise ConfigError(f"input_shape must be [height, width, channels], got {input_shape}.")
   kind, blocks_per_stage = _ARCHITECTURES[depth]
   block_fn = _basic_block if kind == "basic" else _bottleneck_block
-  bn = _BatchNormFactory(bn_momentum, bn_epsilon, fused_bn)
+  bn = BatchNormFactory(bn_momentum, bn_epsilon, fused_bn)
 
   inputs = keras.Input(shape=tuple(input_shape), name="image")
   x = _stem(inputs, stem, bn, stem_width or width, padding)
