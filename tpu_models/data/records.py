@@ -115,6 +115,20 @@ def read_input(path: str, what: str, expected: str, *, binary: bool = False
   return data
 
 
+def read_json_input(path: str, what: str, expected: str):
+  """The parsed JSON of a converter's input file `path`: `read_input`, then json.loads.
+
+  Raises:
+    DataError: as `read_input`, or the text is not JSON; one line naming `what`,
+      the path and `expected`.
+  """
+  text = read_input(path, what, expected)
+  try:
+    return json.loads(text)
+  except json.JSONDecodeError as e:
+    raise DataError(f"{what} {path!r} is not valid JSON ({e}); expected {expected}.") from None
+
+
 def _glob(pattern: str) -> List[str]:
   """tf.io.gfile.glob, treating a filesystem that cannot list as no match."""
   try:

@@ -18,7 +18,6 @@ segment areas, crowd regions) or from the evaluation records themselves
 
 import contextlib
 import io
-import json
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -45,12 +44,7 @@ def load_instances(annotation_file: str) -> Dict:
     DataError: the file is missing, unreadable, not JSON, or not an object with
       those lists; one line naming the file and what was expected.
   """
-  text = records.read_input(annotation_file, "COCO annotation file", _INSTANCES)
-  try:
-    data = json.loads(text)
-  except json.JSONDecodeError as e:
-    raise DataError(f"COCO annotation file {annotation_file!r} is not valid JSON ({e}); "
-                    f"expected {_INSTANCES}.") from None
+  data = records.read_json_input(annotation_file, "COCO annotation file", _INSTANCES)
   if not isinstance(data, dict):
     raise DataError(f"COCO annotation file {annotation_file!r} holds a JSON "
                     f"{type(data).__name__}; expected {_INSTANCES}.")

@@ -116,12 +116,7 @@ def read_label_map(path: str) -> List[Dict]:
   if not tf.io.gfile.exists(path):
     raise FileNotFoundError(f"Label map {path!r} does not exist; the detection converters "
                             f"write it beside the shards.")
-  text = records.read_input(path, "Label map", _LABEL_MAP_FORMAT)
-  try:
-    entries = json.loads(text)
-  except json.JSONDecodeError as e:
-    raise DataError(f"Label map {path!r} is not valid JSON ({e}); expected "
-                    f"{_LABEL_MAP_FORMAT}.") from None
+  entries = records.read_json_input(path, "Label map", _LABEL_MAP_FORMAT)
   if (not isinstance(entries, list) or
       any(not isinstance(e, dict) or set(e) != {"label", "name", "category_id"} for e in entries)
       or [e["label"] for e in entries] != list(range(len(entries)))):
