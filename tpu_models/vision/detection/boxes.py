@@ -19,6 +19,7 @@ import math
 import numbers
 from typing import Sequence, Tuple, Union
 
+import numpy as np
 import tensorflow as tf
 
 from tpu_models.errors import ConfigError
@@ -106,10 +107,19 @@ def denormalize_boxes(boxes, image_size: ImageSize) -> tf.Tensor:
   return boxes * tf.constant([h, w, h, w], boxes.dtype)
 
 
-def clip_boxes(boxes, image_size: ImageSize) -> tf.Tensor:
-  """Clips [..., 4] pixel boxes to [0, height] x [0, width]."""
-  h, w = image_hw(image_size)
+def clip_boxes(boxes, image_size) -> tf.Tensor:
+  """Clips pixel boxes to [0, height] x [0, width].
+
+  Args:
+    boxes: float [..., 4] pixels; [B, N, 4] with a size per image.
+    image_size: int or [height, width] (one size for all), or a [B, 2] tensor or
+      array of (height, width) per image (e.g. the content inside the padding).
+  """
   boxes = tf.convert_to_tensor(boxes)
+  if isinstance(image_size, (tf.Tensor, np.ndarray)) and len(image_size.shape) == 2:
+    hw = tf.cast(image_size, boxes.dtype)  # [B, 2]
+    return tf.clip_by_value(boxes, 0.0, tf.tile(hw, [1, 2])[:, None, :])
+  h, w = image_hw(image_size)
   return tf.clip_by_value(boxes, 0.0, tf.constant([h, w, h, w], boxes.dtype))
 
 

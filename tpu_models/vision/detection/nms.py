@@ -19,7 +19,6 @@ after a handful of iterations. The result is exactly greedy NMS.
 
 from typing import Dict, Optional, Sequence
 
-import numpy as np
 import tensorflow as tf
 
 from tpu_models.vision.detection import boxes as box_ops
@@ -214,10 +213,7 @@ def postprocess(class_logits, box_deltas, anchors, *, pre_nms_top_k: int = 1000,
   scores = tf.sigmoid(top_logits)
   boxes = box_ops.decode_boxes(tf.gather(box_deltas, anchor_index, batch_dims=1),
                                tf.gather(anchors, anchor_index), box_weights)
-  if isinstance(image_size, (tf.Tensor, np.ndarray)) and len(image_size.shape) == 2:
-    hw = tf.cast(image_size, boxes.dtype)  # [B, 2] per image.
-    boxes = tf.clip_by_value(boxes, 0.0, tf.tile(hw, [1, 2])[:, None, :])
-  elif image_size is not None:
+  if image_size is not None:
     boxes = box_ops.clip_boxes(boxes, image_size)
   return batched_nms(boxes, scores, classes, iou_threshold=iou_threshold,
                      score_threshold=score_threshold, max_detections=max_detections)
