@@ -38,7 +38,7 @@ channels into this order (`torchvision_anchor_permutation`).
 import functools
 import inspect
 import math
-from typing import Any, Dict, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -88,6 +88,17 @@ def anchors_per_level(image_size: box_ops.ImageSize, min_level: int = 3, max_lev
   per_location = anchors_per_location(num_scales, aspect_ratios)
   return {level: h * w * per_location
           for level, (h, w) in feature_sizes(image_size, min_level, max_level).items()}
+
+
+def level_sizes(image_size: box_ops.ImageSize, **layout) -> List[int]:
+  """[anchors of each level] in the flat order of `multilevel_anchors(image_size, **layout)`.
+
+  `layout`: any of LAYOUT_KEYS (a model's `anchor_layout(...)` without image_size);
+  the others take their defaults. E.g. `postprocess(..., level_sizes=level_sizes(**layout))`.
+  """
+  full = complete_layout(**layout)
+  return list(anchors_per_level(image_size, full["min_level"], full["max_level"],
+                                full["num_scales"], full["aspect_ratios"]).values())
 
 
 def num_anchors(image_size: box_ops.ImageSize, min_level: int = 3, max_level: int = 7,

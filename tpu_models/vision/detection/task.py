@@ -327,9 +327,7 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter):
       clip = tf.convert_to_tensor(image_info)[:, 1, :]
     level_sizes = None
     if cfg.pre_nms_top_k_per_level:
-      level_sizes = list(anchors_lib.anchors_per_level(
-          self.image_size, *(self.layout[k] for k in ("min_level", "max_level", "num_scales",
-                                                      "aspect_ratios"))).values())
+      level_sizes = anchors_lib.level_sizes(**self.layout)
     return nms_lib.postprocess(
         outputs["class_logits"], outputs["box_deltas"], tf.constant(self.anchors),
         pre_nms_top_k=cfg.pre_nms_top_k, score_threshold=cfg.score_threshold,

@@ -170,14 +170,12 @@ def in_torchvision_order(values: np.ndarray, layout: Dict[str, Any], kind: str
       or "anchors" (yxyx -> xyxy).
   """
   full = anchor_ops.complete_layout(**{k: v for k, v in layout.items() if k != "image_size"})
-  sizes = anchor_ops.anchors_per_level(layout["image_size"], full["min_level"],
-                                       full["max_level"], full["num_scales"],
-                                       full["aspect_ratios"])
   # Our anchor a sits where torchvision's order[a] sits; argsort reads ours in theirs.
   order = np.argsort(anchor_ops.torchvision_anchor_permutation(full["num_scales"],
                                                                full["aspect_ratios"]))
   out = []
-  for level in np.split(np.asarray(values), np.cumsum(list(sizes.values()))[:-1], axis=0):
+  sizes = anchor_ops.level_sizes(**layout)
+  for level in np.split(np.asarray(values), np.cumsum(sizes)[:-1], axis=0):
     level = level.reshape(-1, len(order), level.shape[-1])[:, order]
     if kind != "class":
       level = level[..., _BOX_FROM_TORCHVISION]  # The same swap both ways.
@@ -194,13 +192,9 @@ def torchvision_postprocess(outputs, layout: Dict[str, Any], image_hw: Sequence[
   import tensorflow as tf
   from tpu_models.vision.detection import nms
   anchors = anchor_ops.multilevel_anchors(**layout)
-  full = anchor_ops.complete_layout(**{k: v for k, v in layout.items() if k != "image_size"})
-  sizes = anchor_ops.anchors_per_level(layout["image_size"], full["min_level"],
-                                       full["max_level"], full["num_scales"],
-                                       full["aspect_ratios"])
   return nms.postprocess(outputs["class_logits"], outputs["box_deltas"], anchors,
                          pre_nms_top_k=1000, score_threshold=0.05, iou_threshold=0.5,
-                         max_detections=300, level_sizes=list(sizes.values()),
+                         max_detections=300, level_sizes=anchor_ops.level_sizes(**layout),
                          image_size=tf.constant([list(image_hw)], tf.float32))
 
 
