@@ -39,7 +39,8 @@ from tpu_models.errors import ConfigError
 from tpu_models.vision.classification import torchvision as resnet_torchvision
 from tpu_models.vision.detection import anchors as anchor_ops
 from tpu_models.weights.catalogue import register_importer
-from tpu_models.weights.mapping import NameMap, Source, conv_kernel_from_oihw
+from tpu_models.weights.mapping import (NameMap, Source, WeightsMismatchError,
+                                        conv_kernel_from_oihw)
 
 # Our RetinaNet's settings for torchvision's v1 detector (the catalogue's params).
 TORCHVISION_RETINANET_V1 = {
@@ -62,8 +63,9 @@ def output_transform(anchor_order: np.ndarray, box: bool):
   def transform(value: np.ndarray) -> np.ndarray:
     value = conv_kernel_from_oihw(value) if value.ndim == 4 else value
     if value.shape[-1] % anchors:
-      raise ConfigError(f"torchvision head output of {value.shape[-1]} channels is not a "
-                        f"multiple of the {anchors} anchors per location.")
+      raise WeightsMismatchError(
+          f"torchvision head output of {value.shape[-1]} channels is not a multiple of the "
+          f"{anchors} anchors per location.")
     per_anchor = value.reshape(*value.shape[:-1], anchors, -1)[..., anchor_order, :]
     if box:
       per_anchor = per_anchor[..., _BOX_FROM_TORCHVISION]
