@@ -51,7 +51,17 @@ from torchvision.models.detection import _utils as detection_utils
 from torchvision.ops import misc as ops_misc
 
 PHOTO_NAMES = ('astronaut', 'coffee', 'chelsea')
-CLASSIFIERS = ('tv_resnet18', 'tv_resnet50', 'tv_resnet101', 'timm_resnet50')
+CLASSIFIERS = ('tv_resnet18', 'tv_resnet50', 'tv_resnet101', 'timm_resnet50',
+               'timm_tf_efficientnet_b0', 'timm_tf_efficientnet_b3', 'timm_efficientnet_b0',
+               'timm_vit_small_patch16_224', 'timm_vit_base_patch16_224')
+# Classifiers whose library init leaves biases, norms or embeddings near constant
+# (timm's EfficientNet zeroes conv/linear biases, its ViT zeroes biases, sets
+# LayerNorms to 1/0, the class token ~1e-6 and weights ~0.02, so attention is
+# nearly uniform): `redraw_parameters` gives them spread before the reference
+# pass. The ResNets keep their draws as they were.
+REDRAWN_CLASSIFIERS = ('timm_tf_efficientnet_b0', 'timm_tf_efficientnet_b3',
+                       'timm_efficientnet_b0', 'timm_vit_small_patch16_224',
+                       'timm_vit_base_patch16_224')
 DETECTORS = ('tv_retinanet_resnet50_fpn',)
 ALL_MODELS = CLASSIFIERS + DETECTORS
 # Smallest BN running variance kept after calibration: the RetinaNet backbone
@@ -101,6 +111,40 @@ def redraw_batch_norm_affine(model, generator):
 
 
 @torch.no_grad()
+def redraw_parameters(model, generator):
+  """Redraws what the library init leaves near constant; returns a description.
+
+  Every bias of a conv / linear layer ~ N(0, 0.1^2); every LayerNorm weight
+  ~ U(0.5, 1.5), bias ~ N(0, 0.1^2); every linear weight ~ N(0, 1 / fan_in)
+  (so attention logits spread: with timm's 0.02 a ViT attends almost
+  uniformly and a head permutation would hardly show); a ViT's `cls_token`
+  and `pos_embed` ~ N(0, 0.2^2).
+  """
+  counts = {'biases': 0, 'layer_norms': 0, 'linear_weights': 0, 'embeddings': 0}
+  for module in model.modules():
+    if isinstance(module, (torch.nn.Conv2d, torch.nn.Linear)) and module.bias is not None:
+      module.bias.copy_(0.1 * torch.randn(module.bias.shape, generator=generator))
+      counts['biases'] += 1
+    if isinstance(module, torch.nn.Linear):
+      module.weight.copy_(torch.randn(module.weight.shape, generator=generator)
+                          / math.sqrt(module.weight.shape[1]))
+      counts['linear_weights'] += 1
+    if isinstance(module, torch.nn.LayerNorm):
+      module.weight.copy_(torch.rand(module.weight.shape, generator=generator) + 0.5)
+      module.bias.copy_(0.1 * torch.randn(module.bias.shape, generator=generator))
+      counts['layer_norms'] += 1
+  for name in ('cls_token', 'pos_embed'):
+    tensor = getattr(model, name, None)
+    if tensor is not None:
+      tensor.copy_(0.2 * torch.randn(tensor.shape, generator=generator))
+      counts['embeddings'] += 1
+  return (f"{counts['biases']} conv/linear biases ~ N(0, 0.1^2), {counts['linear_weights']} "
+          f"linear weights ~ N(0, 1/fan_in), {counts['layer_norms']} LayerNorms: weight ~ "
+          f"U(0.5, 1.5), bias ~ N(0, 0.1^2), {counts['embeddings']} of cls_token/pos_embed ~ "
+          f"N(0, 0.2^2); drawn after the BN affine redraw from the same generator")
+
+
+@torch.no_grad()
 def calibrate_batch_norm(model, batches):
   """Sets BN running statistics to the statistics of `batches` (in train mode).
 
@@ -126,6 +170,12 @@ def calibrate_batch_norm(model, batches):
     clamped += int((norm.running_var < MIN_RUNNING_VAR).sum())
     norm.running_var.clamp_(min=MIN_RUNNING_VAR)
   return clamped
+
+
+def batch_norm_eps(model):
+  """The BN epsilon of `model` (a list when several, None without BN)."""
+  found = sorted({m.eps for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)})
+  return found[0] if len(found) == 1 else (found or None)
 
 
 def save_state_dict(state_dict, output_dir, name, formats=('safetensors', 'pth')):
@@ -207,6 +257,8 @@ def write_classifier(name, images, output_dir, seed):
   inputs = torch.stack(
       [transform(PIL.Image.fromarray(images[n])) for n in PHOTO_NAMES])
   redrawn = redraw_batch_norm_affine(model, generator)
+  other_redraws = (redraw_parameters(model, generator) if name in REDRAWN_CLASSIFIERS
+                   else None)
   # Calibrate on the photos and their mirror images.
   clamped = calibrate_batch_norm(model, [torch.cat([inputs, inputs.flip(-1)])])
   with torch.no_grad():
@@ -237,7 +289,8 @@ def write_classifier(name, images, output_dir, seed):
                                    'inputs_nchw and its horizontal flip (6 images)',
           'running_var_clamped_to': MIN_RUNNING_VAR,
           'running_var_entries_clamped': clamped,
-          'batch_norm_eps': 1e-5,
+          'batch_norm_eps': batch_norm_eps(model),
+          **({'other_parameters': other_redraws} if other_redraws else {}),
       },
       'preprocessing': preprocessing,
       'mode': 'eval',

@@ -84,6 +84,14 @@ def conv_kernel_from_oihw(kernel: np.ndarray) -> np.ndarray:
   return np.ascontiguousarray(kernel.transpose(2, 3, 1, 0))
 
 
+def depthwise_kernel_from_oihw(kernel: np.ndarray) -> np.ndarray:
+  """PyTorch depthwise conv weight [C, 1, kh, kw] -> Keras depthwise kernel [kh, kw, C, 1]."""
+  if kernel.ndim != 4 or kernel.shape[1] != 1:
+    raise ConfigError(f"Expected a 4-D [channels, 1, kh, kw] depthwise conv weight, got shape "
+                      f"{kernel.shape}.")
+  return np.ascontiguousarray(kernel.transpose(2, 3, 0, 1))
+
+
 def dense_kernel_from_out_in(kernel: np.ndarray) -> np.ndarray:
   """PyTorch Linear weight [out, in] -> Keras Dense kernel [in, out]."""
   if kernel.ndim != 2:

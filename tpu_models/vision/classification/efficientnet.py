@@ -43,8 +43,16 @@ in every build.
 Stems:
   imagenet:  3x3/2 conv, BN, swish.
   small:     3x3/1 conv, BN, swish (28-64 px inputs: Fashion-MNIST, CIFAR).
+
+Padding of the strided convolutions (the stem and each group's first
+depthwise conv): "same" (TensorFlow's, the reference's: on an even size one
+row/column more after than before) or "symmetric" (PyTorch's k // 2 on every
+side: timm's `efficientnet_b*` weights, not its `tf_efficientnet_b*`, which
+pad as TensorFlow does). Stride-1 convolutions have odd kernels and pad
+symmetrically either way; the option adds no variables.
 """
 
+import functools
 import math
 from typing import Dict, List, NamedTuple, Optional
 
@@ -96,6 +104,7 @@ COEFFICIENTS = {
 }
 RESOLUTIONS = {name: c[2] for name, c in COEFFICIENTS.items()}
 STEMS = ("imagenet", "small")
+PADDINGS = ("same", "symmetric")  # See the module docstring.
 
 
 def round_filters(filters: int, width_coefficient: float) -> int:
@@ -119,15 +128,29 @@ def round_repeats(repeats: int, depth_coefficient: float) -> int:
 _CONV_INIT = dict(scale=2.0, mode="fan_out", distribution="untruncated_normal")
 
 
+def _padded(layer_class, kernel_size: int, strides: int, padding: str, name: str, **kwargs):
+  """`layer_class(kernel_size, ...)` as a callable on NHWC tensors, padded as `padding` says.
+
+  "symmetric" on a strided k x k layer: k // 2 zeros on every side, then "valid".
+  """
+  if padding != "symmetric" or strides == 1 or kernel_size == 1:
+    return layer_class(kernel_size, strides=strides, padding="same", name=name, **kwargs)
+  pad = keras.layers.ZeroPadding2D(kernel_size // 2, name=f"{name}_pad")
+  layer = layer_class(kernel_size, strides=strides, padding="valid", name=name, **kwargs)
+  return lambda x: layer(pad(x))
+
+
 def _conv(filters: int, kernel_size: int, strides: int, name: str,
           pointwise_matmul: Optional[bool], use_bias: bool = False,
-          activation: Optional[str] = None) -> keras.layers.Layer:
-  """A conv layer ("same" padding); 1x1 stride-1 ones are `PointwiseConv2D`."""
-  kwargs = dict(strides=strides, padding="same", use_bias=use_bias, activation=activation,
-                name=name, kernel_initializer=keras.initializers.VarianceScaling(**_CONV_INIT))
+          activation: Optional[str] = None, padding: str = "same"):
+  """A conv layer (a callable on NHWC); 1x1 stride-1 ones are `PointwiseConv2D`."""
+  kwargs = dict(use_bias=use_bias, activation=activation,
+                kernel_initializer=keras.initializers.VarianceScaling(**_CONV_INIT))
   if kernel_size == 1 and strides == 1 and pointwise_matmul is not False:
-    return PointwiseConv2D(filters, 1, as_matmul=pointwise_matmul, **kwargs)
-  return keras.layers.Conv2D(filters, kernel_size, **kwargs)
+    return PointwiseConv2D(filters, 1, strides=1, padding="same", name=name,
+                           as_matmul=pointwise_matmul, **kwargs)
+  return _padded(functools.partial(keras.layers.Conv2D, filters), kernel_size, strides,
+                 padding, name, **kwargs)
 
 
 def _swish(name: str) -> keras.layers.Layer:
@@ -140,7 +163,8 @@ def _swish(name: str) -> keras.layers.Layer:
 
 def _mbconv_block(x, *, kernel_size: int, strides: int, expand_ratio: int,
                   input_filters: int, output_filters: int, drop_rate: float,
-                  bn: BatchNormFactory, pointwise_matmul: Optional[bool], prefix: str):
+                  bn: BatchNormFactory, pointwise_matmul: Optional[bool], prefix: str,
+                  padding: str = "same"):
   """Expand -> depthwise -> squeeze-excite -> project, plus the input when shapes allow."""
   inputs = x
   filters = input_filters * expand_ratio
@@ -148,9 +172,9 @@ def _mbconv_block(x, *, kernel_size: int, strides: int, expand_ratio: int,
     x = _conv(filters, 1, 1, f"{prefix}_expand_conv", pointwise_matmul)(x)
     x = bn(f"{prefix}_expand_bn")(x)
     x = _swish(f"{prefix}_expand_activation")(x)
-  x = keras.layers.DepthwiseConv2D(
-      kernel_size, strides=strides, padding="same", use_bias=False, name=f"{prefix}_dwconv",
-      depthwise_initializer=keras.initializers.VarianceScaling(**_CONV_INIT))(x)
+  x = _padded(keras.layers.DepthwiseConv2D, kernel_size, strides, padding, f"{prefix}_dwconv",
+              use_bias=False,
+              depthwise_initializer=keras.initializers.VarianceScaling(**_CONV_INIT))(x)
   x = bn(f"{prefix}_bn")(x)
   x = _swish(f"{prefix}_activation")(x)
 
@@ -186,6 +210,7 @@ def efficientnet(*,
                  include_top: bool = True,
                  input_shape: Optional[List[int]] = None,
                  stem: str = "imagenet",
+                 padding: str = "same",
                  bn_momentum: float = 0.99,
                  bn_epsilon: float = 1e-3,
                  fused_bn: bool = True,
@@ -205,6 +230,9 @@ def efficientnet(*,
       the dict of features {"C2": ..., "C5": ...} (compute dtype).
     input_shape: [H, W, C] of one image; None means [None, None, 3].
     stem: "imagenet" (stride 2) or "small" (stride 1, for 28-64 px inputs).
+    padding: how the strided convolutions pad: "same" (TensorFlow, the
+      reference) or "symmetric" (PyTorch: k // 2 on every side; timm's
+      non-"tf_" EfficientNet weights need it).
     bn_momentum: BN moving-average momentum (Keras convention: weight of the
       old value).
     bn_epsilon: BN variance epsilon.
@@ -222,6 +250,9 @@ def efficientnet(*,
   """
   if stem not in STEMS:
     raise ConfigError(f"Unknown EfficientNet stem {stem!r}; expected one of {', '.join(STEMS)}.")
+  if padding not in PADDINGS:
+    raise ConfigError(f"Unknown EfficientNet padding {padding!r}; expected one of "
+                      f"{', '.join(PADDINGS)}.")
   for key, value in (("width_coefficient", width_coefficient),
                      ("depth_coefficient", depth_coefficient)):
     if not value > 0:
@@ -237,7 +268,7 @@ def efficientnet(*,
 
   inputs = keras.Input(shape=tuple(input_shape), name="image")
   x = _conv(round_filters(_STEM_FILTERS, width_coefficient), 3, 2 if stem == "imagenet" else 1,
-            "stem_conv", pointwise_matmul)(inputs)
+            "stem_conv", pointwise_matmul, padding=padding)(inputs)
   x = bn("stem_bn")(x)
   x = _swish("stem_activation")(x)
 
@@ -255,7 +286,8 @@ def efficientnet(*,
           input_filters=input_filters if block == 0 else output_filters,
           output_filters=output_filters,
           drop_rate=drop_connect_rate * block_index / total_blocks, bn=bn,
-          pointwise_matmul=pointwise_matmul, prefix=f"block{group_index + 1}{chr(97 + block)}")
+          pointwise_matmul=pointwise_matmul, prefix=f"block{group_index + 1}{chr(97 + block)}",
+          padding=padding)
       block_index += 1
     for level, feature_group in _FEATURE_GROUPS.items():
       if feature_group == group_index:

@@ -7,10 +7,13 @@ Garden's MODEL_GARDEN.md. Nothing is downloaded; `tpu-models weights list`
 prints where to get each file.
 """
 
+import math
 from typing import Any, Dict
 
+from tpu_models.vision.classification import efficientnet
 from tpu_models.vision.classification import keras_hub  # noqa: F401 (registers its importer)
 from tpu_models.vision.classification import model_garden  # noqa: F401 (registers its importer)
+from tpu_models.vision.classification import timm  # noqa: F401 (registers its importers)
 from tpu_models.vision.classification import torchvision  # noqa: F401 (registers its importers)
 from tpu_models.weights.catalogue import LabelSet, Preprocessing, WeightsEntry, register_weights
 
@@ -126,3 +129,96 @@ register_weights(WeightsEntry(
     preprocessing=_MG_PRE, labels=IMAGENET_1K_WITH_BACKGROUND,
     notes="Model Garden's resnet_imagenet normalises with ImageNet mean/std on 0..255 (ours)."))
 
+
+
+# ----------------------------------------------------------------------------
+# timm EfficientNet and Vision Transformer (importers: timm.py). Input size,
+# crop_pct, interpolation and mean/std are each tag's pretrained_cfg in timm
+# 1.0.31 (timm/models/efficientnet.py, vision_transformer.py); timm resizes
+# the shorter side to floor(input / crop_pct), bicubic, then centre-crops.
+
+_INCEPTION_MEAN = (0.5, 0.5, 0.5)  # timm's IMAGENET_INCEPTION_MEAN / _STD.
+_INCEPTION_STD = (0.5, 0.5, 0.5)
+_TIMM_SOURCE_NOTE = "pytorch_model.bin needs torch to read (weights_only=True)."
+# EfficientNet B{i} -> timm's crop_pct (input size = our RESOLUTIONS: 224 ... 600).
+_TF_EFFICIENTNET_CROP_PCT = (0.875, 0.882, 0.89, 0.904, 0.922, 0.934, 0.942, 0.949)
+# tag -> (what the weights are, (mean, std), {B: published ImageNet top-1}). The
+# top-1 figures are the TensorFlow reference's table (tensorflow/tpu
+# models/official/efficientnet README, rows baseline / AutoAugment / AdvProp /
+# NoisyStudent / RandAugment), whose checkpoints these tags port; the tags timm
+# publishes are exactly the cells of that table.
+_TF_EFFICIENTNET_TAGS = {
+    "in1k": ("the TF reference's checkpoints with baseline preprocessing",
+             (IMAGENET_MEAN, IMAGENET_STD),
+             {0: 76.7, 1: 78.7, 2: 79.8, 3: 81.1, 4: 82.5, 5: 83.1}),
+    "aa_in1k": ("the TF reference's checkpoints trained with AutoAugment",
+                (IMAGENET_MEAN, IMAGENET_STD),
+                {0: 77.1, 1: 79.1, 2: 80.1, 3: 81.6, 4: 82.9, 5: 83.6, 6: 84.0, 7: 84.3}),
+    "ap_in1k": ("AdvProp + AutoAugment (Xie et al. 2020); inputs scaled to -1..1",
+                (_INCEPTION_MEAN, _INCEPTION_STD),
+                {0: 77.6, 1: 79.6, 2: 80.5, 3: 81.9, 4: 83.3, 5: 84.3, 6: 84.8, 7: 85.2}),
+    "ns_jft_in1k": ("Noisy Student (Xie et al. 2020; JFT-300M unlabelled images) + RandAugment",
+                    (IMAGENET_MEAN, IMAGENET_STD),
+                    {0: 78.8, 1: 81.5, 2: 82.4, 3: 84.1, 4: 85.3, 5: 86.1, 6: 86.4, 7: 86.9}),
+    "ra_in1k": ("the TF reference's checkpoints trained with RandAugment",
+                (IMAGENET_MEAN, IMAGENET_STD), {5: 83.7, 7: 84.7}),
+}
+
+
+def _timm_preprocessing(crop: int, crop_pct: float, mean, std) -> Preprocessing:
+  return Preprocessing(crop=crop, resize=math.floor(crop / crop_pct), interpolation="bicubic",
+                       mean=mean, std=std)
+
+
+def _timm_entry(timm_name: str, model: str, params: Dict[str, Any], pre: Preprocessing,
+                accuracy: Dict[str, float], notes: str, importer_options=None) -> WeightsEntry:
+  return register_weights(WeightsEntry(
+      name=f"timm_{timm_name}", family=model.split("_")[0], source_format="timm",
+      download=f"hf-hub:timm/{timm_name} (model.safetensors)",
+      files=("model.safetensors", f"{timm_name}.safetensors", "pytorch_model.bin"), model=model,
+      params=params, task=classification_task(pre), accuracy=accuracy, preprocessing=pre,
+      labels=IMAGENET_1K, importer_options=dict(importer_options or {}),
+      notes=f"{notes} {_TIMM_SOURCE_NOTE}"))
+
+
+for _tag, (_what, (_mean, _std), _top1) in _TF_EFFICIENTNET_TAGS.items():
+  for _b, _accuracy in _top1.items():
+    _resolution = efficientnet.RESOLUTIONS[f"efficientnet_b{_b}"]
+    _timm_entry(
+        f"tf_efficientnet_b{_b}.{_tag}", f"efficientnet_b{_b}",
+        {"padding": "same", "bn_epsilon": 1e-3, "num_classes": 1000,
+         "input_shape": [_resolution, _resolution, 3]},
+        _timm_preprocessing(_resolution, _TF_EFFICIENTNET_CROP_PCT[_b], _mean, _std),
+        {"top1": _accuracy},
+        f"timm's port of {_what}: TensorFlow 'SAME' padding, BN epsilon 1e-3 (our defaults). "
+        f"top1: the TF reference's published figure.",
+        importer_options={"variant": "tf_efficientnet"})
+
+_timm_entry(
+    "efficientnet_b0.ra_in1k", "efficientnet_b0",
+    {"padding": "symmetric", "bn_epsilon": 1e-5, "num_classes": 1000,
+     "input_shape": [224, 224, 3]},
+    _timm_preprocessing(224, 0.875, IMAGENET_MEAN, IMAGENET_STD), {"top1": 77.7},
+    "timm's own training (RandAugment recipe): PyTorch padding (our padding: symmetric), BN "
+    "epsilon 1e-5. top1: timm's published figure, to 0.1 (not re-checked offline).",
+    importer_options={"variant": "efficientnet"})
+
+# (timm name, our model, image size, crop_pct, top-1 published by timm to 0.1).
+_TIMM_VITS = (
+    ("vit_small_patch16_224.augreg_in21k_ft_in1k", "vit_s16", 224, 0.9, 81.4),
+    ("vit_base_patch16_224.augreg2_in21k_ft_in1k", "vit_b16", 224, 0.9, 85.1),
+    ("vit_base_patch16_224.augreg_in21k_ft_in1k", "vit_b16", 224, 0.9, 84.5),
+    ("vit_base_patch16_384.augreg_in21k_ft_in1k", "vit_b16", 384, 1.0, 86.0),
+    ("vit_large_patch16_224.augreg_in21k_ft_in1k", "vit_l16", 224, 0.9, 85.8),
+)
+for _name, _model, _size, _crop_pct, _accuracy in _TIMM_VITS:
+  _timm_entry(
+      _name, _model, {"num_classes": 1000, "input_shape": [_size, _size, 3]},
+      _timm_preprocessing(_size, _crop_pct, _INCEPTION_MEAN, _INCEPTION_STD),
+      {"top1": _accuracy},
+      "'How to train your ViT' (Steiner et al. 2021) weights, ImageNet-21k then ImageNet-1k"
+      f"{' (augreg2: timm fine-tuned again with more augmentation)' if 'augreg2' in _name else ''}"
+      "; inputs scaled to -1..1 (mean = std = 0.5). Another image size: set "
+      "task.image_size and the model's input_shape; the importer resizes pos_embed to the new "
+      "patch grid (bilinear; timm resamples bicubic), or keep it with position_grid [g, g]. "
+      "top1: timm's results-imagenet.csv, to 0.1 (not re-checked offline).")
