@@ -1,7 +1,8 @@
-"""Our imported ResNets against the PyTorch libraries' own forward pass, full size.
+"""Our imported classifiers and RetinaNet against the PyTorch libraries' forward pass, full size.
 
 Reads the files `write_fixtures.py` wrote in the torch venv (random weights of
-the full architectures, saved by torchvision / timm themselves, and their
+the full architectures, saved by torchvision / timm themselves: ResNets,
+timm's EfficientNets and ViTs; and their
 logits on three real photos), imports each through `tpu_models.weights` as a
 user would (safetensors, no torch in this process), runs our model on the very
 input tensors torch saw and prints max |delta logits| against torch's float32
@@ -32,12 +33,20 @@ import time
 
 import numpy as np
 
-# The classifier fixtures: (file stem, source format of the importer, our model).
+# The classifier fixtures: (file stem, source format of the importer, our model, the
+# catalogue entry whose params and importer options are used; None: TORCH_PARAMS).
 CLASSIFIERS = (
-    ("tv_resnet18", "torchvision", "resnet18"),
-    ("tv_resnet50", "torchvision", "resnet50"),
-    ("tv_resnet101", "torchvision", "resnet101"),
-    ("timm_resnet50", "timm", "resnet50"),
+    ("tv_resnet18", "torchvision", "resnet18", None),
+    ("tv_resnet50", "torchvision", "resnet50", None),
+    ("tv_resnet101", "torchvision", "resnet101", None),
+    ("timm_resnet50", "timm", "resnet50", None),
+    ("timm_tf_efficientnet_b0", "timm", "efficientnet_b0", "timm_tf_efficientnet_b0.aa_in1k"),
+    ("timm_tf_efficientnet_b3", "timm", "efficientnet_b3", "timm_tf_efficientnet_b3.aa_in1k"),
+    ("timm_efficientnet_b0", "timm", "efficientnet_b0", "timm_efficientnet_b0.ra_in1k"),
+    ("timm_vit_small_patch16_224", "timm", "vit_s16",
+     "timm_vit_small_patch16_224.augreg_in21k_ft_in1k"),
+    ("timm_vit_base_patch16_224", "timm", "vit_b16",
+     "timm_vit_base_patch16_224.augreg2_in21k_ft_in1k"),
 )
 TORCH_PARAMS = {"padding": "symmetric", "bn_epsilon": 1e-5, "num_classes": 1000,
                 "input_shape": [224, 224, 3]}
@@ -87,10 +96,10 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
 
   import tpu_models
-  from tpu_models.weights import importing
+  from tpu_models.weights import catalogue, importing
 
   rows, failed = [], False
-  for stem, source, model_name in CLASSIFIERS:
+  for stem, source, model_name, entry_name in CLASSIFIERS:
     if args.only and stem not in args.only.split(","):
       continue
     weights = os.path.join(args.fixtures, f"{stem}.safetensors")
@@ -101,8 +110,12 @@ def main(argv=None) -> int:
             file=sys.stderr)
       return 2
     start = time.time()
-    model = tpu_models.create_model(model_name, **TORCH_PARAMS)
-    report = importing.load_weights(model, weights, source)
+    params, options = TORCH_PARAMS, {}
+    if entry_name is not None:  # The catalogue's params: what `weights import` builds.
+      entry = catalogue.get_weights(entry_name)
+      params, options = entry.params, entry.importer_options
+    model = tpu_models.create_model(model_name, **params)
+    report = importing.load_weights(model, weights, source, **options)
     ref = np.load(reference)
     logits = np.asarray(model(ref["inputs_nhwc"], training=False), np.float64)
     d32 = float(np.abs(logits - ref["logits"]).max())

@@ -3,7 +3,7 @@
 Runs in the PyTorch peer venv (benchmarks/torch/setup_venv.sh):
 
   benchmarks/.venv-torch/bin/python benchmarks/torch/write_tiny_fixtures.py \
-      [--output-dir tests/fixtures/torch] [--seed 0]
+      [--output-dir tests/fixtures/torch] [--seed 0] [--models timm_vit_tiny,...]
 
 The full architectures' files are 45-170 MB (write_fixtures.py). These have
 the same state-dict layouts at narrow widths, written by torch itself, with
@@ -21,6 +21,11 @@ the libraries' own outputs, so CI can check an importer without torch:
                         of files saved before torchvision 0.13 (the layout the
                         published COCO_V1 file has), checked by loading it back
                         into torchvision (which renames on load): same outputs.
+  timm_tf_efficientnet_tiny  timm's EfficientNet generator as tf_efficientnet_b0
+                        (TF 'SAME' padding, BN eps 1e-3) at width 0.25, depth 0.5
+  timm_efficientnet_tiny     the same as efficientnet_b0 (PyTorch padding, eps 1e-5)
+  timm_vit_tiny         timm's VisionTransformer (vit_small_patch16_224's builder)
+                        at 32 px, patch 8, d 32, 2 blocks, 4 heads, MLP 64
 
 torchvision's ResNet.__init__ fixes the widths (stem 64, stages 64/128/256/512),
 so NarrowResNet subclasses it and sets the same attributes at other widths,
@@ -33,6 +38,7 @@ RetinaNet head rescaled). Each file stays < 2 MB.
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -42,6 +48,8 @@ import safetensors.torch
 import PIL.Image
 import timm
 import timm.data
+import timm.models._efficientnet_builder
+import timm.models.efficientnet
 import timm.models.resnet
 import torch
 import torchvision
@@ -59,6 +67,7 @@ NUM_CLASSES = 10
 DETECTOR_CLASSES = 8
 FPN_CHANNELS = 16
 CROP = 64
+VIT_CROP = 32  # The tiny ViT's input (8 px patches: a 4x4 grid).
 # Detector photos: skimage photos reduced by PIL (box filter) to keep the files small.
 DETECTOR_PHOTOS = {'chelsea': 3, 'astronaut': 4}  # name: reduction factor
 MAX_FILE_BYTES = 2 * 1024 * 1024
@@ -119,13 +128,19 @@ def relative_files(files):
 
 
 def write_classifier(name, model, builder, transform, preprocessing, images,
-                     output_dir, seed, formats=('safetensors',)):
-  """Calibrates `model`, writes its state dict and logits; returns its record."""
+                     output_dir, seed, formats=('safetensors',), redraw_other=False):
+  """Calibrates `model`, writes its state dict and logits; returns its record.
+
+  redraw_other: also `write_fixtures.redraw_parameters` (biases, LayerNorms,
+  linear weights, ViT embeddings), as write_fixtures.py does for the timm
+  EfficientNets and ViTs.
+  """
   generator = torch.Generator().manual_seed(seed + 1)
   model.eval()
   inputs = torch.stack([transform(PIL.Image.fromarray(images[n]))
                         for n in write_fixtures.PHOTO_NAMES])
   redrawn = write_fixtures.redraw_batch_norm_affine(model, generator)
+  other = write_fixtures.redraw_parameters(model, generator) if redraw_other else None
   clamped = write_fixtures.calibrate_batch_norm(
       model, [torch.cat([inputs, inputs.flip(-1)])])
   logits = model(inputs)
@@ -145,8 +160,10 @@ def write_classifier(name, model, builder, transform, preprocessing, images,
       'seed': seed,
       'weights': f'library init after torch.manual_seed({seed}); {redrawn} BN layers '
                  'redrawn (weight U(0.5, 1.5), bias N(0, 0.1^2)) and their statistics '
-                 'measured in train mode on the inputs and their flips; BN eps 1e-5; '
-                 f'{clamped} running variances raised to {write_fixtures.MIN_RUNNING_VAR}',
+                 'measured in train mode on the inputs and their flips; BN eps '
+                 f'{write_fixtures.batch_norm_eps(model)}; '
+                 f'{clamped} running variances raised to {write_fixtures.MIN_RUNNING_VAR}'
+                 + (f'; {other}' if other else ''),
       'preprocessing': preprocessing,
       'num_state_dict_keys': len(state_dict),
       'num_parameters': sum(p.numel() for p in model.parameters()),
@@ -185,6 +202,72 @@ def timm_transform():
       'antialias': True, 'mean': list(config['mean']), 'std': list(config['std']),
       'applied_to': 'PIL.Image.fromarray(uint8 HWC RGB photo from skimage.data)',
   }
+
+
+def timm_pretrained_transform(crop, crop_pct, mean, std, of_weights):
+  """timm's eval transform of a pretrained_cfg (bicubic, crop_pct, mean/std) at `crop`."""
+  config = {'input_size': (3, crop, crop), 'interpolation': 'bicubic', 'crop_pct': crop_pct,
+            'crop_mode': 'center', 'mean': tuple(mean), 'std': tuple(std)}
+  transform = timm.data.create_transform(**config)
+  return transform, {
+      'library': 'timm',
+      'transform': repr(transform),
+      'data_config': {k: list(v) if isinstance(v, tuple) else v for k, v in config.items()},
+      'note': f"{of_weights}'s data config (bicubic, crop_pct {crop_pct}) at input {crop}",
+      'resize_shorter_side': math.floor(crop / crop_pct), 'crop': crop,
+      'interpolation': 'bicubic', 'antialias': True, 'mean': list(mean), 'std': list(std),
+      'applied_to': 'PIL.Image.fromarray(uint8 HWC RGB photo from skimage.data)',
+  }
+
+
+# timm's EfficientNet and ViT at tiny sizes: (file stem, builder description,
+# builder, timm transform arguments). The EfficientNets are timm's own
+# generator (`_gen_efficientnet`, which every `(tf_)efficientnet_b*` calls) at
+# width 0.25 / depth 0.5 (our `efficientnet(width_coefficient=0.25,
+# depth_coefficient=0.5)`); the ViT is `create_model('vit_small_patch16_224',
+# ...)` with its size arguments overridden (our `vit(patch_size=8,
+# hidden_size=32, num_layers=2, num_heads=4, mlp_dim=64)` at 32 px).
+TIMM_TINY = {
+    'timm_tf_efficientnet_tiny': (
+        "timm.models.efficientnet._gen_efficientnet('tf_efficientnet_b0', "
+        "channel_multiplier=0.25, depth_multiplier=0.5, bn_eps=1e-3, pad_type='same', "
+        "num_classes=10)",
+        lambda: timm.models.efficientnet._gen_efficientnet(
+            'tf_efficientnet_b0', channel_multiplier=0.25, depth_multiplier=0.5,
+            bn_eps=timm.models._efficientnet_builder.BN_EPS_TF_DEFAULT, pad_type='same', num_classes=NUM_CLASSES),
+        (CROP, 0.875, timm.data.IMAGENET_DEFAULT_MEAN, timm.data.IMAGENET_DEFAULT_STD,
+         'tf_efficientnet_b0.aa_in1k')),
+    'timm_efficientnet_tiny': (
+        "timm.models.efficientnet._gen_efficientnet('efficientnet_b0', "
+        "channel_multiplier=0.25, depth_multiplier=0.5, num_classes=10)",
+        lambda: timm.models.efficientnet._gen_efficientnet(
+            'efficientnet_b0', channel_multiplier=0.25, depth_multiplier=0.5,
+            num_classes=NUM_CLASSES),
+        (CROP, 0.875, timm.data.IMAGENET_DEFAULT_MEAN, timm.data.IMAGENET_DEFAULT_STD,
+         'efficientnet_b0.ra_in1k')),
+    'timm_vit_tiny': (
+        "timm.create_model('vit_small_patch16_224', pretrained=False, img_size=32, "
+        "patch_size=8, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0, num_classes=10)",
+        lambda: timm.create_model(
+            'vit_small_patch16_224', pretrained=False, img_size=VIT_CROP, patch_size=8,
+            embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0, num_classes=NUM_CLASSES),
+        (VIT_CROP, 0.9, timm.data.IMAGENET_INCEPTION_MEAN, timm.data.IMAGENET_INCEPTION_STD,
+         'vit_small_patch16_224.augreg_in21k_ft_in1k')),
+}
+
+
+ALL_TINY = ('tv_resnet18_narrow', 'tv_resnet50_narrow', 'timm_resnet50_narrow',
+            'tv_retinanet_narrow') + tuple(TIMM_TINY)
+
+
+def write_timm_tiny(name, images, output_dir, seed):
+  """One of TIMM_TINY's files and logits; returns its record."""
+  builder, build, transform_args = TIMM_TINY[name]
+  torch.manual_seed(seed)
+  model = build()
+  transform, preprocessing = timm_pretrained_transform(*transform_args)
+  return write_classifier(name, model, builder, transform, preprocessing, images, output_dir,
+                          seed, redraw_other=True)
 
 
 def narrow_tv(block, layers, num_classes, norm_layer=None):
@@ -356,46 +439,67 @@ def main(argv=None):
   parser.add_argument('--output-dir', default=os.path.join(
       os.path.dirname(os.path.abspath(__file__)), '..', '..', 'tests', 'fixtures', 'torch'))
   parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('--models', default='',
+                      help='comma-separated subset of ' + ','.join(ALL_TINY) + ' (default: all); '
+                           "the other models' records in manifest.json are kept")
   args = parser.parse_args(argv)
+  only = [m for m in args.models.split(',') if m]
+  unknown = sorted(set(only) - set(ALL_TINY))
+  if unknown:
+    parser.error(f'unknown model(s) {unknown}; use {",".join(ALL_TINY)}')
   output_dir = os.path.normpath(args.output_dir)
   os.makedirs(output_dir, exist_ok=True)
   torch.set_num_threads(1)  # reproducible reductions; these models are tiny
   images = write_fixtures.photos()
   records = {}
+  wanted = lambda name: not only or name in only  # noqa: E731
   with torch.no_grad():
-    torch.manual_seed(args.seed)
-    model = narrow_tv(tv_resnet.BasicBlock, [2, 2, 2, 2], NUM_CLASSES)
-    check_layout(model, torchvision.models.resnet18(weights=None))
-    transform, preprocessing = tv_transform()
-    records['tv_resnet18_narrow'] = write_classifier(
-        'tv_resnet18_narrow', model,
-        'NarrowResNet(BasicBlock, [2, 2, 2, 2], stem 4, widths 4/8/16/32, 10 classes)',
-        transform, preprocessing, images, output_dir, args.seed,
-        formats=('safetensors', 'pth'))  # one .pth, for the torch-installed path
+    if wanted('tv_resnet18_narrow') or wanted('tv_resnet50_narrow'):
+      transform, preprocessing = tv_transform()
+    if wanted('tv_resnet18_narrow'):
+      torch.manual_seed(args.seed)
+      model = narrow_tv(tv_resnet.BasicBlock, [2, 2, 2, 2], NUM_CLASSES)
+      check_layout(model, torchvision.models.resnet18(weights=None))
+      records['tv_resnet18_narrow'] = write_classifier(
+          'tv_resnet18_narrow', model,
+          'NarrowResNet(BasicBlock, [2, 2, 2, 2], stem 4, widths 4/8/16/32, 10 classes)',
+          transform, preprocessing, images, output_dir, args.seed,
+          formats=('safetensors', 'pth'))  # one .pth, for the torch-installed path
 
-    torch.manual_seed(args.seed)
-    model = narrow_tv(tv_resnet.Bottleneck, [3, 4, 6, 3], NUM_CLASSES)
-    check_layout(model, torchvision.models.resnet50(weights=None))
-    records['tv_resnet50_narrow'] = write_classifier(
-        'tv_resnet50_narrow', model,
-        'NarrowResNet(Bottleneck, [3, 4, 6, 3], stem 4, widths 4/8/16/32, 10 classes)',
-        transform, preprocessing, images, output_dir, args.seed)
+    if wanted('tv_resnet50_narrow'):
+      torch.manual_seed(args.seed)
+      model = narrow_tv(tv_resnet.Bottleneck, [3, 4, 6, 3], NUM_CLASSES)
+      check_layout(model, torchvision.models.resnet50(weights=None))
+      records['tv_resnet50_narrow'] = write_classifier(
+          'tv_resnet50_narrow', model,
+          'NarrowResNet(Bottleneck, [3, 4, 6, 3], stem 4, widths 4/8/16/32, 10 classes)',
+          transform, preprocessing, images, output_dir, args.seed)
 
-    torch.manual_seed(args.seed)
-    builder = ('timm.models.resnet.ResNet(Bottleneck, [3, 4, 6, 3], stem_width=4, '
-               'channels=(4, 8, 16, 32), num_classes=10)')
-    model = timm.models.resnet.ResNet(
-        timm.models.resnet.Bottleneck, [3, 4, 6, 3], num_classes=NUM_CLASSES,
-        stem_width=STEM_WIDTH, channels=STAGE_WIDTHS)
-    check_layout(model, timm.create_model('resnet50', pretrained=False))
-    transform, preprocessing = timm_transform()
-    records['timm_resnet50_narrow'] = write_classifier(
-        'timm_resnet50_narrow', model, builder, transform, preprocessing, images,
-        output_dir, args.seed)
+    if wanted('timm_resnet50_narrow'):
+      torch.manual_seed(args.seed)
+      builder = ('timm.models.resnet.ResNet(Bottleneck, [3, 4, 6, 3], stem_width=4, '
+                 'channels=(4, 8, 16, 32), num_classes=10)')
+      model = timm.models.resnet.ResNet(
+          timm.models.resnet.Bottleneck, [3, 4, 6, 3], num_classes=NUM_CLASSES,
+          stem_width=STEM_WIDTH, channels=STAGE_WIDTHS)
+      check_layout(model, timm.create_model('resnet50', pretrained=False))
+      transform, preprocessing = timm_transform()
+      records['timm_resnet50_narrow'] = write_classifier(
+          'timm_resnet50_narrow', model, builder, transform, preprocessing, images,
+          output_dir, args.seed)
 
-    name, record = write_detector(images, output_dir, args.seed)
-    records[name] = record
+    if wanted('tv_retinanet_narrow'):
+      name, record = write_detector(images, output_dir, args.seed)
+      records[name] = record
 
+    for name in TIMM_TINY:
+      if wanted(name):
+        records[name] = write_timm_tiny(name, images, output_dir, args.seed)
+
+  manifest_path = os.path.join(output_dir, 'manifest.json')
+  if only and os.path.exists(manifest_path):  # Keep the records of the models not rewritten.
+    with open(manifest_path) as f:
+      records = {**json.load(f)['models'], **records}
   manifest = {'versions': write_fixtures.versions(),
               'written_by': 'benchmarks/torch/write_tiny_fixtures.py',
               'arrays': {
@@ -403,7 +507,8 @@ def main(argv=None):
                       'image_names': '[3] skimage.data names',
                       'inputs_nhwc': f'[3, {CROP}, {CROP}, 3] float32, preprocessed as '
                                      'preprocessing says (NCHW = transpose (0, 3, 1, 2))',
-                      'logits': '[3, 10] float32, eval mode, float32 forward',
+                      'logits': '[3, 10] float32, eval mode, float32 forward (the tiny '
+                                'ViT: inputs [3, 32, 32, 3])',
                       'logits_float64': 'the same in float64'},
                   'detector *_reference.npz': {
                       '{image}/photo_uint8': '[H, W, 3] uint8; model input = photo / 255, CHW',
@@ -419,9 +524,11 @@ def main(argv=None):
                       '{image}/detections_resized/*': 'before transform.postprocess'}},
               'photos': 'skimage.data ' + ', '.join(write_fixtures.PHOTO_NAMES),
               'models': records}
-  with open(os.path.join(output_dir, 'manifest.json'), 'w') as f:
+  with open(manifest_path, 'w') as f:
     json.dump(manifest, f, indent=1)
   for name, record in records.items():
+    if not wanted(name):
+      continue
     sizes = ', '.join(f"{os.path.basename(v['path'])} {v['bytes'] / 1e3:.0f} KB"
                       for v in list(record['files'].values()) + [record['reference']])
     print(f'{name}: {sizes}')

@@ -279,13 +279,17 @@ class MultiHeadAttention(_Layer):
       self.key_value_kernel = self.add_weight(name="key_value_kernel", shape=(d, 2 * d),
                                               initializer=init)
     self.output_kernel = self.add_weight(name="output_kernel", shape=(d, d), initializer=init)
-    # Bias name -> variable; empty without biases (see `_project`).
+    # Bias name -> variable; empty without biases (see `_project`). Each is also an
+    # attribute ("qkv_bias", ...): a variable only inside a dict is not in the
+    # layer's TF object graph, so tf.train.Checkpoint(model=...) (resume,
+    # evaluate, export) would neither save nor restore it.
     self._biases = {}
     if self.use_bias:
       widths = ({"qkv": 3 * d} if self.self_attention else {"query": d, "key_value": 2 * d})
       for name, width in {**widths, "output": d}.items():
-        self._biases[name] = self.add_weight(name=f"{name}_bias", shape=(width,),
-                                             initializer="zeros")
+        bias = self.add_weight(name=f"{name}_bias", shape=(width,), initializer="zeros")
+        setattr(self, f"{name}_bias", bias)
+        self._biases[name] = bias
 
   def _project(self, x: tf.Tensor, kernel, name: str) -> tf.Tensor:
     """x [..., in] @ kernel (+ the bias `name` when the layer has biases), compute dtype."""
