@@ -47,6 +47,8 @@ CLASSIFIERS = (
      "timm_vit_small_patch16_224.augreg_in21k_ft_in1k"),
     ("timm_vit_base_patch16_224", "timm", "vit_b16",
      "timm_vit_base_patch16_224.augreg2_in21k_ft_in1k"),
+    ("timm_vit_large_patch16_224", "timm", "vit_l16",
+     "timm_vit_large_patch16_224.augreg_in21k_ft_in1k"),
 )
 TORCH_PARAMS = {"padding": "symmetric", "bn_epsilon": 1e-5, "num_classes": 1000,
                 "input_shape": [224, 224, 3]}

@@ -53,7 +53,8 @@ from torchvision.ops import misc as ops_misc
 PHOTO_NAMES = ('astronaut', 'coffee', 'chelsea')
 CLASSIFIERS = ('tv_resnet18', 'tv_resnet50', 'tv_resnet101', 'timm_resnet50',
                'timm_tf_efficientnet_b0', 'timm_tf_efficientnet_b3', 'timm_efficientnet_b0',
-               'timm_vit_small_patch16_224', 'timm_vit_base_patch16_224')
+               'timm_vit_small_patch16_224', 'timm_vit_base_patch16_224',
+               'timm_vit_large_patch16_224')
 # Classifiers whose library init leaves biases, norms or embeddings near constant
 # (timm's EfficientNet zeroes conv/linear biases, its ViT zeroes biases, sets
 # LayerNorms to 1/0, the class token ~1e-6 and weights ~0.02, so attention is
@@ -61,7 +62,7 @@ CLASSIFIERS = ('tv_resnet18', 'tv_resnet50', 'tv_resnet101', 'timm_resnet50',
 # pass. The ResNets keep their draws as they were.
 REDRAWN_CLASSIFIERS = ('timm_tf_efficientnet_b0', 'timm_tf_efficientnet_b3',
                        'timm_efficientnet_b0', 'timm_vit_small_patch16_224',
-                       'timm_vit_base_patch16_224')
+                       'timm_vit_base_patch16_224', 'timm_vit_large_patch16_224')
 DETECTORS = ('tv_retinanet_resnet50_fpn',)
 ALL_MODELS = CLASSIFIERS + DETECTORS
 # Smallest BN running variance kept after calibration: the RetinaNet backbone

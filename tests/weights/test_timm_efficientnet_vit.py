@@ -115,6 +115,7 @@ def test_vit_logits_equal_timms():
   model = create_model("vit", **TINY_VIT)
   report = importing.load_weights(model, _path("timm_vit_tiny"), "timm")
   assert len(report.loaded) == len(model.variables) and not report.ignored
+  assert ("embeddings/position_embeddings", "pos_embed", "") in report.loaded  # Same grid.
   loaded = {ours: theirs for ours, theirs, _ in report.loaded}
   assert loaded["encoder_layer_1/self_attention/qkv_kernel"] == "blocks.1.attn.qkv.weight"
   assert loaded["embeddings/class_token"] == "cls_token"
@@ -124,7 +125,9 @@ def test_vit_logits_equal_timms():
 def test_vit_position_embeddings_follow_another_image_size():
   """At 48 px (a 6x6 grid) the 4x4 pos_embed is resized once on import, or at each call."""
   resized = create_model("vit", **dict(TINY_VIT, input_shape=[48, 48, 3]))
-  importing.load_weights(resized, _path("timm_vit_tiny"), "timm")
+  report = importing.load_weights(resized, _path("timm_vit_tiny"), "timm")
+  assert ("embeddings/position_embeddings", "pos_embed",
+          "patch grid 4x4 -> 6x6 (bilinear; timm resamples bicubic)") in report.loaded
   assert tuple(resized.get_layer("embeddings").position_embeddings.shape) == (1, 37, 32)
   kept = create_model("vit", **dict(TINY_VIT, input_shape=[48, 48, 3], position_grid=[4, 4]))
   importing.load_weights(kept, _path("timm_vit_tiny"), "timm")

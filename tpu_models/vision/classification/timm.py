@@ -57,7 +57,7 @@ ours normalises then pools) fail with the tensor named.
 """
 
 import re
-from typing import Dict, Sequence
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 
@@ -179,24 +179,30 @@ register_importer("timm", "efficientnet", models=("efficientnet*",),
 # Vision Transformer.
 
 
-def _position_embeddings(ours_shape: Sequence[int], num_prefix_tokens: int):
-  """The transform of timm's pos_embed onto ours: as is, or resized to our square grid."""
-  ours_rows = ours_shape[1] - num_prefix_tokens
-  side = int(round(ours_rows ** 0.5))
-
-  def transform(theirs: np.ndarray) -> np.ndarray:
-    theirs_rows = theirs.shape[1] - num_prefix_tokens
-    theirs_side = int(round(max(theirs_rows, 0) ** 0.5))
-    resizable = (theirs.ndim == 3 and theirs.shape[2] == ours_shape[2] and side * side == ours_rows
-                 and theirs_side * theirs_side == theirs_rows and theirs_rows != ours_rows)
-    if not resizable:
-      return theirs
-    return np.asarray(resize_position_embeddings(theirs, (side, side), num_prefix_tokens))
-
-  return transform
+def _square_side(rows: int) -> int:
+  """The side of a square patch grid of `rows` positions, or 0 when `rows` is not a square."""
+  side = int(round(max(rows, 0) ** 0.5))
+  return side if side * side == rows and rows > 0 else 0
 
 
-def vit_state_dict_name_map(model, resize_positions: bool = True) -> NameMap:
+def _position_source(ours_shape: Sequence[int], theirs_shape: Optional[Sequence[int]],
+                     num_prefix_tokens: int, resize: bool) -> Source:
+  """pos_embed onto ours: as is, or (another square grid, same width) resized bilinearly."""
+  ours_side = _square_side(ours_shape[1] - num_prefix_tokens)
+  theirs_side = (_square_side(theirs_shape[1] - num_prefix_tokens)
+                 if theirs_shape is not None and len(theirs_shape) == 3 else 0)
+  if not (resize and ours_side and theirs_side and ours_side != theirs_side
+          and theirs_shape[2] == ours_shape[2]):
+    return Source(("pos_embed",))
+  return Source(
+      ("pos_embed",),
+      lambda theirs: np.asarray(resize_position_embeddings(theirs, (ours_side, ours_side),
+                                                           num_prefix_tokens)),
+      f"patch grid {theirs_side}x{theirs_side} -> {ours_side}x{ours_side} (bilinear; timm "
+      f"resamples bicubic)")
+
+
+def vit_state_dict_name_map(model, store=None, resize_positions: bool = True) -> NameMap:
   """Our ViT variables -> a timm VisionTransformer state dict (the layout above)."""
   name_map = NameMap()
   variables: Dict[str, object] = {v.path: v for v in model.variables}
@@ -217,10 +223,9 @@ def vit_state_dict_name_map(model, resize_positions: bool = True) -> NameMap:
     name_map["embeddings/class_token"] = Source(("cls_token",))
   positions = variables.get("embeddings/position_embeddings")
   if positions is not None:
-    shape = tuple(positions.shape)
-    name_map["embeddings/position_embeddings"] = Source(
-        ("pos_embed",), _position_embeddings(shape, int(class_token)) if resize_positions else None,
-        "resized bilinearly to our patch grid when it differs" if resize_positions else "")
+    theirs = store.shape("pos_embed") if store is not None and store.resolve("pos_embed") else None
+    name_map["embeddings/position_embeddings"] = _position_source(
+        tuple(positions.shape), theirs, int(class_token), resize_positions)
   layers = sorted({int(m.group(1)) for m in map(re.compile(r"^encoder_layer_(\d+)/").match,
                                                 variables) if m})
   for i in layers:
@@ -254,8 +259,14 @@ def vit_state_dict_name_map(model, resize_positions: bool = True) -> NameMap:
 
 
 def vit_name_map(model, store=None, resize_positions: bool = True) -> NameMap:
-  """A timm vit_*_patch*_* state dict -> our ViT (pos_embed resized when the grid differs)."""
-  return vit_state_dict_name_map(model, resize_positions)
+  """A timm vit_*_patch*_* state dict -> our ViT.
+
+  resize_positions: when the file's pos_embed is another square patch grid
+  than the model's (another image size), resize it bilinearly to ours
+  (`vit.resize_position_embeddings`, the class token's row kept); False: a
+  shape mismatch.
+  """
+  return vit_state_dict_name_map(model, store, resize_positions)
 
 
 register_importer("timm", "vit", models=("vit*",),
