@@ -45,6 +45,7 @@ import skimage
 import skimage.data
 import timm
 import timm.data
+import timm.layers
 import torch
 import torchvision
 from torchvision.models.detection import _utils as detection_utils
@@ -64,7 +65,12 @@ REDRAWN_CLASSIFIERS = ('timm_tf_efficientnet_b0', 'timm_tf_efficientnet_b3',
                        'timm_efficientnet_b0', 'timm_vit_small_patch16_224',
                        'timm_vit_base_patch16_224', 'timm_vit_large_patch16_224')
 DETECTORS = ('tv_retinanet_resnet50_fpn',)
-ALL_MODELS = CLASSIFIERS + DETECTORS
+# References without a weights file of their own: {name: (weights file stem, what)}.
+RESAMPLED = {'timm_vit_small_patch16_224_at_384': (
+    'timm_vit_small_patch16_224', 'the 224 px ViT-S/16 file run by timm at 384 px, pos_embed '
+    'resampled 14x14 -> 24x24 bilinear (resample_abs_pos_embed(interpolation="bilinear", '
+    'antialias=False); timm\'s own default is bicubic)')}
+ALL_MODELS = CLASSIFIERS + DETECTORS + tuple(RESAMPLED)
 # Smallest BN running variance kept after calibration: the RetinaNet backbone
 # runs with eps = 0 (as the published COCO_V1 weights do), so a channel that
 # happened to be constant on the photos must not divide by zero.
@@ -318,6 +324,50 @@ def write_classifier(name, images, output_dir, seed):
                for i, n in enumerate(PHOTO_NAMES)},
   }
   return record
+
+
+def write_resampled_vit(name, images, output_dir, seed):
+  """A timm ViT at 384 px from the 224 px file `RESAMPLED[name]` names (written before).
+
+  timm builds the model at img_size 384 and loads the 224 state dict with
+  pos_embed resampled bilinearly (the interpolation ours uses; timm's
+  load-time default is bicubic, whose kernel TensorFlow's differs from);
+  inputs: the photos through timm's transform at 384 with crop_pct 1.0 (the
+  data config of timm's 384 px ViT weights). Writes {name}_reference.npz.
+  """
+  del seed  # The weights are the 224 px file's.
+  stem, what = RESAMPLED[name]
+  arch = stem[len('timm_'):]
+  state_dict = safetensors.torch.load_file(os.path.join(output_dir, stem + '.safetensors'))
+  model = timm.create_model(arch, pretrained=False, img_size=384)
+  grid = model.patch_embed.grid_size
+  state_dict['pos_embed'] = timm.layers.resample_abs_pos_embed(
+      state_dict['pos_embed'], new_size=list(grid), num_prefix_tokens=1,
+      interpolation='bilinear', antialias=False)
+  model.load_state_dict(state_dict, strict=True)
+  model.eval()
+  config = dict(timm.data.resolve_data_config({}, model=model), input_size=(3, 384, 384),
+                crop_pct=1.0)
+  transform = timm.data.create_transform(**config)
+  inputs = torch.stack([transform(PIL.Image.fromarray(images[n])) for n in PHOTO_NAMES])
+  logits = model(inputs)
+  logits_float64 = model.double()(inputs.double())
+  npz_path = os.path.join(output_dir, name + '_reference.npz')
+  np.savez(npz_path, image_names=np.array(PHOTO_NAMES), inputs_nchw=inputs.numpy(),
+           inputs_nhwc=inputs.permute(0, 2, 3, 1).contiguous().numpy(),
+           logits=logits.numpy(), logits_float64=logits_float64.numpy())
+  return {
+      'model': name, 'kind': 'classifier (resampled)', 'what': what,
+      'builder': f"timm.create_model('{arch}', pretrained=False, img_size=384)",
+      'weights_file': stem + '.safetensors', 'grid': list(grid),
+      'preprocessing': {'library': 'timm', 'transform': repr(transform),
+                        'data_config': {k: list(v) if isinstance(v, tuple) else v
+                                        for k, v in config.items()}},
+      'files': {},
+      'reference': {'path': npz_path, 'bytes': os.path.getsize(npz_path)},
+      'logits_abs_max': float(logits.abs().max()),
+      'torch_float32_vs_float64_max_abs': float((logits.double() - logits_float64).abs().max()),
+  }
 
 
 def freeze_batch_norm(module, eps):
@@ -636,7 +686,8 @@ def main(argv=None):
   np.savez(photos_path, **images)
   for name in models:
     start = time.time()
-    writer = write_detector if name in DETECTORS else write_classifier
+    writer = (write_detector if name in DETECTORS else
+              write_resampled_vit if name in RESAMPLED else write_classifier)
     with torch.no_grad():
       record = writer(name, images, args.output_dir, args.seed)
     record['versions'] = versions()
