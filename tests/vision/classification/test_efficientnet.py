@@ -112,6 +112,27 @@ def test_tiny_scaled_build_matches_the_count():
   assert _trainable(model) == _counted_params(0.25, 1.5, num_classes=7)
 
 
+def test_symmetric_padding_pads_k_over_2_on_every_side_of_the_strided_convs():
+  """PyTorch's padding (timm's efficientnet_b* weights): same variables, its own geometry."""
+  params = dict(width_coefficient=0.25, depth_coefficient=0.5, num_classes=3,
+                input_shape=[32, 32, 3])
+  same = efficientnet.efficientnet(**params)
+  symmetric = efficientnet.efficientnet(padding="symmetric", **params)
+  weights = lambda m: [v.path for v in m.variables if "seed_generator" not in v.path]  # noqa
+  assert weights(symmetric) == weights(same)
+  pads = {layer.name: layer.padding for layer in symmetric.layers
+          if isinstance(layer, keras.layers.ZeroPadding2D)}
+  # The stem (3x3/2) and each stride-2 group's first depthwise conv (3x3 or 5x5).
+  assert pads == {"stem_conv_pad": ((1, 1), (1, 1)), "block2a_dwconv_pad": ((1, 1), (1, 1)),
+                  "block3a_dwconv_pad": ((2, 2), (2, 2)), "block4a_dwconv_pad": ((1, 1), (1, 1)),
+                  "block6a_dwconv_pad": ((2, 2), (2, 2))}
+  assert symmetric.get_layer("stem_conv").padding == "valid"
+  images = tf.random.stateless_uniform([2, 32, 32, 3], seed=[3, 4])
+  assert symmetric(images).shape == same(images).shape == (2, 3)
+  with pytest.raises(ConfigError, match="padding 'reflect'"):
+    efficientnet.efficientnet(padding="reflect", **params)
+
+
 def test_small_stem_and_features():
   model = create_model("efficientnet_b0", num_classes=10, stem="small", input_shape=[28, 28, 1],
                        dropout_rate=0.0, drop_connect_rate=0.0)
