@@ -160,6 +160,20 @@ def test_attention_biases_are_opt_in_and_every_path_applies_them():
     np.testing.assert_allclose(decoded.numpy(), full, rtol=1e-5, atol=1e-5)
 
 
+def test_attention_biases_round_trip_through_the_object_graph_checkpoint(tmp_path):
+  """Resume, evaluate and export restore `tf.train.Checkpoint(model=...)`: biases included."""
+  layer = tr.MultiHeadAttention(8, 2, True, use_bias=True)
+  layer.build()
+  for w in layer.weights:
+    w.assign(tf.random.stateless_normal(w.shape, [7, len(w.name)]))
+  path = tf.train.Checkpoint(layer=layer).save(str(tmp_path / "ckpt"))
+  restored = tr.MultiHeadAttention(8, 2, True, use_bias=True)
+  restored.build()
+  tf.train.Checkpoint(layer=restored).restore(path).assert_existing_objects_matched()
+  for ours, saved in zip(restored.weights, layer.weights):
+    np.testing.assert_array_equal(ours.numpy(), saved.numpy())
+
+
 def test_variable_paths_are_stable_and_unique():
   paths = [v.path for v in _model().trainable_weights]
   assert len(paths) == len(set(paths))
