@@ -127,6 +127,11 @@ def relative_files(files):
                  'sha256': f['sha256']} for kind, f in files.items()}
 
 
+def eps_text(eps):
+  """A BN epsilon as the manifest writes it ("1e-5"; "none" without BN)."""
+  return 'none' if eps is None else np.format_float_scientific(eps, trim='-', exp_digits=1)
+
+
 def write_classifier(name, model, builder, transform, preprocessing, images,
                      output_dir, seed, formats=('safetensors',), redraw_other=False):
   """Calibrates `model`, writes its state dict and logits; returns its record.
@@ -161,7 +166,7 @@ def write_classifier(name, model, builder, transform, preprocessing, images,
       'weights': f'library init after torch.manual_seed({seed}); {redrawn} BN layers '
                  'redrawn (weight U(0.5, 1.5), bias N(0, 0.1^2)) and their statistics '
                  'measured in train mode on the inputs and their flips; BN eps '
-                 f'{write_fixtures.batch_norm_eps(model)}; '
+                 f'{eps_text(write_fixtures.batch_norm_eps(model))}; '
                  f'{clamped} running variances raised to {write_fixtures.MIN_RUNNING_VAR}'
                  + (f'; {other}' if other else ''),
       'preprocessing': preprocessing,
