@@ -239,7 +239,8 @@ TIMM_TINY = {
         "num_classes=10)",
         lambda: timm.models.efficientnet._gen_efficientnet(
             'tf_efficientnet_b0', channel_multiplier=0.25, depth_multiplier=0.5,
-            bn_eps=timm.models._efficientnet_builder.BN_EPS_TF_DEFAULT, pad_type='same', num_classes=NUM_CLASSES),
+            bn_eps=timm.models._efficientnet_builder.BN_EPS_TF_DEFAULT, pad_type='same',
+            num_classes=NUM_CLASSES),
         (CROP, 0.875, timm.data.IMAGENET_DEFAULT_MEAN, timm.data.IMAGENET_DEFAULT_STD,
          'tf_efficientnet_b0.aa_in1k')),
     'timm_efficientnet_tiny': (
