@@ -12,7 +12,9 @@ so checkpoints move freely between the two classes.
 ResNet space-to-depth stem uses it.
 
 `PointwiseConv2D` is a 1x1 stride-1 `Conv2D` that runs as one matmul when it
-computes in bfloat16 (faster on CPUs with AMX; benchmarks/classification/pointwise_conv.py).
+computes in bfloat16 (faster on CPUs with AMX; benchmarks/classification/pointwise_conv.py);
+in float32 it keeps the convolution kernel forward and takes its input gradient as
+one matmul (`pointwise_conv2d_matmul_input_grad`).
 
 `StochasticDepth` drops a residual branch per example in training (EfficientNet's
 "drop connect"); any residual network can use it.
@@ -173,7 +175,9 @@ class PointwiseConv2D(keras.layers.Conv2D):
   bfloat16 but slower in float32 (benchmarks/classification/pointwise_conv.py prints both;
   figures in benchmarks/README.md), hence:
 
-    as_matmul=None   matmul when the layer computes in bfloat16 (the default)
+    as_matmul=None   matmul when the layer computes in bfloat16 (the default);
+                     in float32 the convolution kernel forward with the input
+                     gradient as one matmul (`pointwise_conv2d_matmul_input_grad`)
     as_matmul=True   always a matmul;   False: always the convolution kernel
 
   Call: inputs [B, H, W, C_in] of the compute dtype -> [B, H, W, C_out].
@@ -196,6 +200,9 @@ class PointwiseConv2D(keras.layers.Conv2D):
     return bool(self.as_matmul)
 
   def call(self, inputs):
+    if self.as_matmul is None and self.compute_dtype == "float32":
+      outputs = pointwise_conv2d_matmul_input_grad(inputs, tf.convert_to_tensor(self.kernel))
+      return self._bias_and_activation(outputs)
     if not self._uses_matmul():
       return super().call(inputs)
     channels_in = inputs.shape[-1]
@@ -204,6 +211,9 @@ class PointwiseConv2D(keras.layers.Conv2D):
     dynamic = tf.shape(inputs)
     outputs = tf.reshape(outputs, [d if d is not None else dynamic[i]
                                    for i, d in enumerate(inputs.shape[:-1])] + [self.filters])
+    return self._bias_and_activation(outputs)
+
+  def _bias_and_activation(self, outputs):
     if self.use_bias:
       outputs = tf.nn.bias_add(outputs, tf.cast(self.bias, outputs.dtype))
     return self.activation(outputs) if self.activation is not None else outputs
@@ -248,3 +258,38 @@ class StochasticDepth(keras.layers.Layer):
 
   def get_config(self):
     return {**super().get_config(), "rate": self.rate, "seed": self.seed}
+
+
+@tf.custom_gradient
+def pointwise_conv2d_matmul_input_grad(inputs, kernel):
+  """A 1x1 stride-1 convolution whose input gradient is one matmul.
+
+  Forward and kernel gradient are TensorFlow's convolution kernels
+  (Conv2D, Conv2DBackpropFilter); the input gradient is
+  [B*H*W, C_out] @ [C_out, C_in]. TensorFlow's CPU Conv2DBackpropInput without
+  oneDNN (CPUs without AVX-512 VNNI/BF16/AMX, e.g. AVX2-only ones) multiplies
+  image by image, re-packing the kernel for each one: for the 7x7 and 14x14
+  layers of ResNet-50 at batch 32 it took 3-6x the time of the one matmul
+  (benchmarks/README.md). The matmul is the same product, so this is not slower
+  where the convolution kernel is good.
+
+  Args:
+    inputs: [B, H, W, C_in] float tensor.
+    kernel: [1, 1, C_in, C_out] tensor of the same dtype.
+
+  Returns:
+    [B, H, W, C_out], the same as `tf.nn.conv2d(inputs, kernel, 1, "VALID")`.
+  """
+  outputs = tf.nn.conv2d(inputs, kernel, strides=1, padding="VALID")
+
+  def grad(upstream):
+    channels_in, channels_out = kernel.shape[2], kernel.shape[3]
+    input_grad = tf.matmul(tf.reshape(upstream, [-1, channels_out]),
+                           tf.reshape(kernel, [channels_in, channels_out]), transpose_b=True)
+    input_grad = tf.reshape(input_grad, tf.shape(inputs))
+    kernel_grad = tf.raw_ops.Conv2DBackpropFilter(
+        input=inputs, filter_sizes=tf.shape(kernel), out_backprop=upstream,
+        strides=[1, 1, 1, 1], padding="VALID")
+    return input_grad, kernel_grad
+
+  return outputs, grad
