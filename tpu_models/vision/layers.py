@@ -266,12 +266,10 @@ def pointwise_conv2d_matmul_input_grad(inputs, kernel):
 
   Forward and kernel gradient are TensorFlow's convolution kernels
   (Conv2D, Conv2DBackpropFilter); the input gradient is
-  [B*H*W, C_out] @ [C_out, C_in]. TensorFlow's CPU Conv2DBackpropInput without
-  oneDNN (CPUs without AVX-512 VNNI/BF16/AMX, e.g. AVX2-only ones) multiplies
-  image by image, re-packing the kernel for each one: for the 7x7 and 14x14
-  layers of ResNet-50 at batch 32 it took 3-6x the time of the one matmul
-  (benchmarks/README.md). The matmul is the same product, so this is not slower
-  where the convolution kernel is good.
+  [B*H*W, C_out] @ [C_out, C_in]. On an AVX2-only CPU, where TensorFlow runs its
+  own (not oneDNN's) convolution kernels, Conv2DBackpropInput of ResNet-50's
+  small-spatial 1x1 layers at batch 32 took up to 6x the time of that one
+  matmul (7x7, 512 -> 2048); figures in benchmarks/README.md.
 
   Args:
     inputs: [B, H, W, C_in] float tensor.

@@ -223,7 +223,9 @@ def resnet(*,
       `keras.layers.BatchNormalization`.
     pointwise_matmul: how the 1x1 stride-1 convolutions run (`PointwiseConv2D`):
       None = as a matmul when computing in bfloat16 (faster forward and
-      backward on CPUs with AMX), True = always, False = plain Conv2D layers.
+      backward on CPUs with AMX) and, in float32, the convolution with its
+      input gradient as a matmul (benchmarks/README.md); True = always a
+      matmul, False = plain Conv2D layers.
       Variables and checkpoints are the same either way.
     dropout_rate: dropout before the classifier; 0 adds no layer.
     width: channels of the stem and of stage 2; stages 3-5 double it each time
