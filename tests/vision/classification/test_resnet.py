@@ -366,33 +366,6 @@ def test_pointwise_matmul_auto_follows_the_compute_dtype(policy):
   assert "MatMul" not in _graph_op_types(forced, x16)
 
 
-def test_pointwise_float32_default_takes_the_input_gradient_as_a_matmul():
-  conv = keras.layers.Conv2D(6, 1, use_bias=True, bias_initializer="random_normal")
-  pointwise = PointwiseConv2D(6, 1, use_bias=True)  # as_matmul=None, float32.
-  x = tf.random.normal([2, 5, 7, 4])
-  conv(x), pointwise(x)
-  pointwise.set_weights(conv.get_weights())
-
-  def forward_backward(layer):
-    def run(inputs):
-      with tf.GradientTape() as tape:
-        tape.watch(inputs)
-        loss = tf.reduce_sum(layer(inputs) * tf.range(6, dtype=tf.float32))
-      return tape.gradient(loss, [inputs] + layer.trainable_weights)
-    return tf.function(run)
-
-  step = forward_backward(pointwise)
-  for ours, theirs in zip(step(x), forward_backward(conv)(x)):
-    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
-  ops = {op.type for op in step.get_concrete_function(x).graph.get_operations()}
-  assert {"Conv2D", "Conv2DBackpropFilter", "MatMul"} <= ops
-  assert "Conv2DBackpropInput" not in ops
-  forced = PointwiseConv2D(6, 1, as_matmul=False)
-  forced(x)
-  assert "Conv2DBackpropInput" in {
-      op.type for op in forward_backward(forced).get_concrete_function(x).graph.get_operations()}
-
-
 def test_pointwise_conv_rejects_non_pointwise_settings_and_round_trips():
   with pytest.raises(ValueError, match="1x1, stride-1"):
     PointwiseConv2D(4, 3)

@@ -53,7 +53,7 @@ import keras
 from tpu_models.builders import preset
 from tpu_models.errors import ConfigError
 from tpu_models.registry import register_model
-from tpu_models.vision.layers import BatchNormFactory, PointwiseConv2D, StochasticDepth
+from tpu_models.vision.layers import BatchNormFactory, EigenConv2D, PointwiseConv2D, StochasticDepth
 
 
 class _BlockGroup(NamedTuple):
@@ -127,7 +127,7 @@ def _conv(filters: int, kernel_size: int, strides: int, name: str,
                 name=name, kernel_initializer=keras.initializers.VarianceScaling(**_CONV_INIT))
   if kernel_size == 1 and strides == 1 and pointwise_matmul is not False:
     return PointwiseConv2D(filters, 1, as_matmul=pointwise_matmul, **kwargs)
-  return keras.layers.Conv2D(filters, kernel_size, **kwargs)
+  return EigenConv2D(filters, kernel_size, **kwargs)
 
 
 def _swish(name: str) -> keras.layers.Layer:
