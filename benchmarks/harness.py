@@ -10,7 +10,7 @@ workers import it too, inside benchmarks/.venv-model-garden.
   drivers   driver_parser, add_pipeline_flags, parse_driver_args, comma_list;
             peer_versions, peers_and_machine, machine_description; measure (a fresh
             process per run, the order rotating), run_worker, failed; fmt, median,
-            per_round_ratios, ratio, mfu_per_round, train_rows, peak_note, train_flops,
+            per_round_ratios, ratio, cpu_ratio, mfu_per_round, train_rows, peak_note, train_flops,
             parameter_counts; run_comparison, write_report
   workers   worker_parser, add_input_pipeline_flags, parse_worker_args,
             require_keras_hub; time_calls, timed_steps, time_iterator, host_loop;
@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Optional
 
 BENCHMARKS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCHMARKS)
@@ -268,6 +269,14 @@ def ratio(ours, runs, rate: str = "images_per_second", rounds: bool = False) -> 
   return f"**{median(per_round):.2f}x** ({', '.join(f'{v:.2f}' for v in per_round)})"
 
 
+def cpu_ratio(ours, runs) -> str:
+  """The median over rounds of side's / ours' CPU seconds per step ("1.05x" = ours costs
+  less), or "-" where a side did not report its CPU time."""
+  per_round = [r["cpu_seconds_per_step"] / o["cpu_seconds_per_step"] for o, r in zip(ours, runs)
+               if o and r and o.get("cpu_seconds_per_step") and r.get("cpu_seconds_per_step")]
+  return f"{median(per_round):.2f}x ({', '.join(f'{v:.2f}' for v in per_round)})" if per_round else "-"
+
+
 def mfu_per_round(runs, ours) -> list:
   """MFU of each round of a side: its images/s x OUR training FLOPs per image / OUR matmul
   peak, both measured by our worker in the same round (one yardstick for every side)."""
@@ -383,18 +392,22 @@ def require_keras_hub() -> None:
     sys.exit(f"keras-hub is not installed ({e}); install the benchmark extra: {KERAS_HUB_INSTALL}")
 
 
-def time_calls(run, count: int):
+def time_calls(run, count: int, cpu: Optional[dict] = None):
   """(seconds, last result, minor page faults per call) of `count` calls of `run()`.
 
   Minor page faults count memory freshly mapped during the calls (POSIX only).
+  With `cpu` (a dict), cpu["seconds"] is set to the CPU time this process spent in
+  the calls, all threads (the load-independent cost on a shared machine).
   """
   import resource  # pylint: disable=g-import-not-at-top  (POSIX only)
   faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-  start = time.perf_counter()
+  start, cpu_start = time.perf_counter(), time.process_time()
   value = None
   for _ in range(count):
     value = run()
   seconds = time.perf_counter() - start
+  if cpu is not None:
+    cpu["seconds"] = time.process_time() - cpu_start
   faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
   return seconds, value, faults / count
 
@@ -402,10 +415,13 @@ def time_calls(run, count: int):
 def timed_steps(run, batch: int, steps: int):
   """Calls `run(steps)` once and times it.
 
-  Returns ({"images_per_second", "step_seconds", "page_faults_per_step"}, run's result).
+  Returns ({"images_per_second", "step_seconds", "cpu_seconds_per_step",
+  "page_faults_per_step"}, run's result).
   """
-  seconds, value, faults = time_calls(lambda: run(steps), 1)
+  cpu = {}
+  seconds, value, faults = time_calls(lambda: run(steps), 1, cpu)
   return {"images_per_second": batch * steps / seconds, "step_seconds": seconds / steps,
+          "cpu_seconds_per_step": cpu["seconds"] / steps,
           "page_faults_per_step": faults / steps}, value
 
 

@@ -78,15 +78,22 @@ def compare_train(args):
 
 
 def train_table(results, sides) -> str:
-  lines = ["| precision | side | median images/s | per round | MFU | page faults / step | ours / side |",
-           "|---|---|---:|---|---:|---:|---:|"]
+  lines = ["| precision | side | median images/s | per round | MFU | page faults / step "
+           "| CPU s / step | ours / side | ours / side in CPU time |",
+           "|---|---|---:|---|---:|---:|---:|---:|---:|"]
   for precision, side, runs, ours, ips, mfus in harness.train_rows(results, sides):
     faults = [r.get("page_faults_per_step") for r in runs if r]
+    cpu = [r.get("cpu_seconds_per_step") for r in runs if r and r.get("cpu_seconds_per_step")]
     ratio = harness.ratio(ours, runs) if side != "ours" and ours else "-"
+    cpu_ratio = harness.cpu_ratio(ours, runs) if side != "ours" and ours else "-"
     lines.append(f"| {precision} | {LABELS[side]} | {fmt(median(ips))} | "
                  f"{', '.join(fmt(v) for v in ips)} | {fmt(median(mfus), '.1%')} | "
-                 f"{fmt(median(faults), ',.0f')} | {ratio} |")
-  notes = [harness.peak_note(results)]
+                 f"{fmt(median(faults), ',.0f')} | {fmt(median(cpu)) if cpu else '-'} | "
+                 f"{ratio} | {cpu_ratio} |")
+  notes = [harness.peak_note(results),
+           "CPU s / step: the worker process's CPU time (all threads) per timed step; on a "
+           "shared machine its ratio (side's / ours, per round) is the figure the load does "
+           "not move, images/s the one it does."]
   flops = harness.train_flops(results)
   if flops:
     notes.append(f"Training FLOPs per image (3x forward conv+dense, our ResNet-50 v1.5): "

@@ -58,6 +58,7 @@ def train_step(args) -> dict:
       "mfu": result["mfu"],
       "device": result["device"],
       "page_faults_per_step": result["page_faults_per_step"],
+      "cpu_seconds_per_step": result["cpu_seconds_per_step"],
   }
 
 

@@ -86,7 +86,9 @@ def train_throughput(config: config_lib.ExperimentConfig, *, steps: int = 20, wa
   the input pipeline, is measured); otherwise the real training data.
 
   Returns a dict: examples_per_second, step_seconds, global_batch, train_flops_per_example,
-  achieved_tflops, peak_tflops, mfu, precision, device, page_faults_per_step.
+  achieved_tflops, peak_tflops, mfu, precision, device, page_faults_per_step,
+  cpu_seconds_per_step (CPU time of this process, all threads, per timed step: the
+  cost that a shared machine's load does not inflate).
   """
   from tpu_models.training import progress
   from tpu_models.training.trainer import Trainer
@@ -99,9 +101,9 @@ def train_throughput(config: config_lib.ExperimentConfig, *, steps: int = 20, wa
     run_dir = model_dir or os.path.join(tmp, "run")
     trainer = Trainer(config, run_dir, stream=open(os.devnull, "w"), synthetic_inputs=synthetic)
     trainer.train(steps=warmup)
-    faults_before = page_faults()
+    faults_before, cpu_before = page_faults(), time.process_time()
     trainer.train(steps=steps)
-    faults_after = page_faults()
+    faults_after, cpu_seconds = page_faults(), time.process_time() - cpu_before
     timed = progress.read_metrics(run_dir, "train")[-1]
     seconds = timed["seconds_per_step"] * steps
     batch = round(timed["examples_per_second"] * timed["seconds_per_step"])  # The global batch.
@@ -117,6 +119,7 @@ def train_throughput(config: config_lib.ExperimentConfig, *, steps: int = 20, wa
       "device": trainer.device,
       # Minor page faults of this process per timed step (None where not measurable):
       # freshly mapped memory each step shows up here (see training/host_memory.py).
+      "cpu_seconds_per_step": cpu_seconds / steps,
       "page_faults_per_step": (None if faults_before is None
                                else (faults_after - faults_before) / steps),
   }

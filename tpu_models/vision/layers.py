@@ -14,6 +14,10 @@ ResNet space-to-depth stem uses it.
 `PointwiseConv2D` is a 1x1 stride-1 `Conv2D` that runs as one matmul when it
 computes in bfloat16 (faster on CPUs with AMX; benchmarks/classification/pointwise_conv.py).
 
+`EigenConv2D` is a `Conv2D` whose float32 gradients avoid TensorFlow's own
+(non-oneDNN) CPU kernel for the input gradient where a faster formulation of the
+same product exists (`conv2d_eigen_gradients`); PointwiseConv2D in float32 uses it too.
+
 `StochasticDepth` drops a residual branch per example in training (EfficientNet's
 "drop connect"); any residual network can use it.
 """
@@ -173,7 +177,9 @@ class PointwiseConv2D(keras.layers.Conv2D):
   bfloat16 but slower in float32 (benchmarks/classification/pointwise_conv.py prints both;
   figures in benchmarks/README.md), hence:
 
-    as_matmul=None   matmul when the layer computes in bfloat16 (the default)
+    as_matmul=None   matmul when the layer computes in bfloat16 (the default);
+                     in float32 on TensorFlow's own CPU kernels the convolution
+                     forward with matmul gradients (`conv2d_eigen_gradients`)
     as_matmul=True   always a matmul;   False: always the convolution kernel
 
   Call: inputs [B, H, W, C_in] of the compute dtype -> [B, H, W, C_out].
@@ -196,6 +202,9 @@ class PointwiseConv2D(keras.layers.Conv2D):
     return bool(self.as_matmul)
 
   def call(self, inputs):
+    if self.as_matmul is None and uses_eigen_gradients(self.compute_dtype):
+      outputs = conv2d_eigen_gradients(inputs, tf.convert_to_tensor(self.kernel), 1, "SAME")
+      return self._bias_and_activation(outputs)
     if not self._uses_matmul():
       return super().call(inputs)
     channels_in = inputs.shape[-1]
@@ -204,6 +213,9 @@ class PointwiseConv2D(keras.layers.Conv2D):
     dynamic = tf.shape(inputs)
     outputs = tf.reshape(outputs, [d if d is not None else dynamic[i]
                                    for i, d in enumerate(inputs.shape[:-1])] + [self.filters])
+    return self._bias_and_activation(outputs)
+
+  def _bias_and_activation(self, outputs):
     if self.use_bias:
       outputs = tf.nn.bias_add(outputs, tf.cast(self.bias, outputs.dtype))
     return self.activation(outputs) if self.activation is not None else outputs
@@ -248,3 +260,131 @@ class StochasticDepth(keras.layers.Layer):
 
   def get_config(self):
     return {**super().get_config(), "rate": self.rate, "seed": self.seed}
+
+
+def _onednn_enabled() -> bool:
+  """Whether TensorFlow runs its CPU convolutions through oneDNN in this process."""
+  try:
+    from tensorflow.python.util import _pywrap_util_port  # pylint: disable=g-import-not-at-top
+  except ImportError:  # A TensorFlow without the probe: assume oneDNN, i.e. change nothing.
+    return True
+  return bool(_pywrap_util_port.IsMklEnabled())
+
+
+_ONEDNN = None
+
+
+def uses_eigen_gradients(compute_dtype: str) -> bool:
+  """True when a convolution computing in `compute_dtype` takes `conv2d_eigen_gradients`.
+
+  That is float32 on TensorFlow's own (Eigen) CPU kernels: oneDNN off, which
+  TensorFlow decides per CPU (on by default only with AVX-512 VNNI/BF16 or AMX) or
+  TF_ENABLE_ONEDNN_OPTS=0 forces. Where oneDNN runs, and in bfloat16/float16, the
+  convolutions stay TensorFlow's own gradients, bit for bit.
+  """
+  global _ONEDNN
+  if compute_dtype != "float32":
+    return False
+  if _ONEDNN is None:
+    _ONEDNN = _onednn_enabled()
+  return not _ONEDNN
+
+
+def conv2d_eigen_gradients(inputs, kernel, strides: int, padding: str):
+  """`tf.nn.conv2d(inputs, kernel, strides, padding)` with gradients fast on Eigen kernels.
+
+  The forward pass is TensorFlow's convolution. TensorFlow's own CPU
+  Conv2DBackpropInput (oneDNN off, e.g. on AVX2-only CPUs) is slow for
+  small-spatial layers: at batch 32 on ResNet-50's 7x7 layers it took 3-8x the
+  time of the same product written another way (benchmarks/README.md). So:
+
+    1x1, any stride       input gradient: one matmul [B*h*w, C_out] @ [C_out, C_in],
+                          scattered to the strided positions; kernel gradient:
+                          one matmul [C_in, B*h*w] @ [B*h*w, C_out]
+    k x k (odd), stride 1, "SAME"
+                          input gradient: the forward convolution of the upstream
+                          gradient with the kernel flipped in space and transposed
+                          in channels; kernel gradient: Conv2DBackpropFilter
+    anything else         TensorFlow's own gradients
+
+  Every formulation computes the same sums (float rounding may differ).
+
+  Args:
+    inputs: [B, H, W, C_in] float tensor.
+    kernel: [k, k, C_in, C_out] tensor of the same dtype.
+    strides: the stride in both spatial dimensions.
+    padding: "SAME" or "VALID".
+
+  Returns:
+    [B, h, w, C_out], as `tf.nn.conv2d`.
+  """
+  padding = padding.upper()
+  kernel_size, channels_in, channels_out = kernel.shape[0], kernel.shape[2], kernel.shape[3]
+  if kernel.shape[1] != kernel_size:
+    return tf.nn.conv2d(inputs, kernel, strides, padding)
+  pointwise = kernel_size == 1
+  same_stride_1 = kernel_size % 2 == 1 and strides == 1 and padding == "SAME"
+  if not (pointwise or same_stride_1):
+    return tf.nn.conv2d(inputs, kernel, strides, padding)
+
+  @tf.custom_gradient
+  def conv(inputs, kernel):
+    outputs = tf.nn.conv2d(inputs, kernel, strides, padding)
+
+    def grad(upstream):
+      if pointwise:
+        # A 1x1 convolution of stride s reads the positions 0, s, 2s, ... (SAME and
+        # VALID alike for a 1x1 kernel).
+        sampled = inputs[:, ::strides, ::strides, :] if strides > 1 else inputs
+        flat_upstream = tf.reshape(upstream, [-1, channels_out])
+        matrix = tf.reshape(kernel, [channels_in, channels_out])
+        kernel_grad = tf.reshape(
+            tf.matmul(tf.reshape(sampled, [-1, channels_in]), flat_upstream, transpose_a=True),
+            tf.shape(kernel))
+        input_grad = tf.matmul(flat_upstream, matrix, transpose_b=True)
+        if strides == 1:
+          return tf.reshape(input_grad, tf.shape(inputs)), kernel_grad
+        size = tf.shape(upstream)
+        # [B, h, 1, w, 1, C] padded to [B, h, s, w, s, C]: zeros between the sampled
+        # positions; then cut to the input's own height and width.
+        input_grad = tf.reshape(input_grad, [size[0], size[1], 1, size[2], 1, channels_in])
+        input_grad = tf.pad(input_grad, [[0, 0], [0, 0], [0, strides - 1], [0, 0],
+                                         [0, strides - 1], [0, 0]])
+        input_grad = tf.reshape(input_grad, [size[0], size[1] * strides, size[2] * strides,
+                                             channels_in])
+        shape = tf.shape(inputs)
+        return input_grad[:, :shape[1], :shape[2], :], kernel_grad
+      flipped = tf.transpose(tf.reverse(kernel, [0, 1]), [0, 1, 3, 2])
+      input_grad = tf.nn.conv2d(upstream, flipped, 1, "SAME")
+      kernel_grad = tf.raw_ops.Conv2DBackpropFilter(
+          input=inputs, filter_sizes=tf.shape(kernel), out_backprop=upstream,
+          strides=[1, 1, 1, 1], padding="SAME")
+      return input_grad, kernel_grad
+
+    return outputs, grad
+
+  return conv(inputs, kernel)
+
+
+@keras.saving.register_keras_serializable(package="tpu_models")
+class EigenConv2D(keras.layers.Conv2D):
+  """A `keras.layers.Conv2D` whose float32 gradients use `conv2d_eigen_gradients`.
+
+  Same constructor, variables, config and outputs as the parent. It changes how
+  the backward pass is computed, and only where `uses_eigen_gradients` says so
+  (float32 on TensorFlow's own CPU kernels); elsewhere it is the parent exactly.
+  Grouped or dilated convolutions and channels_first are the parent always.
+
+  Call: inputs [B, H, W, C_in] of the compute dtype -> [B, h, w, C_out].
+  """
+
+  def call(self, inputs):
+    if (not uses_eigen_gradients(self.compute_dtype) or self.groups != 1
+        or self.dilation_rate != (1, 1) or self.data_format != "channels_last"
+        or self.strides[0] != self.strides[1]):
+      return super().call(inputs)
+    outputs = conv2d_eigen_gradients(inputs, tf.convert_to_tensor(self.kernel),
+                                     self.strides[0], self.padding)
+    if self.use_bias:
+      outputs = tf.nn.bias_add(outputs, tf.cast(self.bias, outputs.dtype))
+    return self.activation(outputs) if self.activation is not None else outputs

@@ -61,7 +61,7 @@ import keras
 from tpu_models.builders import preset
 from tpu_models.errors import ConfigError
 from tpu_models.registry import register_model
-from tpu_models.vision.layers import BatchNormFactory, PointwiseConv2D, StochasticDepth
+from tpu_models.vision.layers import BatchNormFactory, EigenConv2D, PointwiseConv2D, StochasticDepth
 
 
 class _BlockGroup(NamedTuple):
@@ -149,7 +149,7 @@ def _conv(filters: int, kernel_size: int, strides: int, name: str,
   if kernel_size == 1 and strides == 1 and pointwise_matmul is not False:
     return PointwiseConv2D(filters, 1, strides=1, padding="same", name=name,
                            as_matmul=pointwise_matmul, **kwargs)
-  return _padded(functools.partial(keras.layers.Conv2D, filters), kernel_size, strides,
+  return _padded(functools.partial(EigenConv2D, filters), kernel_size, strides,
                  padding, name, **kwargs)
 
 

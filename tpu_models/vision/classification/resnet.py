@@ -31,7 +31,7 @@ from typing import Dict, List, Optional
 import keras
 import numpy as np
 
-from tpu_models.vision.layers import BatchNormFactory, PointwiseConv2D, SpaceToDepth
+from tpu_models.vision.layers import BatchNormFactory, EigenConv2D, PointwiseConv2D, SpaceToDepth
 from tpu_models.builders import preset
 from tpu_models.registry import register_model
 from tpu_models.errors import ConfigError
@@ -77,7 +77,7 @@ def _conv_layer(filters: int, kernel_size: int, strides: int, name: str,
                     scale=2.0, mode="fan_out", distribution="untruncated_normal"))
   if kernel_size == 1 and strides == 1 and pointwise_matmul is not False:
     return PointwiseConv2D(filters, 1, as_matmul=pointwise_matmul, **kwargs)
-  return keras.layers.Conv2D(filters, kernel_size, **kwargs)
+  return EigenConv2D(filters, kernel_size, **kwargs)
 
 
 # ----------------------------------------------------------------------------
@@ -223,8 +223,11 @@ def resnet(*,
       `keras.layers.BatchNormalization`.
     pointwise_matmul: how the 1x1 stride-1 convolutions run (`PointwiseConv2D`):
       None = as a matmul when computing in bfloat16 (faster forward and
-      backward on CPUs with AMX), True = always, False = plain Conv2D layers.
-      Variables and checkpoints are the same either way.
+      backward on CPUs with AMX), else a convolution; True = always a
+      matmul, False = convolution layers. Every convolution is an
+      `EigenConv2D`: in float32 on TensorFlow's own CPU kernels (no oneDNN,
+      e.g. AVX2-only CPUs) its gradients avoid the slow Conv2DBackpropInput
+      (benchmarks/README.md). Variables and checkpoints are the same either way.
     dropout_rate: dropout before the classifier; 0 adds no layer.
     width: channels of the stem and of stage 2; stages 3-5 double it each time
       (64 = the paper's ResNets; 16-32 make fast small-image models).

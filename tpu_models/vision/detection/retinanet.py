@@ -57,7 +57,7 @@ import keras
 
 from tpu_models.errors import ConfigError
 from tpu_models.vision.classification import resnet as resnet_lib
-from tpu_models.vision.layers import FusedBatchNormalization
+from tpu_models.vision.layers import EigenConv2D, FusedBatchNormalization
 from tpu_models.vision.detection import anchors as anchor_ops
 from tpu_models.vision.detection import boxes as box_ops
 from tpu_models.builders import preset
@@ -70,7 +70,7 @@ _BACKBONE_STEMS = ("imagenet", "space_to_depth")  # Stride-4 stems: C_l has stri
 def _head_conv(filters: int, name: str, bias: float = 0.0) -> keras.layers.Conv2D:
   # Gaussian sigma 0.01 for every head conv (the paper); the class output's
   # bias carries the prior.
-  return keras.layers.Conv2D(
+  return EigenConv2D(
       filters, 3, padding="same", name=name,
       kernel_initializer=keras.initializers.RandomNormal(stddev=0.01),
       bias_initializer=keras.initializers.Constant(bias))
@@ -81,11 +81,11 @@ def _fpn_conv(filters: int, kernel_size: int, strides: int, name: str,
   """The conv (a callable on NHWC tensors); "symmetric" pads a strided conv k // 2 first."""
   if padding == "symmetric" and strides > 1:
     pad = keras.layers.ZeroPadding2D(kernel_size // 2, name=f"{name}_pad")
-    conv = keras.layers.Conv2D(filters, kernel_size, strides=strides, padding="valid",
-                               name=name, kernel_initializer=keras.initializers.VarianceScaling())
+    conv = EigenConv2D(filters, kernel_size, strides=strides, padding="valid",
+                       name=name, kernel_initializer=keras.initializers.VarianceScaling())
     return lambda x: conv(pad(x))
-  return keras.layers.Conv2D(filters, kernel_size, strides=strides, padding="same", name=name,
-                             kernel_initializer=keras.initializers.VarianceScaling())
+  return EigenConv2D(filters, kernel_size, strides=strides, padding="same", name=name,
+                     kernel_initializer=keras.initializers.VarianceScaling())
 
 
 @register_model("retinanet")
