@@ -31,6 +31,13 @@ moving value); convolution kernels ~ N(0, 2 / fan_out) with fan_out = k * k *
 output channels (for the depthwise kernel: k * k); the classifier kernel ~
 U(-1/sqrt(classes), 1/sqrt(classes)), bias 0; "same" padding.
 
+`padding="symmetric"` pads the stride-2 convolutions (the stem and the
+stride-2 depthwise convs) k // 2 on every side before a "valid" conv, as
+PyTorch does (timm's EfficientNets and keras-hub's, ported from timm); "same"
+(TensorFlow) pads 0 before and 1 after on an even size. Stride-1 convs are
+equal either way. The option is named and valued as ResNet's `padding`; it
+changes no variable.
+
 With `include_top=False` the model returns the features of the last block of
 each stride as {"C2", "C3", "C4", "C5"} (strides 4, 8, 16, 32 with the imagenet
 stem; the head conv is not applied).
@@ -53,6 +60,7 @@ import keras
 from tpu_models.builders import preset
 from tpu_models.errors import ConfigError
 from tpu_models.registry import register_model
+from tpu_models.vision.classification.resnet import PADDINGS
 from tpu_models.vision.layers import BatchNormFactory, PointwiseConv2D, StochasticDepth
 
 
@@ -121,12 +129,19 @@ _CONV_INIT = dict(scale=2.0, mode="fan_out", distribution="untruncated_normal")
 
 def _conv(filters: int, kernel_size: int, strides: int, name: str,
           pointwise_matmul: Optional[bool], use_bias: bool = False,
-          activation: Optional[str] = None) -> keras.layers.Layer:
-  """A conv layer ("same" padding); 1x1 stride-1 ones are `PointwiseConv2D`."""
+          activation: Optional[str] = None, padding: str = "same"):
+  """A conv (a callable on NHWC tensors); 1x1 stride-1 ones are `PointwiseConv2D`.
+
+  padding "symmetric" pads a strided conv k // 2 on every side first (PyTorch).
+  """
   kwargs = dict(strides=strides, padding="same", use_bias=use_bias, activation=activation,
                 name=name, kernel_initializer=keras.initializers.VarianceScaling(**_CONV_INIT))
   if kernel_size == 1 and strides == 1 and pointwise_matmul is not False:
     return PointwiseConv2D(filters, 1, as_matmul=pointwise_matmul, **kwargs)
+  if padding == "symmetric" and strides > 1:
+    pad = keras.layers.ZeroPadding2D(kernel_size // 2, name=f"{name}_pad")
+    conv = keras.layers.Conv2D(filters, kernel_size, **dict(kwargs, padding="valid"))
+    return lambda x: conv(pad(x))
   return keras.layers.Conv2D(filters, kernel_size, **kwargs)
 
 
@@ -140,7 +155,8 @@ def _swish(name: str) -> keras.layers.Layer:
 
 def _mbconv_block(x, *, kernel_size: int, strides: int, expand_ratio: int,
                   input_filters: int, output_filters: int, drop_rate: float,
-                  bn: BatchNormFactory, pointwise_matmul: Optional[bool], prefix: str):
+                  bn: BatchNormFactory, pointwise_matmul: Optional[bool], prefix: str,
+                  padding: str = "same"):
   """Expand -> depthwise -> squeeze-excite -> project, plus the input when shapes allow."""
   inputs = x
   filters = input_filters * expand_ratio
@@ -148,8 +164,12 @@ def _mbconv_block(x, *, kernel_size: int, strides: int, expand_ratio: int,
     x = _conv(filters, 1, 1, f"{prefix}_expand_conv", pointwise_matmul)(x)
     x = bn(f"{prefix}_expand_bn")(x)
     x = _swish(f"{prefix}_expand_activation")(x)
+  symmetric = padding == "symmetric" and strides > 1
+  if symmetric:
+    x = keras.layers.ZeroPadding2D(kernel_size // 2, name=f"{prefix}_dwconv_pad")(x)
   x = keras.layers.DepthwiseConv2D(
-      kernel_size, strides=strides, padding="same", use_bias=False, name=f"{prefix}_dwconv",
+      kernel_size, strides=strides, padding="valid" if symmetric else "same", use_bias=False,
+      name=f"{prefix}_dwconv",
       depthwise_initializer=keras.initializers.VarianceScaling(**_CONV_INIT))(x)
   x = bn(f"{prefix}_bn")(x)
   x = _swish(f"{prefix}_activation")(x)
@@ -190,6 +210,7 @@ def efficientnet(*,
                  bn_epsilon: float = 1e-3,
                  fused_bn: bool = True,
                  pointwise_matmul: Optional[bool] = None,
+                 padding: str = "same",
                  name: Optional[str] = None) -> keras.Model:
   """Builds an EfficientNet with the given compound-scaling coefficients.
 
@@ -213,6 +234,9 @@ def efficientnet(*,
     pointwise_matmul: how the 1x1 convolutions run (`PointwiseConv2D`): None =
       as a matmul when computing in bfloat16, True = always, False = plain
       Conv2D layers. Variables and checkpoints are the same either way.
+    padding: "same" (TensorFlow, the reference) or "symmetric" (PyTorch: k // 2
+      on every side of the stride-2 convs; timm and keras-hub weights need
+      it). As ResNet's `padding`; no variable depends on it.
     name: model name, default "efficientnet".
 
   Returns:
@@ -222,6 +246,9 @@ def efficientnet(*,
   """
   if stem not in STEMS:
     raise ConfigError(f"Unknown EfficientNet stem {stem!r}; expected one of {', '.join(STEMS)}.")
+  if padding not in PADDINGS:
+    raise ConfigError(f"Unknown EfficientNet padding {padding!r}; expected one of "
+                      f"{', '.join(PADDINGS)}.")
   for key, value in (("width_coefficient", width_coefficient),
                      ("depth_coefficient", depth_coefficient)):
     if not value > 0:
@@ -237,7 +264,7 @@ def efficientnet(*,
 
   inputs = keras.Input(shape=tuple(input_shape), name="image")
   x = _conv(round_filters(_STEM_FILTERS, width_coefficient), 3, 2 if stem == "imagenet" else 1,
-            "stem_conv", pointwise_matmul)(inputs)
+            "stem_conv", pointwise_matmul, padding=padding)(inputs)
   x = bn("stem_bn")(x)
   x = _swish("stem_activation")(x)
 
@@ -255,7 +282,8 @@ def efficientnet(*,
           input_filters=input_filters if block == 0 else output_filters,
           output_filters=output_filters,
           drop_rate=drop_connect_rate * block_index / total_blocks, bn=bn,
-          pointwise_matmul=pointwise_matmul, prefix=f"block{group_index + 1}{chr(97 + block)}")
+          pointwise_matmul=pointwise_matmul, prefix=f"block{group_index + 1}{chr(97 + block)}",
+          padding=padding)
       block_index += 1
     for level, feature_group in _FEATURE_GROUPS.items():
       if feature_group == group_index:
