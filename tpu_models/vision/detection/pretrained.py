@@ -5,6 +5,7 @@ RetinaNet presets (converted from torchvision's) and Model Garden's
 MODEL_GARDEN.md; nothing is downloaded.
 """
 
+from tpu_models.vision.detection import keras_hub  # (registers its importer)
 from tpu_models.vision.detection import model_garden  # noqa: F401 (registers its importer)
 from tpu_models.vision.detection import torchvision  # (registers its importer)
 from tpu_models.weights.catalogue import LabelSet, Preprocessing, WeightsEntry, register_weights

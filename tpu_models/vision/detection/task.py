@@ -101,6 +101,9 @@ class DetectionConfig(TaskConfig):
   score_threshold: float = 0.05
   nms_iou_threshold: float = 0.5
   max_detections: int = 100
+  # True: one candidate per anchor (its best class) and NMS across classes
+  # (keras-hub's RetinaNet decoder); not with pre_nms_top_k_per_level.
+  nms_class_agnostic: bool = False
   # COCO instances JSON of the eval / test split: the official ground truth
   # (segment areas, crowds). None: ground truth from the records themselves.
   eval_annotation_file: Optional[str] = None
@@ -150,6 +153,9 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter):
     if config.eval_images < 0:
       raise ConfigError(f"task.eval_images must be >= 0 (0: no pictures), got "
                         f"{config.eval_images}.")
+    if config.nms_class_agnostic and config.pre_nms_top_k_per_level:
+      raise ConfigError("task.nms_class_agnostic takes one top-k over all levels; set "
+                        "task.pre_nms_top_k_per_level: false.")
     self.anchors = anchors_lib.multilevel_anchors(**self.layout).numpy()  # [N, 4]
     self._label_map = None  # Read on first use: [{"label", "name", "category_id"}] or [].
 
@@ -332,7 +338,7 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter):
         outputs["class_logits"], outputs["box_deltas"], tf.constant(self.anchors),
         pre_nms_top_k=cfg.pre_nms_top_k, score_threshold=cfg.score_threshold,
         iou_threshold=cfg.nms_iou_threshold, max_detections=cfg.max_detections,
-        image_size=clip, level_sizes=level_sizes)
+        image_size=clip, level_sizes=level_sizes, class_agnostic=cfg.nms_class_agnostic)
 
   def eval_step(self, model, features, labels, weights):
     """Loss sums (padding weighs 0) and, for the host, detections + ground truth."""
