@@ -1,7 +1,10 @@
-"""keras-hub ResNet presets (`config.json` + `model.weights.h5` [+ task.weights.h5]) -> our ResNet.
+"""keras-hub classifier presets (`config.json` + `model.weights.h5` [+ task.*]) -> ours.
 
-    model = create_model("resnet", **model_params(preset_config))
+    name, params = preset_model_params(store.config, store.task_config)
+    model = create_model(name, **params)
     load_weights(model, "presets/resnet_50_imagenet", "keras_hub")   # tpu_models.weights
+
+ResNet, EfficientNet (see `efficientnet_name_map`) and ViT (`vit_name_map`).
 
 keras-hub's `ResNetBackbone` with `block_type` "basic_block" or
 "bottleneck_block" and `use_pre_activation: false` is ResNet v1.5 as ours
@@ -184,14 +187,15 @@ def check_efficientnet_config(config: Mapping[str, Any]) -> None:
     if len(set(config.get(key, [None]))) != 1:
       raise ConfigError(f"keras-hub EfficientNet {key} {config.get(key)}: ours scales every "
                         f"stage by one coefficient.")
-  fixed = {"activation": "swish", "depth_divisor": 8, "num_features": 1280,
-           "use_depth_divisor_as_min_depth": True, "cap_round_filter_decrease": True,
-           "projection_activation": None}
+  if config.get("activation", "swish") not in ("swish", "silu"):
+    raise ConfigError(f"keras-hub EfficientNet activation {config['activation']!r}: ours is "
+                      f"swish.")
+  fixed = {"depth_divisor": 8, "num_features": 1280, "use_depth_divisor_as_min_depth": True,
+           "cap_round_filter_decrease": True, "projection_activation": None}
   for key, expected in fixed.items():
-    if config.get(key, expected) != expected and not (
-        key == "activation" and config.get(key) == "silu"):
+    if config.get(key, expected) != expected:
       raise ConfigError(f"keras-hub EfficientNet {key} {config.get(key)!r}: ours is "
-                        f"{expected!r}.")
+                        f"{expected!r} (our filter rounding and head).")
   if any(config.get("stackwise_nores_option", [])) or any(
       config.get("stackwise_force_input_filters", [])):
     raise ConfigError("keras-hub EfficientNet stackwise_nores_option / "
