@@ -303,7 +303,7 @@ def write_retinanet(output_dir, images, rng, tiny, full_size=512):
 
 
 def _jsonable(value):
-  return json.loads(json.dumps(value, default=lambda v: list(v) if isinstance(v, tuple) else str(v)))
+  return json.loads(json.dumps(value, default=str))
 
 
 def _write_json(path, record):

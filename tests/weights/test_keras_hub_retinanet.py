@@ -56,3 +56,41 @@ def test_tensorflow_p67_padding_and_gn_heads_are_refused():
                                              use_prediction_head_norm=True))
   with pytest.raises(ConfigError, match="GroupNorm"):
     keras_hub_retinanet.model_params(store.config, task)
+
+
+def test_catalogue_import_and_the_tasks_post_processing_give_keras_hubs_detections(tmp_path):
+  """The catalogue path (entry's params and task keys, at the tiny fixture's size):
+  model_dir -> export.load_model (what evaluate/export/predict read) -> task.postprocess."""
+  import dataclasses
+
+  import tensorflow as tf
+
+  from tpu_models import config as config_lib
+  from tpu_models import export
+  from tpu_models.vision.detection import torchvision as tv_retinanet
+  from tpu_models.weights import catalogue
+  entry = catalogue.get_weights("keras_hub_retinanet_resnet50_fpn_coco")
+  _, _, params = _build()
+  tiny = dataclasses.replace(entry, name="test_tiny_keras_hub_retinanet", model="retinanet",
+                             params=params, task=dict(entry.task, image_size=128))
+  catalogue.register_weights(tiny)
+  try:
+    output = str(tmp_path / "imported")
+    importing.import_weights(tiny.name, DIRECTORY, output, say=lambda _: None,
+                             overrides=["task.train_data.source=synthetic",
+                                        "task.eval_data.source=synthetic",
+                                        "runtime.strategy=cpu"])
+  finally:
+    del catalogue.WEIGHTS[tiny.name]
+  config = config_lib.load_config(os.path.join(output, "config.yaml"))
+  task, model = export.load_model(config, output)
+  arrays = np.load(os.path.join(DIRECTORY, "reference.npz"))
+  outputs = model(arrays["inputs"][:1], training=False)
+  image_info = tf.constant([[[128, 128], [128, 128], [1, 1], [0, 0]]], tf.float32)
+  detections = task.postprocess(outputs, image_info)
+  assert not entry.task["clip_boxes"]  # As keras-hub's decoder.
+  boxes = arrays["astronaut/detections/boxes"]
+  result = tv_retinanet.compare_detections(
+      detections, boxes[:, [1, 0, 3, 2]], arrays["astronaut/detections/confidence"],
+      arrays["astronaut/detections/labels"])
+  assert result["equal"] and result["count_theirs"] == 100, result

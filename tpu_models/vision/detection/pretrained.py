@@ -85,24 +85,24 @@ register_weights(WeightsEntry(
              "retinanet_resnet50_fpn_coco)",
     files=("a preset directory: config.json + model.weights.h5 + task.json + "
            "task.weights.h5",), model="retinanet_resnet50_fpn",
-    params={"num_classes": 91, "image_size": KERAS_HUB_IMAGE_SIZE, **keras_hub.KERAS_HUB_RETINANET},
+    params={"num_classes": 91, "image_size": KERAS_HUB_IMAGE_SIZE,
+            **keras_hub.KERAS_HUB_RETINANET},
     task={"name": "detection", "image_size": KERAS_HUB_IMAGE_SIZE,
           "mean": [round(m * 255, 6) for m in _IMAGENET_MEAN],
           "std": [round(s * 255, 6) for s in _IMAGENET_STD],
           # keras-hub's NonMaxSuppression defaults: best class per anchor, sigmoid > 0.5,
-          # one NMS over all classes at 0.5, 100 kept.
-          "nms_class_agnostic": True, "pre_nms_top_k": 1000, "score_threshold": 0.5,
-          "nms_iou_threshold": 0.5, "max_detections": 100},
+          # one NMS over all classes at 0.5, 100 kept, boxes not clipped.
+          "nms_class_agnostic": True, "clip_boxes": False, "pre_nms_top_k": 1000,
+          "score_threshold": 0.5, "nms_iou_threshold": 0.5, "max_detections": 100},
     preprocessing=_KERAS_HUB_PRE, labels=COCO_91_TORCHVISION,
     notes="keras-hub's conversion of torchvision's COCO_V1 detector into its own RetinaNet: "
           "its ResNet-50 (PyTorch padding, BN epsilon 1e-5, not torchvision's frozen 0), P6/P7 "
           "convs padded like TensorFlow, torchvision's anchor rule, no norms. Raw outputs, "
           "anchors and detections equal keras-hub's own (benchmarks/keras_hub/parity.py). "
           "keras-hub's converter folds ImageNet mean/std into scale 1/255/std, offset "
-          "-mean/std; our task resizes the longer side to 800 and pads, and clips boxes to "
-          "the input (keras-hub does not clip). keras-hub's 0.5 threshold suits inference, "
-          "not COCO AP (lower task.score_threshold for evaluation). Published box AP: not "
-          "given by keras-hub."))
+          "-mean/std; our task resizes the longer side to 800 and pads. keras-hub's 0.5 "
+          "threshold suits inference, not COCO AP (lower task.score_threshold for "
+          "evaluation). Published box AP: not given by keras-hub."))
 
 _MG_PRE = Preprocessing(crop=640, resize=None, interpolation="bilinear", mean=_IMAGENET_MEAN,
                         std=_IMAGENET_STD)

@@ -98,6 +98,8 @@ class DetectionConfig(TaskConfig):
   # True: boxes are clipped to the image content inside the padding before NMS
   # (torchvision's image_sizes) instead of to the whole model input.
   clip_to_content: bool = False
+  # False: boxes are not clipped at all before NMS (keras-hub's decoder).
+  clip_boxes: bool = True
   score_threshold: float = 0.05
   nms_iou_threshold: float = 0.5
   max_detections: int = 100
@@ -153,6 +155,8 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter):
     if config.eval_images < 0:
       raise ConfigError(f"task.eval_images must be >= 0 (0: no pictures), got "
                         f"{config.eval_images}.")
+    if config.clip_to_content and not config.clip_boxes:
+      raise ConfigError("task.clip_to_content needs task.clip_boxes: true.")
     if config.nms_class_agnostic and config.pre_nms_top_k_per_level:
       raise ConfigError("task.nms_class_agnostic takes one top-k over all levels; set "
                         "task.pre_nms_top_k_per_level: false.")
@@ -331,6 +335,8 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter):
     clip = self.image_size
     if cfg.clip_to_content and image_info is not None:
       clip = tf.convert_to_tensor(image_info)[:, 1, :]
+    if not cfg.clip_boxes:
+      clip = None
     level_sizes = None
     if cfg.pre_nms_top_k_per_level:
       level_sizes = anchors_lib.level_sizes(**self.layout)
