@@ -82,3 +82,17 @@ def test_vit_of_another_width_is_refused_naming_the_tensor():
   with pytest.raises(WeightsMismatchError) as error:
     importing.load_weights(model, directory, "keras_hub", model_name=name)
   assert "patch_embedding" in str(error.value).split("\n")[0]
+
+
+def test_efficientnet_padding_option_is_validated_and_changes_no_variable():
+  same = create_model("efficientnet", width_coefficient=0.25, depth_coefficient=0.34,
+                      input_shape=[32, 32, 3], num_classes=10)
+  symmetric = create_model("efficientnet", width_coefficient=0.25, depth_coefficient=0.34,
+                           input_shape=[32, 32, 3], num_classes=10, padding="symmetric")
+  def weights(model):
+    return [(v.path, v.shape) for v in model.variables if "seed_generator" not in v.path]
+
+  assert weights(same) == weights(symmetric)
+  assert "stem_conv_pad" in {layer.name for layer in symmetric.layers}
+  with pytest.raises(ConfigError, match="padding 'valid'"):
+    create_model("efficientnet_b0", padding="valid")
