@@ -127,7 +127,10 @@ def test_catalogue_entries():
   assert entry.task["pre_nms_top_k_per_level"] and entry.task["clip_to_content"]
   assert entry.task["max_detections"] == 300
   assert "GroupNorm" in catalogue.get_weights("torchvision_retinanet_resnet50_fpn_v2_coco").refused
-  assert "keras-hub itself" in catalogue.get_weights("keras_hub_retinanet_resnet50_fpn_coco").refused
+  # keras-hub's conversion imports with its own settings (test_keras_hub_retinanet.py).
+  keras_hub_entry = catalogue.get_weights("keras_hub_retinanet_resnet50_fpn_coco")
+  assert keras_hub_entry.refused is None and keras_hub_entry.task["nms_class_agnostic"]
+  assert keras_hub_entry.params["p67_padding"] == "same"
 
 
 def test_import_writes_a_model_dir_whose_task_gives_torchvisions_detections(reference, tmp_path):

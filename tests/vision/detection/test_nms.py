@@ -220,3 +220,23 @@ def test_compiles_with_xla_with_fixed_shapes():
 def test_mismatched_shapes_are_rejected():
   with pytest.raises(ValueError, match="same number of anchors"):
     nms.postprocess(np.zeros([1, 5, 2]), np.zeros([1, 5, 4]), np.zeros([6, 4]))
+
+
+def test_class_agnostic_takes_each_anchors_best_class_and_suppresses_across_classes():
+  # Anchors 0 and 1 overlap (IoU 0.81); their best classes differ. Anchor 2 is apart.
+  anchors = tf.constant([[0, 0, 10, 10], [0, 0, 9, 9], [20, 20, 30, 30]], tf.float32)
+  logits = tf.constant([[[3.0, -5.0], [-5.0, 2.0], [1.0, 0.5]]], tf.float32)  # [1, 3, 2]
+  deltas = tf.zeros([1, 3, 4])
+  per_class = nms.postprocess(logits, deltas, anchors, score_threshold=0.5, iou_threshold=0.5)
+  agnostic = nms.postprocess(logits, deltas, anchors, score_threshold=0.5, iou_threshold=0.5,
+                             class_agnostic=True)
+  # Per class: the 0-1 overlap is of different classes, both kept (plus 2's class 0 and
+  # class 1 pairs above 0.5).
+  assert int(per_class["num_detections"][0]) == 4
+  # One candidate per anchor (its best class); anchor 1 is suppressed by anchor 0.
+  assert int(agnostic["num_detections"][0]) == 2
+  np.testing.assert_array_equal(agnostic["classes"][0, :2].numpy(), [0, 0])
+  np.testing.assert_allclose(agnostic["scores"][0, :2].numpy(),
+                             tf.sigmoid([3.0, 1.0]).numpy(), rtol=1e-6)
+  with pytest.raises(ValueError, match="class_agnostic"):
+    nms.postprocess(logits, deltas, anchors, class_agnostic=True, level_sizes=[3])

@@ -31,6 +31,13 @@ moving value); convolution kernels ~ N(0, 2 / fan_out) with fan_out = k * k *
 output channels (for the depthwise kernel: k * k); the classifier kernel ~
 U(-1/sqrt(classes), 1/sqrt(classes)), bias 0; "same" padding.
 
+`padding="symmetric"` pads the stride-2 convolutions (the stem and the
+stride-2 depthwise convs) k // 2 on every side before a "valid" conv, as
+PyTorch does (timm's EfficientNets and keras-hub's, ported from timm); "same"
+(TensorFlow) pads 0 before and 1 after on an even size. Stride-1 convs are
+equal either way. The option is named and valued as ResNet's `padding`; it
+changes no variable.
+
 With `include_top=False` the model returns the features of the last block of
 each stride as {"C2", "C3", "C4", "C5"} (strides 4, 8, 16, 32 with the imagenet
 stem; the head conv is not applied).
@@ -61,6 +68,7 @@ import keras
 from tpu_models.builders import preset
 from tpu_models.errors import ConfigError
 from tpu_models.registry import register_model
+from tpu_models.vision.classification.resnet import PADDINGS  # As ResNet's (module docstring).
 from tpu_models.vision.layers import BatchNormFactory, EigenConv2D, PointwiseConv2D, StochasticDepth
 
 
@@ -104,7 +112,6 @@ COEFFICIENTS = {
 }
 RESOLUTIONS = {name: c[2] for name, c in COEFFICIENTS.items()}
 STEMS = ("imagenet", "small")
-PADDINGS = ("same", "symmetric")  # See the module docstring.
 
 
 def round_filters(filters: int, width_coefficient: float) -> int:
@@ -232,7 +239,8 @@ def efficientnet(*,
     stem: "imagenet" (stride 2) or "small" (stride 1, for 28-64 px inputs).
     padding: how the strided convolutions pad: "same" (TensorFlow, the
       reference) or "symmetric" (PyTorch: k // 2 on every side; timm's
-      non-"tf_" EfficientNet weights need it).
+      non-"tf_" EfficientNet weights and keras-hub's need it). As ResNet's
+      `padding`; no variable depends on it.
     bn_momentum: BN moving-average momentum (Keras convention: weight of the
       old value).
     bn_epsilon: BN variance epsilon.

@@ -235,3 +235,47 @@ for _name, _model, _size, _crop_pct, _accuracy in _TIMM_VITS:
       "task.image_size and the model's input_shape; the importer resizes pos_embed to the new "
       "patch grid (bilinear; timm resamples bicubic), or keep it with position_grid [g, g]. "
       "top1: timm's results-imagenet.csv, to 0.1 (not re-checked offline).")
+
+
+# keras-hub EfficientNet and ViT presets (benchmarks/keras_hub: parity with
+# keras-hub's own forward pass). Kaggle handles as keras-hub 0.32's
+# *_presets.py list them; printed, never fetched. keras-hub publishes no
+# accuracy for these presets (none recorded). Its ImageConverter resizes the
+# largest centred square of the image to the model size (crop_to_aspect_ratio)
+# and applies scale/offset = 1 / (255 std), -mean / std.
+
+_KERAS_HUB_EFFICIENTNET_PRE = Preprocessing(crop=224, resize=None, interpolation="bicubic",
+                                            mean=IMAGENET_MEAN, std=IMAGENET_STD)
+register_weights(WeightsEntry(
+    name="keras_hub_efficientnet_b0_ra_imagenet", family="efficientnet",
+    source_format="keras_hub",
+    download="kaggle://keras/efficientnet/keras/efficientnet_b0_ra_imagenet/2 (keras-hub "
+             "preset efficientnet_b0_ra_imagenet; a directory)",
+    files=("a preset directory: config.json + model.weights.h5 [+ task.json, "
+           "task.weights.h5]",),
+    model="efficientnet_b0",
+    params={"padding": "symmetric", "bn_epsilon": 1e-5, "bn_momentum": 0.9,
+            "num_classes": 1000, "input_shape": [224, 224, 3]},
+    task=classification_task(_KERAS_HUB_EFFICIENTNET_PRE),
+    preprocessing=_KERAS_HUB_EFFICIENTNET_PRE, labels=IMAGENET_1K,
+    notes="keras-hub's port of timm's efficientnet_b0.ra_in1k (its timm converter's layout: "
+          "v1 blocks, PyTorch padding = our padding: symmetric, BN epsilon 1e-5). The "
+          "classifier comes from an image-classifier preset's task.weights.h5; a backbone-only "
+          "preset imports with --option/params include_top: false. Preprocessing as keras-hub's "
+          "timm loader derives it (ImageNet mean/std, timm's bicubic); check the preset's "
+          "preprocessor.json."))
+_KERAS_HUB_VIT_PRE = Preprocessing(crop=224, resize=None, interpolation="bilinear",
+                                   mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+register_weights(WeightsEntry(
+    name="keras_hub_vit_base_patch16_224_imagenet", family="vit", source_format="keras_hub",
+    download="kaggle://keras/vit/keras/vit_base_patch16_224_imagenet/4 (keras-hub preset "
+             "vit_base_patch16_224_imagenet; a directory)",
+    files=("a preset directory: config.json + model.weights.h5 [+ task.json, "
+           "task.weights.h5]",),
+    model="vit_b16", params={"num_classes": 1000, "input_shape": [224, 224, 3]},
+    task=classification_task(_KERAS_HUB_VIT_PRE),
+    preprocessing=_KERAS_HUB_VIT_PRE, labels=IMAGENET_1K,
+    notes="keras-hub's ViT-B/16 at 224 px (class token, pre-LN, LayerNorm epsilon 1e-6; "
+          "85,798,656 backbone parameters as its preset metadata says, 86,567,656 with the "
+          "1000-class head). Inputs scaled to [-1, 1] (mean = std = 0.5), as the ViT "
+          "checkpoints it was converted from; check the preset's preprocessor.json."))

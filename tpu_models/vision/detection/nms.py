@@ -71,8 +71,8 @@ def nms_keep_mask(boxes, valid, classes=None, *, iou_threshold: float = 0.5) -> 
 
 
 def batched_nms(boxes, scores, classes, *, iou_threshold: float = 0.5,
-                score_threshold: float = 0.05, max_detections: int = 100
-                ) -> Dict[str, tf.Tensor]:
+                score_threshold: float = 0.05, max_detections: int = 100,
+                class_agnostic: bool = False) -> Dict[str, tf.Tensor]:
   """Per-class NMS of candidate boxes into a fixed number of padded detections.
 
   Args:
@@ -82,6 +82,7 @@ def batched_nms(boxes, scores, classes, *, iou_threshold: float = 0.5,
     iou_threshold: suppress same-class boxes with IoU > this.
     score_threshold: only candidates scoring > this are considered.
     max_detections: D, the fixed output length.
+    class_agnostic: True: boxes of any classes suppress each other.
 
   Returns:
     dict of boxes float32 [B, D, 4], scores float32 [B, D], classes int32
@@ -98,7 +99,8 @@ def batched_nms(boxes, scores, classes, *, iou_threshold: float = 0.5,
   scores, order = tf.math.top_k(scores, k=num_candidates, sorted=True)
   boxes = tf.gather(boxes, order, batch_dims=1)
   classes = tf.gather(classes, order, batch_dims=1)
-  keep = nms_keep_mask(boxes, scores > score_threshold, classes, iou_threshold=iou_threshold)
+  keep = nms_keep_mask(boxes, scores > score_threshold, None if class_agnostic else classes,
+                       iou_threshold=iou_threshold)
 
   # Kept candidates are still in score order: take the first D of them.
   take = min(max_detections, num_candidates)
@@ -144,7 +146,8 @@ def postprocess(class_logits, box_deltas, anchors, *, pre_nms_top_k: int = 1000,
                 max_detections: int = 100,
                 box_weights: Sequence[float] = box_ops.RETINANET_BOX_WEIGHTS,
                 image_size=None,
-                level_sizes: Optional[Sequence[int]] = None) -> Dict[str, tf.Tensor]:
+                level_sizes: Optional[Sequence[int]] = None,
+                class_agnostic: bool = False) -> Dict[str, tf.Tensor]:
   """RetinaNet outputs -> padded detections (fixed shapes; XLA-compilable).
 
   1. Scores are sigmoid(class_logits); the pre_nms_top_k highest
@@ -160,6 +163,12 @@ def postprocess(class_logits, box_deltas, anchors, *, pre_nms_top_k: int = 1000,
   3. Pairs scoring <= score_threshold are dropped; per-class greedy NMS
      (IoU > iou_threshold suppresses) runs on the rest.
   4. The max_detections best survivors are returned, padded.
+
+  With class_agnostic (keras-hub's RetinaNet decoder), each anchor is one
+  candidate: its best class and that class's score; the pre_nms_top_k anchors
+  of highest score enter one NMS over all classes. keras-hub sorts all
+  anchors instead of a top k; the two agree whenever at most pre_nms_top_k
+  anchors score above score_threshold.
 
   Args:
     class_logits: float [B, N, K] (the model's "class_logits").
@@ -178,6 +187,8 @@ def postprocess(class_logits, box_deltas, anchors, *, pre_nms_top_k: int = 1000,
     level_sizes: the number of anchors of each level in the flat order
       (`anchors.anchors_per_level(...).values()`, summing to N); None: one
       top-k over all levels.
+    class_agnostic: one candidate per anchor (its best class) and NMS across
+      classes (see above); not with level_sizes.
 
   Returns:
     dict: boxes float32 [B, D, 4] (pixels of the model input, [ymin, xmin,
@@ -195,7 +206,15 @@ def postprocess(class_logits, box_deltas, anchors, *, pre_nms_top_k: int = 1000,
   if anchors.shape[0] != num_anchors or box_deltas.shape[1] != num_anchors:
     raise ValueError(f"class_logits {class_logits.shape}, box_deltas {box_deltas.shape} "
                      f"and anchors {anchors.shape} must have the same number of anchors.")
-  if level_sizes is None:
+  if class_agnostic:
+    if level_sizes is not None:
+      raise ValueError("postprocess: class_agnostic takes one top-k over all levels; pass "
+                       "level_sizes=None.")
+    top_logits, anchor_index = tf.math.top_k(tf.reduce_max(class_logits, axis=-1),
+                                             k=min(int(pre_nms_top_k), num_anchors), sorted=True)
+    classes = tf.gather(tf.argmax(class_logits, axis=-1, output_type=tf.int32), anchor_index,
+                        batch_dims=1)
+  elif level_sizes is None:
     top_logits, anchor_index, classes = _top_pairs(
         class_logits, min(int(pre_nms_top_k), num_anchors * num_classes))
   else:
@@ -216,4 +235,5 @@ def postprocess(class_logits, box_deltas, anchors, *, pre_nms_top_k: int = 1000,
   if image_size is not None:
     boxes = box_ops.clip_boxes(boxes, image_size)
   return batched_nms(boxes, scores, classes, iou_threshold=iou_threshold,
-                     score_threshold=score_threshold, max_detections=max_detections)
+                     score_threshold=score_threshold, max_detections=max_detections,
+                     class_agnostic=class_agnostic)

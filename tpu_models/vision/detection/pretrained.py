@@ -5,6 +5,7 @@ RetinaNet presets (converted from torchvision's) and Model Garden's
 MODEL_GARDEN.md; nothing is downloaded.
 """
 
+from tpu_models.vision.detection import keras_hub  # (registers its importer)
 from tpu_models.vision.detection import model_garden  # noqa: F401 (registers its importer)
 from tpu_models.vision.detection import torchvision  # (registers its importer)
 from tpu_models.weights.catalogue import LabelSet, Preprocessing, WeightsEntry, register_weights
@@ -74,22 +75,34 @@ register_weights(WeightsEntry(
     refused="v2's head normalises every subnet conv with GroupNorm (32 groups; its convs have "
             "no bias): our RetinaNet has per-level BatchNorm or no norm, so those weights have "
             "no place (it also takes P6 from C5, which p67_input: c5 could express)."))
+# keras-hub's preset at its 800x800 input; the importer's params (keras_hub.py).
+KERAS_HUB_IMAGE_SIZE = 800
+_KERAS_HUB_PRE = Preprocessing(crop=KERAS_HUB_IMAGE_SIZE, resize=None, interpolation="bilinear",
+                               mean=_IMAGENET_MEAN, std=_IMAGENET_STD)
 register_weights(WeightsEntry(
     name="keras_hub_retinanet_resnet50_fpn_coco", family="retinanet", source_format="keras_hub",
     download="kaggle://keras/retinanet/keras/retinanet_resnet50_fpn_coco/4 (keras-hub preset "
              "retinanet_resnet50_fpn_coco)",
-    files=("a preset directory: config.json + model.weights.h5",), model="retinanet_resnet50_fpn",
-    params={"num_classes": 91}, preprocessing=Preprocessing(
-        crop=800, resize=None, interpolation="bilinear", mean=_IMAGENET_MEAN, std=_IMAGENET_STD),
-    labels=COCO_91_TORCHVISION,
-    refused="keras-hub converted torchvision's COCO_V1 detector into its own RetinaNet "
-            "(its convert_retinanet_checkpoints.py) with its own variable layout and its own "
-            "anchor generator; importing the preset needs a name map for that layout and "
-            "keras-hub's anchors and box order verified against keras-hub itself, which is "
-            "not installed here. torchvision's original file imports: "
-            "torchvision_retinanet_resnet50_fpn_coco.",
-    notes="keras-hub folds ImageNet mean/std into its image converter (scale 1/255/std, "
-          "offset -mean/std)."))
+    files=("a preset directory: config.json + model.weights.h5 + task.json + "
+           "task.weights.h5",), model="retinanet_resnet50_fpn",
+    params={"num_classes": 91, "image_size": KERAS_HUB_IMAGE_SIZE,
+            **keras_hub.KERAS_HUB_RETINANET},
+    task={"name": "detection", "image_size": KERAS_HUB_IMAGE_SIZE,
+          "mean": [round(m * 255, 6) for m in _IMAGENET_MEAN],
+          "std": [round(s * 255, 6) for s in _IMAGENET_STD],
+          # keras-hub's NonMaxSuppression defaults: best class per anchor, sigmoid > 0.5,
+          # one NMS over all classes at 0.5, 100 kept, boxes not clipped.
+          "nms_class_agnostic": True, "clip_boxes": False, "pre_nms_top_k": 1000,
+          "score_threshold": 0.5, "nms_iou_threshold": 0.5, "max_detections": 100},
+    preprocessing=_KERAS_HUB_PRE, labels=COCO_91_TORCHVISION,
+    notes="keras-hub's conversion of torchvision's COCO_V1 detector into its own RetinaNet: "
+          "its ResNet-50 (PyTorch padding, BN epsilon 1e-5, not torchvision's frozen 0), P6/P7 "
+          "convs padded like TensorFlow, torchvision's anchor rule, no norms. Raw outputs, "
+          "anchors and detections equal keras-hub's own (benchmarks/keras_hub/parity.py). "
+          "keras-hub's converter folds ImageNet mean/std into scale 1/255/std, offset "
+          "-mean/std; our task resizes the longer side to 800 and pads. keras-hub's 0.5 "
+          "threshold suits inference, not COCO AP (lower task.score_threshold for "
+          "evaluation). Published box AP: not given by keras-hub."))
 
 _MG_PRE = Preprocessing(crop=640, resize=None, interpolation="bilinear", mean=_IMAGENET_MEAN,
                         std=_IMAGENET_STD)

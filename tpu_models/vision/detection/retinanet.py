@@ -111,6 +111,7 @@ def retinanet(*,
               fused_bn: bool = True,
               backbone_stem: str = "imagenet",
               backbone_width: int = 64,
+              backbone_stage_widths: Optional[List[int]] = None,
               backbone_padding: str = "same",
               backbone_bn_epsilon: Optional[float] = None,
               backbone_trainable: bool = True,
@@ -150,6 +151,8 @@ def retinanet(*,
     fused_bn: use `FusedBatchNormalization` (same variables, faster).
     backbone_stem: "imagenet" or "space_to_depth" (see resnet.py).
     backbone_width: ResNet stage-2 width (64 = the paper's ResNets).
+    backbone_stage_widths: the ResNet's four stage widths (its `stage_widths`;
+      the stem stays backbone_width); None = backbone_width x 1, 2, 4, 8.
     backbone_padding: the ResNet's `padding`: "same" (TensorFlow) or
       "symmetric" (PyTorch, for torchvision/timm weights).
     backbone_bn_epsilon: the backbone BNs' epsilon; None = bn_epsilon.
@@ -207,7 +210,8 @@ def retinanet(*,
         depth=backbone_depth, include_top=False, input_shape=[height, width, 3],
         stem=backbone_stem, bn_momentum=bn_momentum, bn_epsilon=backbone_bn_epsilon,
         padding=backbone_padding, fused_bn=fused_bn, pointwise_matmul=backbone_pointwise_matmul,
-        width=backbone_width, project_first_shortcut=backbone_project_first_shortcut,
+        width=backbone_width, stage_widths=backbone_stage_widths,
+        project_first_shortcut=backbone_project_first_shortcut,
         name="backbone")
   backbone.trainable = backbone_trainable
   if backbone_frozen_bn:

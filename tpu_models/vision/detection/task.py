@@ -98,9 +98,14 @@ class DetectionConfig(TaskConfig):
   # True: boxes are clipped to the image content inside the padding before NMS
   # (torchvision's image_sizes) instead of to the whole model input.
   clip_to_content: bool = False
+  # False: boxes are not clipped at all before NMS (keras-hub's decoder).
+  clip_boxes: bool = True
   score_threshold: float = 0.05
   nms_iou_threshold: float = 0.5
   max_detections: int = 100
+  # True: one candidate per anchor (its best class) and NMS across classes
+  # (keras-hub's RetinaNet decoder); not with pre_nms_top_k_per_level.
+  nms_class_agnostic: bool = False
   # COCO instances JSON of the eval / test split: the official ground truth
   # (segment areas, crowds). None: ground truth from the records themselves.
   eval_annotation_file: Optional[str] = None
@@ -150,6 +155,11 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter):
     if config.eval_images < 0:
       raise ConfigError(f"task.eval_images must be >= 0 (0: no pictures), got "
                         f"{config.eval_images}.")
+    if config.clip_to_content and not config.clip_boxes:
+      raise ConfigError("task.clip_to_content needs task.clip_boxes: true.")
+    if config.nms_class_agnostic and config.pre_nms_top_k_per_level:
+      raise ConfigError("task.nms_class_agnostic takes one top-k over all levels; set "
+                        "task.pre_nms_top_k_per_level: false.")
     self.anchors = anchors_lib.multilevel_anchors(**self.layout).numpy()  # [N, 4]
     self._label_map = None  # Read on first use: [{"label", "name", "category_id"}] or [].
 
@@ -325,6 +335,8 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter):
     clip = self.image_size
     if cfg.clip_to_content and image_info is not None:
       clip = tf.convert_to_tensor(image_info)[:, 1, :]
+    if not cfg.clip_boxes:
+      clip = None
     level_sizes = None
     if cfg.pre_nms_top_k_per_level:
       level_sizes = anchors_lib.level_sizes(**self.layout)
@@ -332,7 +344,7 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter):
         outputs["class_logits"], outputs["box_deltas"], tf.constant(self.anchors),
         pre_nms_top_k=cfg.pre_nms_top_k, score_threshold=cfg.score_threshold,
         iou_threshold=cfg.nms_iou_threshold, max_detections=cfg.max_detections,
-        image_size=clip, level_sizes=level_sizes)
+        image_size=clip, level_sizes=level_sizes, class_agnostic=cfg.nms_class_agnostic)
 
   def eval_step(self, model, features, labels, weights):
     """Loss sums (padding weighs 0) and, for the host, detections + ground truth."""

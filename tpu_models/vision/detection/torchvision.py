@@ -56,12 +56,15 @@ _HEADS = {"class": ("classification_head", "cls_logits", "class_logits"),
           "box": ("regression_head", "bbox_reg", "box_deltas")}
 
 
-def output_transform(anchor_order: np.ndarray, box: bool):
-  """OIHW [A * C, in, 3, 3] -> HWIO with the last axis in our (anchor, C) order; bias alike."""
+def output_transform(anchor_order: np.ndarray, box: bool, oihw: bool = True):
+  """OIHW [A * C, in, 3, 3] -> HWIO with the last axis in our (anchor, C) order; bias alike.
+
+  oihw False: the kernel is HWIO already (keras-hub's heads, same channel order).
+  """
   anchors = len(anchor_order)
 
   def transform(value: np.ndarray) -> np.ndarray:
-    value = conv_kernel_from_oihw(value) if value.ndim == 4 else value
+    value = conv_kernel_from_oihw(value) if value.ndim == 4 and oihw else value
     if value.shape[-1] % anchors:
       raise WeightsMismatchError(
           f"torchvision head output of {value.shape[-1]} channels is not a multiple of the "
