@@ -16,4 +16,6 @@ register_weights(WeightsEntry(
                            "task.model.vocab_size must equal its size"),
     notes="Only Model Garden's translation defaults map (norm_first=True, use_bias=False, "
           "norm_epsilon=1e-6); pass --set task.vocab_path=... and the vocab_size. Published "
-          "BLEU: see Model Garden for the checkpoint you download (not recorded here)."))
+          "BLEU: none (official/nlp/MODEL_GARDEN.md lists wmt_transformer/large as a "
+          "from-scratch WMT14 en-de experiment with its SentencePiece model, no score); "
+          "score yours with `tpu-models evaluate` on newstest2014."))
