@@ -331,8 +331,11 @@ def _litert_ops(content: bytes) -> Tuple[List[str], List[str]]:
   from tensorflow.lite.tools import flatbuffer_utils  # pylint: disable=g-direct-tensorflow-import
   model = flatbuffer_utils.read_model_from_bytearray(bytearray(content))
   used = {op.opcodeIndex for graph in model.subgraphs for op in graph.operators}
-  names = {flatbuffer_utils.opcode_to_name(model, index) for index in used}
-  names = {name.decode() if isinstance(name, bytes) else str(name) for name in names}
+  names = set()
+  for index in used:
+    custom = model.operatorCodes[index].customCode  # Select-TF ops: "Flex<TF op>".
+    name = custom if custom else flatbuffer_utils.opcode_to_name(model, index)
+    names.add(name.decode() if isinstance(name, bytes) else str(name))
   flex = sorted(name[len("Flex"):] for name in names if name.startswith("Flex"))
   return sorted(names), flex
 
@@ -444,9 +447,10 @@ class ExportRunner:
 
   Inputs are {name: numpy array} as `export.json` describes them (integer inputs as
   uint8; an int8 model's quantized inputs are quantized here by their recorded scale
-  and zero point); outputs are {name: numpy array}. A wrong shape or dtype is the
-  runtime's own error (LiteRT: ValueError; onnxruntime: its InvalidArgument error;
-  SavedModel: TypeError / InvalidArgumentError).
+  and zero point); outputs are {name: numpy array}. A wrong shape or dtype is an
+  error: LiteRT, whose runner would resize any input, a ValueError from the check
+  here (`_check_shape`) or the interpreter's; onnxruntime its InvalidArgument error;
+  SavedModel its InvalidArgumentError.
 
   Attributes:
     format: the export's format.
@@ -515,13 +519,38 @@ class ExportRunner:
     feed = {}
     for key, value in inputs.items():
       detail = details.get(key)
+      _check_shape(signature, key, np.shape(value), detail)
       scale, zero_point = detail["quantization"] if detail else (0.0, 0)
       if detail and scale and (scale, zero_point) != (1.0, 0):
         info = np.iinfo(detail["dtype"])
         value = np.clip(np.round(value.astype(np.float32) / scale + zero_point),
                         info.min, info.max)
       feed[key] = np.asarray(value, detail["dtype"] if detail else None)
-    return runner(**feed)
+    try:
+      return runner(**feed)
+    except RuntimeError as e:
+      if "Flex delegate" not in str(e):
+        raise
+      raise ConfigError(
+          f"{self.path} holds Select-TF ops ({', '.join(self.record['select_tf_ops'])}), "
+          f"which this Python's LiteRT interpreter ({self.runtime}) cannot run (no Flex "
+          f"delegate linked); run it where one is (Android: tensorflow-lite-select-tf-ops) "
+          f"or export without those ops.") from None
+
+
+def _check_shape(signature: str, name: str, shape, detail) -> None:
+  """A ValueError unless `shape` fits the LiteRT input's shape signature (-1 = any size).
+
+  LiteRT's signature runner resizes an input to whatever shape it is given, and a graph
+  that pools over space then answers for pixels of another size: refused here instead.
+  """
+  if detail is None:
+    return
+  expected = [int(d) for d in detail.get("shape_signature", detail["shape"])]
+  if len(shape) != len(expected) or any(e not in (-1, s) for e, s in zip(expected, shape)):
+    wanted = "[" + ", ".join("N" if e == -1 else str(e) for e in expected) + "]"
+    raise ValueError(f"{signature}: input {name!r} must have shape {wanted}; got "
+                     f"{list(shape)}.")
 
 
 def evaluate_export(path: str, config: config_lib.ExperimentConfig, split: str = "test", *,
