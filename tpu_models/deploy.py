@@ -182,7 +182,9 @@ def _frozen(fn: DeployFunction):
   if not isinstance(outputs, Mapping):
     raise TypeError(f"A deploy function must return a dict of named tensors; got "
                     f"{type(outputs).__name__}.")
-  return convert_to_constants.convert_variables_to_constants_v2(concrete)
+  # Loops stay functional (While): LiteRT converts those, not lowered Switch/Merge ones.
+  return convert_to_constants.convert_variables_to_constants_v2(concrete,
+                                                                lower_control_flow=False)
 
 
 def _input_specs(fn: DeployFunction) -> List[tf.TensorSpec]:
