@@ -1,4 +1,4 @@
-"""Speed and size of one model's exports side by side: SavedModel, LiteRT float32, LiteRT int8, ONNX.
+"""Speed and size of one model's exports side by side: SavedModel, LiteRT float32 and int8, ONNX.
 
     python benchmarks/compare_export.py official/resnet/fashion_mnist_quick.yaml \
         --model-dir runs/fm --work-dir runs/fm_exports [--signature serve_images]
@@ -123,10 +123,10 @@ def main(argv=None) -> int:
   shape = None
   for name in ("litert", "litert-int8"):
     if name in runners:
-      runner = runners[name]._interpreter.get_signature_runner(args.signature)  # pylint: disable=protected-access
-      detail = next(iter(runner.get_input_details().values()))
-      shape, input_name = list(detail["shape_signature"][1:]), next(iter(
-          runner.get_input_details()))
+      interpreter = runners[name]._interpreter  # pylint: disable=protected-access
+      details = interpreter.get_signature_runner(args.signature).get_input_details()
+      input_name, detail = next(iter(details.items()))
+      shape = [int(d) for d in detail["shape_signature"][1:]]
       break
   if shape is None:
     raise SystemExit("compare_export needs a LiteRT export to read the input shape from.")

@@ -37,6 +37,7 @@ put in place complete (export.py).
 
 import json
 import os
+import re
 import tempfile
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -176,7 +177,8 @@ def _size_text(directory: str) -> str:
 
 
 def _frozen(fn: DeployFunction):
-  from tensorflow.python.framework import convert_to_constants  # pylint: disable=g-direct-tensorflow-import
+  # pylint: disable-next=g-direct-tensorflow-import
+  from tensorflow.python.framework import convert_to_constants
   concrete = fn.function
   outputs = concrete.structured_outputs
   if not isinstance(outputs, Mapping):
@@ -231,7 +233,8 @@ def _calibration_examples(task, functions: Mapping[str, DeployFunction], count: 
       if len(examples) >= count:
         break
   except (FileNotFoundError, tf.errors.NotFoundError) as e:
-    raise DataError(_no_calibration(config, str(e).splitlines()[0] if str(e) else type(e).__name__)) from None
+    why = str(e).splitlines()[0] if str(e) else type(e).__name__
+    raise DataError(_no_calibration(config, why)) from None
   except DataError as e:
     raise DataError(_no_calibration(config, str(e))) from None
   if not examples:
@@ -320,11 +323,11 @@ def _representative(functions: Mapping[str, DeployFunction], calibration: List[A
 
 def _unconverted_ops(error: Exception) -> List[str]:
   """The TensorFlow ops a converter error says it could not convert (e.g. ["tf.DecodeJpeg"])."""
-  import re
   text = str(error)
   ops = re.findall(r"'(tf\.[A-Za-z0-9_]+)' op is neither a custom op nor a flex op", text)
   ops += re.findall(r"failed to legalize operation '(tf\.[A-Za-z0-9_]+)'", text)
-  ops += re.findall(r"tf\.[A-Za-z0-9_]+(?= \{)", text) if "Select TF" in text else []
+  for listed in re.findall(r"TF Select ops: ([A-Za-z0-9_, ]+)", text):
+    ops += [f"tf.{name.strip()}" for name in listed.split(",") if name.strip()]
   return sorted(set(ops))
 
 

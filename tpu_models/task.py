@@ -294,14 +294,12 @@ class DeployFunction:
       cannot hold it, e.g. "decoding encoded files: pass decoded uint8 values".
     integer_inputs: names of float32 inputs that hold whole numbers 0..255: the export
       takes them as uint8 (a cast in float graphs, the quantized input of int8 ones).
-    quantize: whether the int8 export quantizes this function (False: it is kept float).
   """
   function: Any
   inputs: Mapping[str, str]
   outputs: Mapping[str, str]
   outside_graph: Sequence[str] = ()
   integer_inputs: Sequence[str] = ()
-  quantize: bool = True
 
 
 class Deployable(Capability):
