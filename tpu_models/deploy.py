@@ -121,6 +121,12 @@ def export_deployment(config: config_lib.ExperimentConfig, model_dir: str, outpu
     task, model = export_lib.load_model(config, model_dir, checkpoint)
     require(task, Deployable)
     functions = task.deploy_functions(model)
+    if format_name == "litert-int8":
+      for name, fn in sorted(functions.items()):
+        if fn.no_int8:
+          raise ConfigError(f"--format litert-int8: signature {name!r} of task "
+                            f"{config.task.name!r} cannot be quantized: {fn.no_int8}. Export "
+                            f"--format litert (float32) or onnx instead.")
     frozen = {name: _frozen(fn) for name, fn in functions.items()}
   record = {
       "format": format_name, "checkpoint": checkpoint, "step": step, "model_dir": model_dir,
@@ -293,9 +299,11 @@ def _write_litert(functions: Mapping[str, DeployFunction], frozen: Mapping[str, 
         raise ConfigError(f"LiteRT cannot hold op(s) {', '.join(still)}, not even as "
                           f"Select-TF ops; export --format saved_model, or change the task's "
                           f"deploy_functions to keep them outside the graph.") from None
+  ops, flex = _litert_ops(content)
+  if quantized and not flex:
+    _run_once(content, calibration[0])
   with open(os.path.join(directory, LITERT_FILE), "wb") as f:
     f.write(content)
-  ops, flex = _litert_ops(content)
   if flex:
     say(f"Select-TF ops left in the graph (need tf.lite.Interpreter or a runtime with the "
         f"TensorFlow kernels linked): {', '.join(flex)}.")
@@ -307,6 +315,23 @@ def _write_litert(functions: Mapping[str, DeployFunction], frozen: Mapping[str, 
                               "float32 outputs")
     record["input_quantization"] = _input_quantization(content)
   return record
+
+
+def _run_once(content: bytes, example: Mapping[str, Mapping[str, Any]]) -> None:
+  """Runs each signature of a quantized model on one calibration example: a ConfigError if
+  it fails (an op whose int8 kernel refuses the calibrated ranges, e.g. a division by a
+  quantized zero), instead of an export that fails in every caller's runtime."""
+  interpreter = _litert_interpreter(content=content)
+  for name, inputs in example.items():
+    runner = interpreter.get_signature_runner(name)
+    try:
+      runner(**_litert_feed(name, runner.get_input_details(), inputs))
+    except RuntimeError as e:
+      why = " ".join(str(e).split())
+      raise ConfigError(f"The int8 model of signature {name!r} fails on a calibration "
+                        f"example ({why}): an op of it cannot run in int8; export --format "
+                        f"litert (float32), or keep that part out of the quantized "
+                        f"function.") from None
 
 
 def _representative(functions: Mapping[str, DeployFunction], calibration: List[Any]):
@@ -520,17 +545,7 @@ class ExportRunner:
     runner = self._runners.get(signature)
     if runner is None:
       runner = self._runners[signature] = self._interpreter.get_signature_runner(signature)
-    details = runner.get_input_details()
-    feed = {}
-    for key, value in inputs.items():
-      detail = details.get(key)
-      _check_shape(signature, key, np.shape(value), detail)
-      scale, zero_point = detail["quantization"] if detail else (0.0, 0)
-      if detail and scale and (scale, zero_point) != (1.0, 0):
-        info = np.iinfo(detail["dtype"])
-        value = np.clip(np.round(value.astype(np.float32) / scale + zero_point),
-                        info.min, info.max)
-      feed[key] = np.asarray(value, detail["dtype"] if detail else None)
+    feed = _litert_feed(signature, runner.get_input_details(), inputs)
     try:
       return runner(**feed)
     except RuntimeError as e:
@@ -541,6 +556,21 @@ class ExportRunner:
           f"which this Python's LiteRT interpreter ({self.runtime}) cannot run (no Flex "
           f"delegate linked); run it where one is (Android: tensorflow-lite-select-tf-ops) "
           f"or export without those ops.") from None
+
+
+def _litert_feed(signature: str, details, inputs: Mapping[str, Any]) -> Dict[str, np.ndarray]:
+  """`inputs` as a LiteRT signature takes them: shapes checked, quantized inputs quantized."""
+  feed = {}
+  for key, value in inputs.items():
+    detail = details.get(key)
+    _check_shape(signature, key, np.shape(value), detail)
+    scale, zero_point = detail["quantization"] if detail else (0.0, 0)
+    if detail and scale and (scale, zero_point) != (1.0, 0):
+      info = np.iinfo(detail["dtype"])
+      value = np.clip(np.round(np.asarray(value, np.float32) / scale + zero_point),
+                      info.min, info.max)
+    feed[key] = np.asarray(value, detail["dtype"] if detail else None)
+  return feed
 
 
 def _check_shape(signature: str, name: str, shape, detail) -> None:

@@ -294,12 +294,15 @@ class DeployFunction:
       cannot hold it, e.g. "decoding encoded files: pass decoded uint8 values".
     integer_inputs: names of float32 inputs that hold whole numbers 0..255: the export
       takes them as uint8 (a cast in float graphs, the quantized input of int8 ones).
+    no_int8: why this function cannot be quantized to int8 ("" = it can); non-empty,
+      `--format litert-int8` is refused with this reason before converting.
   """
   function: Any
   inputs: Mapping[str, str]
   outputs: Mapping[str, str]
   outside_graph: Sequence[str] = ()
   integer_inputs: Sequence[str] = ()
+  no_int8: str = ""
 
 
 class Deployable(Capability):

@@ -12,6 +12,7 @@ import tensorflow as tf
 from tpu_models import config as config_lib
 from tpu_models import deploy
 from tpu_models import export
+from tpu_models.errors import ConfigError
 from tpu_models.training.trainer import Trainer
 
 from test_detection_task import TINY_MODEL, tiny_pasted_objects
@@ -75,3 +76,15 @@ def test_detector_export_holds_the_nms_and_matches_keras(detector, tmp_path, for
                                reference["detection_boxes"].numpy()[i, :n], atol=1e-2)
   result = deploy.evaluate_export(output, config, "eval")
   assert "AP" in result["metrics"] and 0.0 <= result["metrics"]["AP"] <= 1.0
+
+
+def test_int8_detector_is_refused_in_one_line_naming_why_and_what_to_do(detector, tmp_path):
+  """The fixed-shape NMS does not run in int8 (measured: LiteRT's int8 DIV stops on a
+  divisor at its zero point): refused before converting, no directory left behind."""
+  config, model_dir = detector
+  output = str(tmp_path / "int8")
+  with pytest.raises(ConfigError, match=r"signature 'serve_resized' .*cannot be quantized: "
+                                        r"its fixed-shape NMS.*--format litert") as error:
+    deploy.export_deployment(config, model_dir, output, format_name="litert-int8",
+                             calibration_examples=4)
+  assert "\n" not in str(error.value) and not os.path.exists(output)

@@ -754,7 +754,13 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter, Deployable):
             f"back to the original image: the caller's",
             "valid/reason outputs: pixels of the right shape are always valid; a wrong shape "
             "or dtype is the runtime's error"),
-        integer_inputs=("images",))}
+        integer_inputs=("images",),
+        # Measured on the pasted-objects detector: converted with the NMS quantized, the
+        # int8 model stops in LiteRT's int8 DIV kernel (divisor at its zero point) on
+        # test images; quantizing only the network needs the NMS outside or selective
+        # quantization, not done yet (docs/deploy.md).
+        no_int8=("its fixed-shape NMS (box decoding, IoU division) does not run in int8: "
+                 "LiteRT's int8 DIV refuses a divisor at its zero point"))}
 
   def calibration_inputs(self, examples: int):
     """Training-pipeline images (augmented, resized, padded) as pixels 0..255, one at a time."""
