@@ -20,6 +20,12 @@ EXTRAS = {
     "dev": ["pytest>=8", "pytest-timeout>=2.3", "scikit-image>=0.22"],
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
+# `tpu-models export --format litert|litert-int8|onnx` and `evaluate-export` (docs/deploy.md):
+# the LiteRT interpreter (LiteRT exports also run on TensorFlow's tf.lite.Interpreter without
+# it), the ONNX converter and runtime. Not in "all": CI installs it beside (.ci/run). Checked
+# beside TensorFlow 2.21 on Python 3.11: ai-edge-litert 2.3.0, tf2onnx 1.17.0, onnx 1.23.2,
+# onnxruntime 1.32.0 (protobuf 7 kept).
+EXTRAS["deploy"] = ["ai-edge-litert>=2.0", "tf2onnx>=1.16", "onnx>=1.16", "onnxruntime>=1.18"]
 # The keras-hub peer of the benchmark comparisons (benchmarks/classification, detection and
 # text: compare_*.py); not in "all" (CI does not install it). keras-hub runs on the same
 # TensorFlow and Keras 3, beside us. The Model Garden peer has its own venv

@@ -35,8 +35,8 @@ def test_help_lists_commands():
   # The real subparser list (not the epilog's text): argparse names it for an unknown command.
   unknown = _run("no-such-command")
   assert unknown.returncode == 2
-  generic = {"list", "config", "train", "evaluate", "export", "predict", "check", "benchmark",
-             "convert"}
+  generic = {"list", "config", "train", "evaluate", "export", "evaluate-export", "predict",
+             "check", "benchmark", "convert"}
   families = {"migrate", "weights", "vocab", "sample"}  # weights/cli.py, text/cli.py
   assert _choices(unknown.stderr) == generic | families
   unknown = _run("convert", "no-such-source")
@@ -55,6 +55,9 @@ def test_commands_a_task_lacks_name_the_tasks_that_have_them(tmp_path, capsys):
   assert cli.main(["export", *base, "--output", str(tmp_path / "out")]) == 2
   assert ("task 'toy' does not support `tpu-models export`; tasks that do: classification, "
           "detection, language_modeling, translation.") in capsys.readouterr().err
+  assert cli.main(["export", *base, "--output", str(tmp_path / "out"), "--format", "litert"]) == 2
+  assert ("task 'toy' does not support `tpu-models export --format`; tasks that do: "
+          "classification, detection.") in capsys.readouterr().err
   assert cli.main(["sample", *base, "--prompt", "x"]) == 2
   assert ("task 'toy' does not support `tpu-models sample`; tasks that do: language_modeling, "
           "translation.") in capsys.readouterr().err

@@ -5,6 +5,8 @@
     tpu-models evaluate CONFIG --model-dir runs/mine [--continuous]
     tpu-models check CONFIG          # TPU-readiness on the CPU; exit 1 when not ready
     tpu-models predict CONFIG --model-dir runs/mine a.jpg b.png --output-dir pictures
+    tpu-models export CONFIG --model-dir runs/mine --output out --format litert-int8
+    tpu-models evaluate-export out --split test     # its metrics through its own runtime
     tpu-models migrate model-garden CONFIG --checkpoint MG_CKPT --output runs/from_mg
     tpu-models weights list; tpu-models weights import NAME FILE_OR_DIR --output MODEL_DIR
 
@@ -93,9 +95,36 @@ def _parser() -> argparse.ArgumentParser:
   p = generic["export"] = sub.add_parser(
       "export", help="write a SavedModel with serving signatures")
   add_config_args(p, model_dir_required=True)
-  p.add_argument("--output", required=True, help="SavedModel directory to write")
+  p.add_argument("--output", required=True,
+                 help="directory to write (a SavedModel, or the artefact of --format with its "
+                      "export.json and config.yaml)")
   p.add_argument("--overwrite", action="store_true",
                  help="replace an existing --output (by default that is refused)")
+  p.add_argument("--format", dest="export_format", default="saved_model",
+                 choices=("saved_model", "litert", "litert-int8", "onnx"),
+                 help="saved_model (default: the serving signatures, preprocessing inside), "
+                      "litert (float32), litert-int8 (full-integer, calibrated on the training "
+                      "data) or onnx (needs the deploy extra); docs/deploy.md")
+  p.add_argument("--calibration-examples", type=int, default=256,
+                 help="litert-int8: training examples calibrating the int8 ranges "
+                      "(default 256)")
+
+  p = sub.add_parser(
+      "evaluate-export", help="the task's own metrics of an export (--format any) through "
+                              "its own runtime (LiteRT interpreter, onnxruntime, TensorFlow)")
+  p.add_argument("export", metavar="EXPORT", help="an export directory (tpu-models export)")
+  p.add_argument("--config", default=None,
+                 help="experiment YAML whose data is evaluated (default: the export's own "
+                      "config.yaml)")
+  p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                 help="override a config value, e.g. --set task.test_data.path=... (repeatable)")
+  p.add_argument("--split", default="test", choices=("eval", "test"),
+                 help="the split evaluated (default test)")
+  p.add_argument("--threads", type=int, default=None,
+                 help="runtime threads (default: the runtime's own choice)")
+  p.add_argument("--json", dest="json_output", default=None,
+                 help="also write the result to this JSON file")
+  p.set_defaults(run=_evaluate_export, option_dests=[])
 
   p = generic["predict"] = sub.add_parser(
       "predict", help="run a trained model on input files and write what it predicts (the "
@@ -333,7 +362,32 @@ def _evaluate(args) -> int:
 def _export(args) -> int:
   from tpu_models import export
   config, model_dir = load_experiment(args)
-  export.export_saved_model(config, model_dir, args.output, overwrite=args.overwrite, say=print)
+  if args.export_format == "saved_model":
+    export.export_saved_model(config, model_dir, args.output, overwrite=args.overwrite,
+                              say=print)
+    return 0
+  from tpu_models import deploy
+  deploy.export_deployment(config, model_dir, args.output, format_name=args.export_format,
+                           calibration_examples=args.calibration_examples,
+                           overwrite=args.overwrite, say=lambda line: print(line, flush=True))
+  return 0
+
+
+def _evaluate_export(args) -> int:
+  import json
+  from tpu_models import config as config_lib
+  from tpu_models import deploy
+  config_path = args.config or deploy.export_config_path(args.export)
+  config = config_lib.load_config(config_path, args.overrides)
+  result = deploy.evaluate_export(args.export, config, args.split, threads=args.threads,
+                                  say=lambda line: print(line, flush=True))
+  metrics = ", ".join(f"{k} {int(v)}" if k == "examples" else f"{k} {v:.4f}"
+                      for k, v in result["metrics"].items())
+  print(f"{args.split} through {result['runtime']} ({result['format']}): {metrics} "
+        f"({result['seconds']} s)", flush=True)
+  if args.json_output:
+    with open(args.json_output, "w") as f:
+      json.dump(result, f, indent=1)
   return 0
 
 

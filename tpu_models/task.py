@@ -279,6 +279,68 @@ class Servable(Capability):
     """Name -> concrete `tf.function` for SavedModel export (preprocessing included)."""
 
 
+@dataclasses.dataclass
+class DeployFunction:
+  """One function of a deployment export (`Deployable.deploy_functions`): what a converter
+  turns into a graph of its own (a LiteRT signature, an ONNX model).
+
+  Attributes:
+    function: a concrete `tf.function` of named float32 or integer inputs whose first
+      dimension is the batch, returning a dict of named tensors; everything it needs is
+      inside (preprocessing and postprocessing the format can hold).
+    inputs: {input name: what it holds, dtype and shape in words}, for `export.json`.
+    outputs: {output name: the same}.
+    outside_graph: what the caller does before or after the call because the formats
+      cannot hold it, e.g. "decoding encoded files: pass decoded uint8 values".
+    integer_inputs: names of float32 inputs that hold whole numbers 0..255: the export
+      takes them as uint8 (a cast in float graphs, the quantized input of int8 ones).
+    no_int8: why this function cannot be quantized to int8 ("" = it can); non-empty,
+      `--format litert-int8` is refused with this reason before converting.
+  """
+  function: Any
+  inputs: Mapping[str, str]
+  outputs: Mapping[str, str]
+  outside_graph: Sequence[str] = ()
+  integer_inputs: Sequence[str] = ()
+  no_int8: str = ""
+
+
+class Deployable(Capability):
+  """`tpu-models export --format litert|litert-int8|onnx` and `tpu-models evaluate-export`.
+
+  The task hands over the functions to convert, the calibration examples of an int8
+  export and its own metric of an export's runtime; the core converts, writes and runs.
+  """
+  command = "export --format"
+
+  @abc.abstractmethod
+  def deploy_functions(self, model: keras.Model) -> Dict[str, DeployFunction]:
+    """Signature name -> the function an export holds under that name."""
+
+  @abc.abstractmethod
+  def calibration_inputs(self, examples: int) -> Any:
+    """Up to `examples` inputs of the quantized functions, from the task's training pipeline.
+
+    Returns:
+      An iterable of {signature name: {input name: float32 numpy [1, ...]}} (one
+      example each, the values the function's inputs take: e.g. pixels before
+      normalisation). A DataError when the training data is missing.
+    """
+
+  @abc.abstractmethod
+  def evaluate_deployed(self, run: Callable[[str, Mapping[str, Any]], Mapping[str, Any]],
+                        split: str, *, say: Optional[Callable[[str], None]] = None
+                        ) -> Dict[str, float]:
+    """The task's own metrics of `split`, computed through `run`.
+
+    Args:
+      run: (signature name, {input name: numpy array}) -> {output name: numpy array},
+        one call of the export's runtime (integer inputs given as uint8).
+      split: "eval" or "test": the split whose data config is read.
+      say: receives progress lines.
+    """
+
+
 class FilePredictor(Capability):
   """`tpu-models predict`: the task runs a model on input files and writes its results."""
   command = "predict"

@@ -350,6 +350,18 @@ def pad_with_mask(dataset: tf.data.Dataset) -> tf.data.Dataset:
   return real.concatenate(padding)
 
 
+def until_padding(dataset: tf.data.Dataset):
+  """The batches of an evaluation dataset (`pad_with_mask`) up to its endless padding.
+
+  Yields (features, labels, mask) eager batches, stopping at the first batch whose
+  mask is all zero: one pass over the real examples, for code outside the Trainer.
+  """
+  for batch in dataset:
+    if not float(tf.reduce_max(batch[-1])) > 0:
+      return
+    yield batch
+
+
 def synthetic_dataset(element, batch_size: int) -> tf.data.Dataset:
   """One fixed batch repeated forever: measures the model, not the input."""
   batch = tf.nest.map_structure(

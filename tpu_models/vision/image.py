@@ -18,6 +18,7 @@ branch per image.
 import math
 from typing import Optional, Sequence, Tuple
 
+import numpy as np
 import tensorflow as tf
 
 from tpu_models.errors import ConfigError
@@ -245,6 +246,25 @@ def normalize(image: tf.Tensor, mean: Sequence[float], std: Sequence[float]) -> 
   mean = tf.constant(mean, tf.float32)
   inv_std = tf.constant([1.0 / s for s in std], tf.float32)  # Multiply, don't divide.
   return (tf.cast(image, tf.float32) - mean) * inv_std
+
+
+def denormalize_to_pixels(image, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
+  """The inverse of `normalize`, rounded: uint8 numpy pixels of a normalised batch.
+
+  What a deployment export (LiteRT, ONNX: uint8 pixels in) is fed from an input
+  pipeline that normalises: exact for pixels the pipeline did not resample, the
+  nearest whole value for resized ones.
+
+  Args:
+    image: [..., C] normalised values (numpy or tensor, any float dtype).
+    mean, std: the C values `normalize` used.
+
+  Returns:
+    uint8 numpy array, same shape.
+  """
+  pixels = np.asarray(image, np.float32) * np.asarray(std, np.float32) + np.asarray(
+      mean, np.float32)
+  return np.clip(np.round(pixels), 0, 255).astype(np.uint8)
 
 
 def mixup(images: tf.Tensor, labels_onehot: tf.Tensor, alpha: float,

@@ -19,15 +19,16 @@ import inspect
 from typing import Dict, List, Optional
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from tpu_models.config import DataConfig, ModelConfig, TaskConfig
 from tpu_models.vision.classification import example as example_lib
 from tpu_models.vision import image as image_lib
 from tpu_models.data import pipeline
-from tpu_models.errors import ConfigError
+from tpu_models.errors import ConfigError, DataError
 from tpu_models.registry import DATASETS, model_signature, register_task
-from tpu_models.task import HIGHER, Servable, Task, weighted_mean
+from tpu_models.task import HIGHER, Deployable, DeployFunction, Servable, Task, weighted_mean
 
 
 @dataclasses.dataclass
@@ -72,7 +73,7 @@ _INCEPTION_CROPS = ("inception_crop", "randaugment")  # Augmentations that crop 
 
 
 @register_task("classification")
-class ClassificationTask(Task, Servable):
+class ClassificationTask(Task, Servable, Deployable):
   """Softmax classification over `num_classes` (taken from the model config)."""
 
   config_class = ClassificationConfig
@@ -343,6 +344,89 @@ class ClassificationTask(Task, Servable):
 
     return {"serving_default": serving_default.get_concrete_function(),
             "serve_images": serve_images.get_concrete_function()}
+
+  # Deployment (LiteRT, ONNX: tpu_models/deploy.py).
+
+  def deploy_functions(self, model: keras.Model) -> Dict[str, DeployFunction]:
+    """`serve_images`: pixels [N, image_size, image_size, C] in; logits, probabilities, classes.
+
+        serve_images(images: uint8 [N, S, S, C])  ->  {"logits": float32 [N, K],
+            "probabilities": float32 [N, K], "classes": int32 [N]}
+
+    The SavedModel's `serve_images` contract without `valid` and `reason` (every row of
+    pixels is valid) and at the model's own size: normalisation is inside the graph;
+    decoding encoded images (no builtin LiteRT op decodes JPEG/PNG, and ONNX has none)
+    and resizing / cropping to image_size are the caller's (as the evaluation pipeline
+    does them: `task.augment`'s eval transform).
+    """
+    cfg = self.config
+    size = cfg.image_size
+
+    @tf.function(input_signature=[tf.TensorSpec([None, size, size, cfg.channels], tf.float32,
+                                                name="images")])
+    def serve_images(images):
+      logits = tf.cast(model(image_lib.normalize(images, cfg.mean, cfg.std), training=False),
+                       tf.float32)
+      return {"logits": logits, "probabilities": tf.nn.softmax(logits),
+              "classes": tf.argmax(logits, axis=-1, output_type=tf.int32)}
+
+    return {"serve_images": DeployFunction(
+        function=serve_images.get_concrete_function(),
+        inputs={"images": f"pixels [N, {size}, {size}, {cfg.channels}], 0..255"},
+        outputs={"logits": f"float32 [N, {self.num_classes}]",
+                 "probabilities": f"float32 [N, {self.num_classes}] (softmax)",
+                 "classes": "int32 [N] (argmax)"},
+        outside_graph=(
+            "decoding encoded images (JPEG/PNG/...): no builtin LiteRT or ONNX op decodes "
+            "them; decode and pass uint8 pixels (the SavedModel's serving_default takes bytes)",
+            f"resizing/cropping to {size}x{size} (task.augment {cfg.augment!r}'s evaluation "
+            f"transform): the caller's",
+            "valid/reason outputs: pixels of the right shape are always valid; a wrong shape "
+            "or dtype is the runtime's error"),
+        integer_inputs=("images",))}
+
+  def calibration_inputs(self, examples: int):
+    """Training-pipeline images (its augmentation included) as pixels 0..255, one at a time."""
+    cfg = self.config
+    seen = 0
+    for images, _ in self.build_inputs("train"):
+      pixels = image_lib.denormalize_to_pixels(tf.cast(images, tf.float32), cfg.mean, cfg.std)
+      for row in pixels:
+        yield {"serve_images": {"images": row[None].astype(np.float32)}}
+        seen += 1
+        if seen >= examples:
+          return
+
+  def evaluate_deployed(self, run, split: str, *, say=None) -> Dict[str, float]:
+    """top-1 (and top-5) of `split` through `run("serve_images", ...)`, by `metrics`.
+
+    The evaluation pipeline's images, turned back into uint8 pixels (exact for images
+    it did not resample), in its batches; `say` gets a line every 10 batches.
+    """
+    task = self
+    if self.config.host_bfloat16:  # Pixels are recovered from float32 images, exactly.
+      task = ClassificationTask(dataclasses.replace(self.config, host_bfloat16=False))
+    totals, batches = {}, 0
+    for images, labels, mask in pipeline.until_padding(task.build_inputs(split)):
+      real = mask.numpy() > 0  # The padding rows are not run.
+      pixels = image_lib.denormalize_to_pixels(images.numpy()[real], self.config.mean,
+                                               self.config.std)
+      logits = run("serve_images", {"images": pixels})["logits"]
+      sums = self.metrics(tf.constant(labels.numpy()[real]), tf.constant(logits, tf.float32),
+                          tf.ones([int(real.sum())]))
+      sums["examples"] = (tf.constant(float(real.sum())), tf.constant(1.0))
+      for name, (total, count) in sums.items():
+        previous = totals.get(name, (0.0, 0.0))
+        totals[name] = (previous[0] + float(total), previous[1] + float(count))
+      batches += 1
+      if say and batches % 10 == 0:
+        say(f"{int(totals['examples'][0])} examples")
+    examples = totals.pop("examples", (0.0, 0.0))[0]
+    if not examples:
+      raise DataError(f"task.{split}_data yielded no examples to evaluate.")
+    result = {name: total / count for name, (total, count) in totals.items()}
+    result["examples"] = examples
+    return result
 
   # Loss and metrics.
 

@@ -50,14 +50,14 @@ from tpu_models.config import DataConfig, ModelConfig, TaskConfig
 from tpu_models.vision.detection import inputs as detection_data
 from tpu_models.vision import image as image_lib
 from tpu_models.data import pipeline
-from tpu_models.errors import ConfigError
+from tpu_models.errors import ConfigError, DataError
 from tpu_models.vision.detection import retinanet as retinanet_lib
 from tpu_models.vision.detection import anchors as anchors_lib
 from tpu_models.vision.detection import losses as detection_losses
 from tpu_models.vision.detection import nms as nms_lib
 from tpu_models.registry import create_model, model_signature, register_task
-from tpu_models.task import (HIGHER, LOWER, NO_DIRECTION, DataReporter, FilePredictor, LossResult,
-                              Servable, Task)
+from tpu_models.task import (HIGHER, LOWER, NO_DIRECTION, DataReporter, Deployable,
+                              DeployFunction, FilePredictor, LossResult, Servable, Task)
 
 _TRAIN_LABELS = ("class_targets", "box_targets")
 
@@ -129,7 +129,7 @@ class DetectionConfig(TaskConfig):
 
 
 @register_task("detection")
-class DetectionTask(Task, Servable, FilePredictor, DataReporter):
+class DetectionTask(Task, Servable, FilePredictor, DataReporter, Deployable):
   """RetinaNet-style detection over `num_classes` (from the model config)."""
 
   config_class = DetectionConfig
@@ -718,6 +718,96 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter):
 
     return {"serving_default": serving_default.get_concrete_function(),
             "serve_images": serve_images.get_concrete_function()}
+
+  # Deployment (LiteRT, ONNX: tpu_models/deploy.py).
+
+  def deploy_functions(self, model: keras.Model) -> Dict[str, DeployFunction]:
+    """`serve_resized`: pixels already resized and padded to the model's size in; detections out.
+
+        serve_resized(images: uint8 [B, S, S, 3])  ->  {"detection_boxes": float32
+            [B, D, 4] [ymin, xmin, ymax, xmax] in the S x S input's pixels,
+            "detection_scores": float32 [B, D], "detection_classes": int32 [B, D]
+            (-1 past the count), "num_detections": int32 [B]}
+
+    Normalisation, the network, box decoding and the project's fixed-shape per-class
+    NMS (nms.py: top-k, matrix IoU, a while loop: builtin LiteRT ops) run inside.
+    Outside: decoding, resizing the longer side to S and padding bottom/right
+    (`inputs.resize_and_pad`), and mapping boxes back to the original image (divide
+    by the resize scale) — the SavedModel's serving_default does these inside.
+    """
+    cfg = self.config
+    size = self.image_size
+
+    @tf.function(input_signature=[tf.TensorSpec([None, size, size, 3], tf.float32,
+                                                name="images")])
+    def serve_resized(images):
+      outputs = model(image_lib.normalize(images, cfg.mean, cfg.std), training=False)
+      detections = self.postprocess({k: tf.cast(v, tf.float32) for k, v in outputs.items()})
+      return {"detection_boxes": detections["boxes"],
+              "detection_scores": detections["scores"],
+              "detection_classes": detections["classes"],
+              "num_detections": detections["num_detections"]}
+
+    d = cfg.max_detections
+    return {"serve_resized": DeployFunction(
+        function=serve_resized.get_concrete_function(),
+        inputs={"images": f"pixels [B, {size}, {size}, 3], 0..255: the image's longer side "
+                          f"resized to {size}, padded with 0 at the bottom/right"},
+        outputs={"detection_boxes": f"float32 [B, {d}, 4] [ymin, xmin, ymax, xmax] in the "
+                                    f"{size}x{size} input's pixels",
+                 "detection_scores": f"float32 [B, {d}]",
+                 "detection_classes": f"int32 [B, {d}] labels 0..K-1, -1 past the count",
+                 "num_detections": "int32 [B]"},
+        outside_graph=(
+            "decoding encoded images (JPEG/PNG/...): no builtin LiteRT or ONNX op decodes "
+            "them; decode and pass uint8 pixels (the SavedModel's serving_default takes bytes)",
+            f"resizing the longer side to {size} and padding to {size}x{size} "
+            f"(inputs.resize_and_pad), and dividing the boxes by that scale to map them "
+            f"back to the original image: the caller's",
+            "valid/reason outputs: pixels of the right shape are always valid; a wrong shape "
+            "or dtype is the runtime's error"),
+        integer_inputs=("images",),
+        # Measured on the pasted-objects detector: converted with the NMS quantized, the
+        # int8 model stops in LiteRT's int8 DIV kernel (divisor at its zero point) on
+        # test images; quantizing only the network needs the NMS outside or selective
+        # quantization, not done yet (docs/deploy.md).
+        no_int8=("its fixed-shape NMS (box decoding, IoU division) does not run in int8: "
+                 "LiteRT's int8 DIV refuses a divisor at its zero point"))}
+
+  def calibration_inputs(self, examples: int):
+    """Training-pipeline images (augmented, resized, padded) as pixels 0..255, one at a time."""
+    cfg = self.config
+    seen = 0
+    for images, _ in self.build_inputs("train"):
+      pixels = image_lib.denormalize_to_pixels(tf.cast(images, tf.float32), cfg.mean, cfg.std)
+      for row in pixels:
+        yield {"serve_resized": {"images": row[None].astype(np.float32)}}
+        seen += 1
+        if seen >= examples:
+          return
+
+  def evaluate_deployed(self, run, split: str, *, say=None) -> Dict[str, float]:
+    """The evaluation's COCO AP of `split` (`aggregate`, `finalize`) through `run`."""
+    cfg = self.config
+    state, batches = None, 0
+    for images, labels, mask in pipeline.until_padding(self.build_inputs(split)):
+      real = mask.numpy() > 0
+      pixels = image_lib.denormalize_to_pixels(tf.cast(images, tf.float32).numpy()[real],
+                                               cfg.mean, cfg.std)
+      detections = run("serve_resized", {"images": pixels})
+      host = {key: labels[source].numpy()[real] for key, source in (
+          ("source_id", "source_id"), ("image_info", "image_info"), ("gt_boxes", "boxes"),
+          ("gt_classes", "classes"), ("gt_is_crowd", "is_crowd"),
+          ("num_instances", "num_instances"))}
+      host.update({key: np.asarray(detections[key]) for key in (
+          "detection_boxes", "detection_scores", "detection_classes", "num_detections")})
+      state = self.aggregate(state, host, split=split)
+      batches += 1
+      if say and batches % 10 == 0:
+        say(f"{batches} batches")
+    if state is None:
+      raise DataError(f"task.{split}_data yielded no examples to evaluate.")
+    return self.finalize(state, split=split)
 
   def _resize_pixels(self, image: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
     """uint8 [H, W, 3] -> (image [S, S, 3], image_info [4, 2]) as evaluation resizes bytes.

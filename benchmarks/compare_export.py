@@ -1,0 +1,186 @@
+"""Speed and size of one model's exports side by side: SavedModel, LiteRT float32 and int8, ONNX.
+
+    python benchmarks/compare_export.py official/resnet/fashion_mnist_quick.yaml \
+        --model-dir runs/fm --work-dir runs/fm_exports [--signature serve_images]
+
+Exports the newest checkpoint of --model-dir in every format this machine can write
+(`tpu-models export --format ...`, into --work-dir; existing exports there are reused
+unless --fresh), then measures on the CPU, each through its own runtime
+(deploy.ExportRunner: TensorFlow, the LiteRT interpreter, onnxruntime) with the same
+random uint8 inputs of the signature's shape:
+
+    latency     batch 1: median milliseconds of --calls calls (after --warmup)
+    throughput  batch --batch (32): examples per second, median over --calls calls
+    size        the artefact's bytes (SavedModel: the whole directory)
+
+The formats take turns within each of --rounds rounds (the machine is shared: a
+neighbour's load falls on every format alike), and each figure is the median over
+rounds. Pass --accuracy to add the task's own metric of --split per format
+(`tpu-models evaluate-export`). Prints a Markdown table; --output writes JSON too.
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+FORMATS = ("saved_model", "litert", "litert-int8", "onnx")
+
+
+def _cpu() -> str:
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} vCPU"
+  except OSError:
+    pass
+  return f"{platform.processor() or 'unknown CPU'}, {os.cpu_count()} vCPU"
+
+
+def _size(path: str) -> int:
+  if os.path.isfile(path):
+    return os.path.getsize(path)
+  return sum(os.path.getsize(os.path.join(folder, name))
+             for folder, _, names in os.walk(path) for name in names)
+
+
+def _artefact_size(path: str, record) -> int:
+  if record["format"] == "saved_model":
+    return _size(path) - sum(_size(os.path.join(path, "assets.extra", name))
+                             for name in ("config.yaml", "export.json")
+                             if os.path.exists(os.path.join(path, "assets.extra", name)))
+  files = [record["file"]] if "file" in record else list(record["files"].values())
+  return sum(_size(os.path.join(path, name)) for name in files)
+
+
+def _timed(call, calls: int, warmup: int) -> float:
+  for _ in range(warmup):
+    call()
+  times = []
+  for _ in range(calls):
+    start = time.perf_counter()
+    call()
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("config")
+  parser.add_argument("--model-dir", required=True)
+  parser.add_argument("--work-dir", required=True, help="where the exports are written")
+  parser.add_argument("--formats", default=",".join(FORMATS))
+  parser.add_argument("--signature", default="serve_images")
+  parser.add_argument("--batch", type=int, default=32)
+  parser.add_argument("--calls", type=int, default=30)
+  parser.add_argument("--warmup", type=int, default=5)
+  parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--threads", type=int, default=os.cpu_count(),
+                      help="threads of every runtime (default: every core)")
+  parser.add_argument("--calibration-examples", type=int, default=512)
+  parser.add_argument("--accuracy", action="store_true",
+                      help="also the task's metric of --split through each runtime")
+  parser.add_argument("--split", default="test")
+  parser.add_argument("--fresh", action="store_true", help="re-export even if present")
+  parser.add_argument("--output", default=None, help="also write the results as JSON")
+  args = parser.parse_args(argv)
+
+  import numpy as np
+  import tensorflow as tf
+  from tpu_models import config as config_lib
+  from tpu_models import deploy, export
+
+  tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+  config = config_lib.load_config(args.config)
+  formats = [f for f in args.formats.split(",") if f]
+  paths = {}
+  for name in formats:
+    path = os.path.join(args.work_dir, name)
+    if args.fresh or not os.path.exists(path):
+      if name == "saved_model":
+        export.export_saved_model(config, args.model_dir, path, overwrite=True, say=print)
+      else:
+        try:
+          deploy.export_deployment(config, args.model_dir, path, format_name=name,
+                                   calibration_examples=args.calibration_examples,
+                                   overwrite=True, say=print)
+        except ImportError as e:
+          print(f"{name}: skipped ({e})")
+          continue
+    paths[name] = path
+
+  runners = {name: deploy.ExportRunner(path, threads=args.threads)
+             for name, path in paths.items()}
+  # The input shape: a LiteRT export's own signature ([-1, H, W, C]), else the config's.
+  shape = None
+  for name in ("litert", "litert-int8"):
+    if name in runners:
+      interpreter = runners[name]._interpreter  # pylint: disable=protected-access
+      details = interpreter.get_signature_runner(args.signature).get_input_details()
+      input_name, detail = next(iter(details.items()))
+      shape = [int(d) for d in detail["shape_signature"][1:]]
+      break
+  if shape is None:
+    raise SystemExit("compare_export needs a LiteRT export to read the input shape from.")
+  rng = np.random.default_rng(0)
+  inputs = {size: {input_name: rng.integers(0, 256, [size] + shape, dtype=np.uint8)}
+            for size in (1, args.batch)}
+
+  results = {name: {"latency_ms": [], "throughput": []} for name in runners}
+  for round_index in range(args.rounds):
+    for name, runner in runners.items():
+      latency = _timed(lambda: runner(args.signature, inputs[1]), args.calls, args.warmup)
+      batch = _timed(lambda: runner(args.signature, inputs[args.batch]),
+                     max(3, args.calls // 3), 2)
+      results[name]["latency_ms"].append(latency * 1e3)
+      results[name]["throughput"].append(args.batch / batch)
+      print(f"round {round_index + 1}: {name}: {latency * 1e3:.2f} ms at batch 1, "
+            f"{args.batch / batch:.0f}/s at batch {args.batch}", flush=True)
+
+  rows = []
+  baseline = statistics.median(results.get("saved_model", {"latency_ms": [0]})["latency_ms"])
+  for name, runner in runners.items():
+    latency = statistics.median(results[name]["latency_ms"])
+    row = {"format": name, "runtime": runner.runtime,
+           "latency_ms": round(latency, 3),
+           "speedup_vs_saved_model": round(baseline / latency, 2) if baseline else None,
+           "throughput": round(statistics.median(results[name]["throughput"]), 1),
+           "size_bytes": _artefact_size(paths[name], runner.record)}
+    if args.accuracy:
+      metrics = deploy.evaluate_export(paths[name], config, args.split,
+                                       threads=args.threads)["metrics"]
+      row["metrics"] = metrics
+    rows.append(row)
+
+  machine = (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {_cpu()}, "
+             f"{args.threads} threads per runtime, TensorFlow {tf.__version__}")
+  print(f"\n{machine}; input uint8 [N, {', '.join(map(str, shape))}], signature "
+        f"{args.signature}, {args.rounds} rounds\n")
+  metric_names = sorted({k for row in rows for k in row.get("metrics", {}) if k != "examples"})
+  header = (["format", "runtime", "batch-1 latency (ms)", "vs SavedModel",
+             f"batch-{args.batch} throughput (/s)", "size (MB)"] +
+            [f"{args.split} {m}" for m in metric_names])
+  print("| " + " | ".join(header) + " |")
+  print("|" + "---|" * len(header))
+  for row in rows:
+    cells = [row["format"], row["runtime"], f"{row['latency_ms']:.2f}",
+             f"{row['speedup_vs_saved_model']:.2f}x" if row["speedup_vs_saved_model"] else "",
+             f"{row['throughput']:.0f}", f"{row['size_bytes'] / 1e6:.2f}"]
+    cells += [f"{row['metrics'][m] * 100:.2f}%" for m in metric_names] if "metrics" in row else []
+    print("| " + " | ".join(cells) + " |")
+  if args.output:
+    with open(args.output, "w") as f:
+      json.dump({"machine": machine, "rows": rows, "raw": results}, f, indent=1)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

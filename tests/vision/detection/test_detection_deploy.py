@@ -1,0 +1,90 @@
+"""Deployment exports of a tiny detector: LiteRT float32 with the fixed-shape NMS inside
+(builtin ops only), the SavedModel's detections, AP through the LiteRT interpreter; ONNX
+when the deploy extra is installed."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tpu_models import config as config_lib
+from tpu_models import deploy
+from tpu_models import export
+from tpu_models.errors import ConfigError
+from tpu_models.training.trainer import Trainer
+
+from test_detection_task import TINY_MODEL, tiny_pasted_objects
+
+
+@pytest.fixture(scope="module")
+def detector(tmp_path_factory):
+  """(config, model_dir, SavedModel) of a detector trained for a few steps."""
+  pytest.importorskip("pycocotools")
+  pytest.importorskip("skimage")
+  data_dir = tiny_pasted_objects(tmp_path_factory, 8, 2)
+  config = config_lib.experiment_from_dict({
+      "task": {"name": "detection", "model": dict(TINY_MODEL),
+               "train_data": {"path": f"{data_dir}/train-*", "global_batch_size": 2},
+               "eval_data": {"path": f"{data_dir}/validation-*", "global_batch_size": 2},
+               "scale_range": [1.0, 1.0], "flip": False, "score_threshold": 0.001},
+      "trainer": {"train_steps": 4, "steps_per_loop": 4, "checkpoint_every": 4,
+                  "optimizer": {"name": "adamw"},
+                  "schedule": {"name": "constant", "base_lr": 0.003}, "tensorboard": False},
+      "runtime": {"strategy": "cpu"}})
+  model_dir = str(tmp_path_factory.mktemp("detector"))
+  trainer = Trainer(config, model_dir)
+  trainer.train()
+  trainer.close()
+  return config, model_dir
+
+
+def _pixels(config):
+  """uint8 [2, S, S, 3]: the evaluation pipeline's first images, as the export takes them."""
+  from tpu_models.task import create_task
+  from tpu_models.vision import image as image_lib
+  task = create_task(config.task)
+  images = next(iter(task.build_inputs("eval")))[0]
+  return image_lib.denormalize_to_pixels(images, config.task.mean, config.task.std)
+
+
+@pytest.mark.parametrize("format_name", ["litert", "onnx"])
+def test_detector_export_holds_the_nms_and_matches_keras(detector, tmp_path, format_name):
+  if format_name == "onnx":
+    pytest.importorskip("tf2onnx")
+    pytest.importorskip("onnxruntime")
+  config, model_dir = detector
+  output = deploy.export_deployment(config, model_dir, str(tmp_path / format_name),
+                                    format_name=format_name)
+  record = json.load(open(os.path.join(output, "export.json")))
+  if format_name == "litert":
+    assert record["builtin_ops_only"] and record["select_tf_ops"] == []
+    assert "WHILE" in record["ops"]  # The fixed-shape NMS's loop, inside the graph.
+  pixels = _pixels(config)
+  served = deploy.ExportRunner(output)("serve_resized", {"images": pixels})
+  # The same weights and postprocessing through Keras.
+  task, model = export.load_model(config, model_dir)
+  reference = task.deploy_functions(model)["serve_resized"].function(
+      tf.constant(pixels, tf.float32))
+  count = reference["num_detections"].numpy()
+  np.testing.assert_array_equal(served["num_detections"], count)
+  for i, n in enumerate(count):  # Past the count: padding (scores 0 in both).
+    np.testing.assert_allclose(served["detection_scores"][i, :n],
+                               reference["detection_scores"].numpy()[i, :n], atol=1e-4)
+    np.testing.assert_allclose(served["detection_boxes"][i, :n],
+                               reference["detection_boxes"].numpy()[i, :n], atol=1e-2)
+  result = deploy.evaluate_export(output, config, "eval")
+  assert "AP" in result["metrics"] and 0.0 <= result["metrics"]["AP"] <= 1.0
+
+
+def test_int8_detector_is_refused_in_one_line_naming_why_and_what_to_do(detector, tmp_path):
+  """The fixed-shape NMS does not run in int8 (measured: LiteRT's int8 DIV stops on a
+  divisor at its zero point): refused before converting, no directory left behind."""
+  config, model_dir = detector
+  output = str(tmp_path / "int8")
+  with pytest.raises(ConfigError, match=r"signature 'serve_resized' .*cannot be quantized: "
+                                        r"its fixed-shape NMS.*--format litert") as error:
+    deploy.export_deployment(config, model_dir, output, format_name="litert-int8",
+                             calibration_examples=4)
+  assert "\n" not in str(error.value) and not os.path.exists(output)
