@@ -17,4 +17,4 @@ else
   echo "apt-get not found: put the Fashion-MNIST idx .gz files in \$TPU_MODELS_DATA/fashion-mnist" >&2
 fi
 
-python -m pip install --quiet --disable-pip-version-check -e ".[all]"
+python -m pip install --quiet --disable-pip-version-check -e ".[all,deploy]"
