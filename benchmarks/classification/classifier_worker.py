@@ -78,6 +78,7 @@ def ours(args) -> dict:
       "peak_tflops": result["peak_tflops"],
       "mfu": result["mfu"],
       "page_faults_per_step": result["page_faults_per_step"],
+      "cpu_seconds_per_step": result["cpu_seconds_per_step"],
       "params": check_parameters("ours", args.model, trainable),
   }
 

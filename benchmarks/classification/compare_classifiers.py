@@ -67,13 +67,16 @@ def compare_train(args, model: str):
 
 def train_table(results, sides) -> str:
   lines = ["| precision | side | trainable parameters | median images/s | per round | MFU | "
-           "ours / side (per round) |", "|---|---|---:|---:|---|---:|---:|"]
+           "ours / side (per round) | ours / side in CPU time |",
+           "|---|---|---:|---:|---|---:|---:|---:|"]
   counts = harness.parameter_counts(results)
   for precision, side, runs, ours, ips, mfus in harness.train_rows(results, sides):
     ratio = harness.ratio(ours, runs, rounds=True) if side != "ours" and ours else "-"
+    cpu_ratio = harness.cpu_ratio(ours, runs) if side != "ours" and ours else "-"
     params = ", ".join(f"{c:,}" for c in counts.get(side, [])) or "not built (see below)"
     lines.append(f"| {precision} | {LABELS[side]} | {params} | {fmt(median(ips))} | "
-                 f"{', '.join(fmt(v) for v in ips)} | {fmt(median(mfus), '.1%')} | {ratio} |")
+                 f"{', '.join(fmt(v) for v in ips)} | {fmt(median(mfus), '.1%')} | {ratio} | "
+                 f"{cpu_ratio} |")
   notes = [harness.peak_note(results)]
   flops = harness.train_flops(results)
   if flops:
