@@ -62,17 +62,19 @@ def test_eigen_conv2d_rewrites_only_float32_on_tensorflows_own_kernels(monkeypat
   reference(x), ours(x)
   ours.set_weights(reference.get_weights())
 
-  def step(layer):
+  def step(layer, training=True):
     def run(inputs):
       with tf.GradientTape() as tape:
         tape.watch(inputs)
-        loss = tf.reduce_sum(layer(inputs) ** 2)
+        loss = tf.reduce_sum(layer(inputs, training=training) ** 2)
       return [loss] + tape.gradient(loss, [inputs] + layer.trainable_weights)
     return tf.function(run)
 
   for got, want in zip(step(ours)(x), step(reference)(x)):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
   assert ("Conv2DBackpropInput" in _op_types(step(ours), x)) is onednn
+  # Inference (and so every export) is Keras' own op: no custom gradient in the graph.
+  assert "Conv2DBackpropInput" in _op_types(step(ours, training=False), x)
   bfloat16 = layers.EigenConv2D(5, 3, padding="same", dtype="mixed_bfloat16")
   bfloat16(x)
   assert "Conv2DBackpropInput" in _op_types(step(bfloat16), x)

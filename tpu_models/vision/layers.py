@@ -201,8 +201,9 @@ class PointwiseConv2D(keras.layers.Conv2D):
       return self.compute_dtype == "bfloat16"
     return bool(self.as_matmul)
 
-  def call(self, inputs):
-    if self.as_matmul is None and uses_eigen_gradients(self.compute_dtype):
+  def call(self, inputs, training=None):
+    # Only a training step takes gradients: inference graphs (and exports) keep the plain op.
+    if training and self.as_matmul is None and uses_eigen_gradients(self.compute_dtype):
       outputs = conv2d_eigen_gradients(inputs, tf.convert_to_tensor(self.kernel), 1, "SAME")
       return self._bias_and_activation(outputs)
     if not self._uses_matmul():
@@ -371,15 +372,18 @@ class EigenConv2D(keras.layers.Conv2D):
   """A `keras.layers.Conv2D` whose float32 gradients use `conv2d_eigen_gradients`.
 
   Same constructor, variables, config and outputs as the parent. It changes how
-  the backward pass is computed, and only where `uses_eigen_gradients` says so
-  (float32 on TensorFlow's own CPU kernels); elsewhere it is the parent exactly.
+  the backward pass is computed, and only in training (`training=True`) where
+  `uses_eigen_gradients` says so (float32 on TensorFlow's own CPU kernels);
+  elsewhere it is the parent exactly.
   Grouped or dilated convolutions and channels_first are the parent always.
 
   Call: inputs [B, H, W, C_in] of the compute dtype -> [B, h, w, C_out].
   """
 
-  def call(self, inputs):
-    if (not uses_eigen_gradients(self.compute_dtype) or self.groups != 1
+  def call(self, inputs, training=None):
+    # Only a training step takes gradients: inference graphs (and exports, which
+    # cannot always save a custom gradient) keep Keras' own op.
+    if (not training or not uses_eigen_gradients(self.compute_dtype) or self.groups != 1
         or self.dilation_rate != (1, 1) or self.data_format != "channels_last"
         or self.strides[0] != self.strides[1]):
       return super().call(inputs)
