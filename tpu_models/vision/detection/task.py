@@ -731,7 +731,9 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter, Deployable):
             (-1 past the count), "num_detections": int32 [B]}
 
     Normalisation, the network, box decoding and the project's fixed-shape per-class
-    NMS (nms.py: top-k, matrix IoU, a while loop: builtin LiteRT ops) run inside.
+    NMS (nms.py: top-k, matrix IoU, a while loop: builtin LiteRT ops) run inside;
+    an int8 export quantizes the network and keeps the box decoding and NMS (the
+    `postprocess` name scope: `float_scopes`) float32.
     Outside: decoding, resizing the longer side to S and padding bottom/right
     (`inputs.resize_and_pad`), and mapping boxes back to the original image (divide
     by the resize scale) — the SavedModel's serving_default does these inside.
