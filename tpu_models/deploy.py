@@ -28,8 +28,12 @@ linked with them: `tf.lite.Interpreter`, not `ai_edge_litert`), and the ops it k
 are printed and listed in `select_tf_ops`. int8: post-training full-integer
 quantization (per-channel weights, int8 activations, float32 outputs) calibrated on
 `--calibration-examples` examples the task draws from its own training input
-pipeline. ONNX: `tf2onnx` (the `deploy` extra), checked by loading it in
-`onnxruntime`.
+pipeline. A function whose `float_scopes` name parts of it (DeployFunction) is
+quantized but for those parts' ops, which stay float32 behind DEQUANTIZE ops: the
+converter only calibrates, and `mlir_quantize` quantizes with those ops denylisted
+(what `tf.lite.experimental.QuantizationDebugger`'s `denylisted_nodes` does);
+`export.json` lists each scope's float ops and why under `float_scopes`. ONNX:
+`tf2onnx` (the `deploy` extra), checked by loading it in `onnxruntime`.
 
 The output directory is replaced as a SavedModel export is: written beside it first,
 put in place complete (export.py).
@@ -263,26 +267,38 @@ def _write_litert(functions: Mapping[str, DeployFunction], frozen: Mapping[str, 
                   directory: str, calibration: Optional[List[Any]], say) -> Dict[str, Any]:
   """Converts the functions into one LiteRT model (one signature each) in `directory`."""
   quantized = calibration is not None
+  float_scopes = {scope: why for fn in functions.values()
+                  for scope, why in fn.float_scopes.items()} if quantized else {}
+  integer_input = any(fn.integer_inputs for fn in functions.values())
   module = tf.Module()
   signatures = {name: _callable(fn, frozen[name], integer_io=not quantized).get_concrete_function()
                 for name, fn in functions.items()}
   with tempfile.TemporaryDirectory(dir=directory) as saved:
-    tf.saved_model.save(module, saved, signatures=signatures)
+    # No gradients: a custom one (vision/layers.py's convolutions) captures the variables
+    # freezing replaced, which the SavedModel cannot save.
+    tf.saved_model.save(module, saved, signatures=signatures,
+                        options=tf.saved_model.SaveOptions(experimental_custom_gradients=False))
     names = sorted(signatures)
 
     def converter(select_tf: bool):
       result = tf.lite.TFLiteConverter.from_saved_model(saved, signature_keys=names)
-      builtins = (tf.lite.OpsSet.TFLITE_BUILTINS_INT8 if quantized
+      # Float scopes keep float32 builtin kernels in the quantized graph.
+      builtins = (tf.lite.OpsSet.TFLITE_BUILTINS_INT8 if quantized and not float_scopes
                   else tf.lite.OpsSet.TFLITE_BUILTINS)
       result.target_spec.supported_ops = ([builtins, tf.lite.OpsSet.SELECT_TF_OPS] if select_tf
                                            else [builtins])
       if quantized:
         result.optimizations = [tf.lite.Optimize.DEFAULT]
         result.representative_dataset = _representative(functions, calibration)
-        if any(fn.integer_inputs for fn in functions.values()):
+        if integer_input:
           # The converter applies one input type to every input: uint8 when the task's
           # inputs are whole numbers 0..255 (its integer_inputs).
           result.inference_input_type = tf.uint8
+        if float_scopes:
+          # Calibrated only: quantized below with the scopes' ops denylisted (what
+          # tf.lite.experimental.QuantizationDebugger's denylisted_nodes does).
+          result.experimental_new_quantizer = True
+          result._experimental_calibrate_only = True  # pylint: disable=protected-access
       return result
 
     try:
@@ -299,6 +315,8 @@ def _write_litert(functions: Mapping[str, DeployFunction], frozen: Mapping[str, 
         raise ConfigError(f"LiteRT cannot hold op(s) {', '.join(still)}, not even as "
                           f"Select-TF ops; export --format saved_model, or change the task's "
                           f"deploy_functions to keep them outside the graph.") from None
+  if float_scopes:
+    content, float_ops = _quantize_outside(content, float_scopes, integer_input)
   ops, flex = _litert_ops(content)
   if quantized and not flex:
     _run_once(content, calibration[0])
@@ -310,11 +328,63 @@ def _write_litert(functions: Mapping[str, DeployFunction], frozen: Mapping[str, 
   record = {"file": LITERT_FILE, "ops": ops, "select_tf_ops": flex,
             "converter": f"tf.lite.TFLiteConverter (TensorFlow {tf.__version__})",
             "builtin_ops_only": not select_tf}
-  if quantized:
+  if quantized and float_scopes:
+    record["quantization"] = ("int8 activations and per-channel int8 weights outside the "
+                              "float scopes; float32 inside them and at the outputs")
+    record["float_scopes"] = {scope: {"why": why, "ops": float_ops.get(scope, [])}
+                              for scope, why in float_scopes.items()}
+  elif quantized:
     record["quantization"] = ("full integer: int8 activations, per-channel int8 weights, "
                               "float32 outputs")
+  if quantized:
     record["input_quantization"] = _input_quantization(content)
   return record
+
+
+def _quantize_outside(calibrated: bytes, float_scopes: Mapping[str, str],
+                      integer_input: bool) -> Tuple[bytes, Dict[str, List[str]]]:
+  """A calibrated model quantized to int8 but for the ops of `float_scopes`.
+
+  Returns:
+    (the model, {scope: the op kinds left float32 there, sorted}).
+  """
+  from tensorflow.lite.python import convert  # pylint: disable=g-direct-tensorflow-import
+  from tensorflow.lite.tools import flatbuffer_utils  # pylint: disable=g-direct-tensorflow-import
+  model = flatbuffer_utils.read_model_from_bytearray(bytearray(calibrated))
+  nodes, kinds, kinds_outside = set(), {scope: set() for scope in float_scopes}, set()
+  def names(graph, indices):
+    found = [graph.tensors[i].name for i in indices if i >= 0]
+    return [n.decode() if isinstance(n, bytes) else str(n) for n in found]
+
+  for graph in model.subgraphs:
+    for op in graph.operators:
+      outputs = names(graph, op.outputs)
+      kind = str(flatbuffer_utils.opcode_to_name(model, op.opcodeIndex))
+      inside = False
+      for scope in float_scopes:
+        # An op of the scope, or one it feeds that is named otherwise (the signature's
+        # outputs): the quantizer names an op by its output, or by each part of a
+        # fused "a;b" name.
+        if any(f"{scope}/" in name for name in outputs + names(graph, op.inputs)):
+          nodes.update(outputs)
+          nodes.update(part for name in outputs for part in name.split(";") if part)
+          kinds[scope].add(kind)
+          inside = True
+      if not inside:
+        kinds_outside.add(kind)
+  empty = sorted(scope for scope, found in kinds.items() if not found)
+  if empty:
+    raise ValueError(f"DeployFunction.float_scopes {empty} name no op of the graph.")
+  # Ops that keep their input's scale (TOPK_V2, GATHER, UNPACK, ...) follow a quantized
+  # input whatever their name: the kinds found only inside the scopes are denylisted
+  # as kinds too.
+  only_inside = sorted(set().union(*kinds.values()) - kinds_outside)
+  content = convert.mlir_quantize(
+      calibrated, disable_per_channel=False, fully_quantize=False,
+      input_data_type=tf.uint8 if integer_input else tf.float32,
+      output_data_type=tf.float32, denylisted_ops=only_inside,
+      denylisted_nodes=sorted(nodes))
+  return content, {scope: sorted(found) for scope, found in kinds.items()}
 
 
 def _run_once(content: bytes, example: Mapping[str, Mapping[str, Any]]) -> None:

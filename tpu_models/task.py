@@ -296,6 +296,9 @@ class DeployFunction:
       takes them as uint8 (a cast in float graphs, the quantized input of int8 ones).
     no_int8: why this function cannot be quantized to int8 ("" = it can); non-empty,
       `--format litert-int8` is refused with this reason before converting.
+    float_scopes: {tf.name_scope of the function: why its ops stay float32 in an int8
+      export}; the rest is quantized, with (de)quantize ops at the boundary. The
+      scope's ops are those whose tensor names hold `<scope>/` (loops' bodies too).
   """
   function: Any
   inputs: Mapping[str, str]
@@ -303,6 +306,7 @@ class DeployFunction:
   outside_graph: Sequence[str] = ()
   integer_inputs: Sequence[str] = ()
   no_int8: str = ""
+  float_scopes: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 class Deployable(Capability):

@@ -1,7 +1,8 @@
 """Deployment exports of a tiny detector: LiteRT float32 with the fixed-shape NMS inside
-(builtin ops only), the SavedModel's detections, AP through the LiteRT interpreter; ONNX
-when the deploy extra is installed."""
+(builtin ops only), the SavedModel's detections, AP through the LiteRT interpreter; int8
+with the network quantized and the NMS float32; ONNX when the deploy extra is installed."""
 
+import dataclasses
 import json
 import os
 
@@ -78,13 +79,64 @@ def test_detector_export_holds_the_nms_and_matches_keras(detector, tmp_path, for
   assert "AP" in result["metrics"] and 0.0 <= result["metrics"]["AP"] <= 1.0
 
 
-def test_int8_detector_is_refused_in_one_line_naming_why_and_what_to_do(detector, tmp_path):
-  """The fixed-shape NMS does not run in int8 (measured: LiteRT's int8 DIV stops on a
-  divisor at its zero point): refused before converting, no directory left behind."""
+def test_int8_detector_quantizes_the_network_and_keeps_the_nms_float(detector, tmp_path):
+  """The network in int8 (uint8 pixels in), box decoding and the NMS float32 (LiteRT's
+  int8 DIV refuses the IoU's divisor at its zero point): the export runs through the
+  LiteRT interpreter and says in export.json which ops stayed float and why."""
   config, model_dir = detector
+  output = deploy.export_deployment(config, model_dir, str(tmp_path / "int8"),
+                                    format_name="litert-int8", calibration_examples=4)
+  record = json.load(open(os.path.join(output, "export.json")))
+  assert record["builtin_ops_only"] and record["select_tf_ops"] == []
+  assert record["input_quantization"]["serve_resized"]["images"]["dtype"] == "uint8"
+  kept = record["float_scopes"]["postprocess"]
+  assert "DIV" in kept["ops"] and "WHILE" in kept["ops"] and "zero point" in kept["why"]
+  types = _output_types_of_ops(os.path.join(output, record["file"]))
+  assert types["CONV_2D"] == {"int8"}  # The network.
+  assert types["DIV"] == {"float32"} and types["TOPK_V2"] == {"float32"}  # IoU, top-k.
+  pixels = _pixels(config)
+  served = deploy.ExportRunner(output)("serve_resized", {"images": pixels})
+  counts = served["num_detections"]
+  assert served["detection_boxes"].dtype == np.float32 and counts.shape == (len(pixels),)
+  for i, n in enumerate(counts):  # Real detections: valid classes and boxes in the image.
+    assert np.all(served["detection_classes"][i, :n] >= 0)
+    assert np.all(served["detection_classes"][i, n:] == -1)
+    boxes = served["detection_boxes"][i, :n]
+    assert np.all(boxes[:, 2:] >= boxes[:, :2]) and np.all(boxes >= 0)
+  result = deploy.evaluate_export(output, config, "eval")
+  assert 0.0 <= result["metrics"]["AP"] <= 1.0 and result["format"] == "litert-int8"
+
+
+def _output_types_of_ops(path):
+  """{LiteRT op kind: the dtype names of its first outputs} over every subgraph."""
+  from tensorflow.lite.tools import flatbuffer_utils
+  model = flatbuffer_utils.read_model_from_bytearray(bytearray(open(path, "rb").read()))
+  names = {0: "float32", 2: "int32", 3: "uint8", 6: "bool", 9: "int8"}
+  types = {}
+  for graph in model.subgraphs:
+    for op in graph.operators:
+      kind = flatbuffer_utils.opcode_to_name(model, op.opcodeIndex)
+      dtype = names.get(graph.tensors[op.outputs[0]].type, "other")
+      types.setdefault(kind, set()).add(dtype)
+  return types
+
+
+def test_int8_of_a_function_that_cannot_be_quantized_is_refused_in_one_line(
+    detector, tmp_path, monkeypatch):
+  """A DeployFunction with `no_int8` (none of the detector's now) is refused before
+  converting, naming the signature and why; no directory is left behind."""
+  from tpu_models.vision.detection import task as detection_task
+  config, model_dir = detector
+  original = detection_task.DetectionTask.deploy_functions
+
+  def refusing(self, model):
+    return {name: dataclasses.replace(fn, no_int8="its ops have no int8 kernel")
+            for name, fn in original(self, model).items()}
+
+  monkeypatch.setattr(detection_task.DetectionTask, "deploy_functions", refusing)
   output = str(tmp_path / "int8")
   with pytest.raises(ConfigError, match=r"signature 'serve_resized' .*cannot be quantized: "
-                                        r"its fixed-shape NMS.*--format litert") as error:
+                                        r"its ops have no int8 kernel.*--format litert") as error:
     deploy.export_deployment(config, model_dir, output, format_name="litert-int8",
                              calibration_examples=4)
   assert "\n" not in str(error.value) and not os.path.exists(output)

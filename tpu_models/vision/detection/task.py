@@ -60,6 +60,7 @@ from tpu_models.task import (HIGHER, LOWER, NO_DIRECTION, DataReporter, Deployab
                               DeployFunction, FilePredictor, LossResult, Servable, Task)
 
 _TRAIN_LABELS = ("class_targets", "box_targets")
+_POSTPROCESS_SCOPE = "postprocess"  # deploy_functions' float32 part of an int8 export.
 
 
 @dataclasses.dataclass
@@ -730,7 +731,9 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter, Deployable):
             (-1 past the count), "num_detections": int32 [B]}
 
     Normalisation, the network, box decoding and the project's fixed-shape per-class
-    NMS (nms.py: top-k, matrix IoU, a while loop: builtin LiteRT ops) run inside.
+    NMS (nms.py: top-k, matrix IoU, a while loop: builtin LiteRT ops) run inside;
+    an int8 export quantizes the network and keeps the box decoding and NMS (the
+    `postprocess` name scope: `float_scopes`) float32.
     Outside: decoding, resizing the longer side to S and padding bottom/right
     (`inputs.resize_and_pad`), and mapping boxes back to the original image (divide
     by the resize scale) — the SavedModel's serving_default does these inside.
@@ -742,7 +745,8 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter, Deployable):
                                                 name="images")])
     def serve_resized(images):
       outputs = model(image_lib.normalize(images, cfg.mean, cfg.std), training=False)
-      detections = self.postprocess({k: tf.cast(v, tf.float32) for k, v in outputs.items()})
+      with tf.name_scope(_POSTPROCESS_SCOPE):  # Stays float32 in an int8 export.
+        detections = self.postprocess({k: tf.cast(v, tf.float32) for k, v in outputs.items()})
       return {"detection_boxes": detections["boxes"],
               "detection_scores": detections["scores"],
               "detection_classes": detections["classes"],
@@ -767,12 +771,12 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter, Deployable):
             "valid/reason outputs: pixels of the right shape are always valid; a wrong shape "
             "or dtype is the runtime's error"),
         integer_inputs=("images",),
-        # Measured on the pasted-objects detector: converted with the NMS quantized, the
-        # int8 model stops in LiteRT's int8 DIV kernel (divisor at its zero point) on
-        # test images; quantizing only the network needs the NMS outside or selective
-        # quantization, not done yet (docs/deploy.md).
-        no_int8=("its fixed-shape NMS (box decoding, IoU division) does not run in int8: "
-                 "LiteRT's int8 DIV refuses a divisor at its zero point"))}
+        # Measured on the pasted-objects detector: with the NMS quantized too, LiteRT's
+        # int8 DIV (the IoU's union) stops on a divisor at its zero point.
+        float_scopes={_POSTPROCESS_SCOPE: (
+            "box decoding and the fixed-shape NMS stay float32: boxes in pixels need more "
+            "than 256 levels, and LiteRT's int8 DIV (the IoU's union) refuses a divisor at "
+            "its zero point; the network (normalisation, backbone, FPN, heads) is int8")})}
 
   def calibration_inputs(self, examples: int):
     """Training-pipeline images (augmented, resized, padded) as pixels 0..255, one at a time."""
