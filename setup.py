@@ -17,7 +17,7 @@ EXTRAS = {
     # `tpu-models weights import` of .safetensors files (PyTorch state dicts without torch)
     # and keras-hub presets (h5py comes with TensorFlow).
     "weights": ["safetensors>=0.4"],
-    "dev": ["pytest>=8", "pytest-timeout>=2.3", "scikit-image>=0.22"],
+    "dev": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "scikit-image>=0.22"],
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
 # `tpu-models export --format litert|litert-int8|onnx` and `evaluate-export` (docs/deploy.md):

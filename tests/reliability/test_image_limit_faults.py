@@ -69,7 +69,14 @@ for name, path in request["models"].items():
   served[name] = {"valid": out["valid"].numpy().tolist(),
                   "reason": [r.decode() for r in out["reason"].numpy()],
                   "logits": out["logits"].numpy().tolist()}
-served["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# This process's own peak (VmHWM: its memory since exec). ru_maxrss would also count the
+# memory of the process it was forked from (Linux keeps it across execve): a pytest
+# worker that already ran other tests.
+try:
+  hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM:")][0]
+  served["max_rss_mb"] = int(hwm.split()[1]) / 1024
+except (OSError, IndexError):
+  served["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps(served))
 """
 
