@@ -267,6 +267,30 @@ def denormalize_to_pixels(image, mean: Sequence[float], std: Sequence[float]) ->
   return np.clip(np.round(pixels), 0, 255).astype(np.uint8)
 
 
+def pixel_rows(batches, mean: Sequence[float], std: Sequence[float], limit: int):
+  """The images of a pipeline's (images, labels) batches as pixels, one at a time.
+
+  What calibrates an integer export: the images exactly as the model sees them
+  (augmented, resized), un-normalised by `denormalize_to_pixels`.
+
+  Args:
+    batches: an iterable of (images [B, H, W, C] normalised, labels) pairs.
+    mean, std: the C values the pipeline normalised with.
+    limit: how many images at most.
+
+  Yields:
+    float32 numpy [1, H, W, C], whole values 0..255; `limit` of them (fewer if the
+    batches end first).
+  """
+  seen = 0
+  for images, _ in batches:
+    for row in denormalize_to_pixels(tf.cast(images, tf.float32), mean, std):
+      if seen >= limit:
+        return
+      yield row[None].astype(np.float32)
+      seen += 1
+
+
 def mixup(images: tf.Tensor, labels_onehot: tf.Tensor, alpha: float,
           seed: Optional[int] = None) -> Tuple[tf.Tensor, tf.Tensor]:
   """Mixup (Zhang et al. 2018) of a batch with itself reversed, one ratio per batch.

@@ -10,13 +10,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpu_models import config as config_lib
 from tpu_models import deploy
 from tpu_models import export
 from tpu_models.errors import ConfigError
-from tpu_models.training.trainer import Trainer
 
-from test_detection_task import TINY_MODEL, tiny_pasted_objects
+from test_detection_task import tiny_pasted_objects, train_tiny_detector
 
 
 @pytest.fixture(scope="module")
@@ -25,19 +23,7 @@ def detector(tmp_path_factory):
   pytest.importorskip("pycocotools")
   pytest.importorskip("skimage")
   data_dir = tiny_pasted_objects(tmp_path_factory, 8, 2)
-  config = config_lib.experiment_from_dict({
-      "task": {"name": "detection", "model": dict(TINY_MODEL),
-               "train_data": {"path": f"{data_dir}/train-*", "global_batch_size": 2},
-               "eval_data": {"path": f"{data_dir}/validation-*", "global_batch_size": 2},
-               "scale_range": [1.0, 1.0], "flip": False, "score_threshold": 0.001},
-      "trainer": {"train_steps": 4, "steps_per_loop": 4, "checkpoint_every": 4,
-                  "optimizer": {"name": "adamw"},
-                  "schedule": {"name": "constant", "base_lr": 0.003}, "tensorboard": False},
-      "runtime": {"strategy": "cpu"}})
-  model_dir = str(tmp_path_factory.mktemp("detector"))
-  trainer = Trainer(config, model_dir)
-  trainer.train()
-  trainer.close()
+  config, model_dir = train_tiny_detector(tmp_path_factory, data_dir, 4)
   return config, model_dir
 
 

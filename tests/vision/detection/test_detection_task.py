@@ -40,6 +40,24 @@ def tiny_pasted_objects(tmp_path_factory, num_train: int, num_validation: int) -
   return path
 
 
+def train_tiny_detector(tmp_path_factory, data_dir: str, steps: int):
+  """(config, model_dir) of TINY_MODEL trained `steps` steps on `data_dir`'s records."""
+  config = config_lib.experiment_from_dict({
+      "task": {"name": "detection", "model": dict(TINY_MODEL),
+               "train_data": {"path": f"{data_dir}/train-*", "global_batch_size": 2},
+               "eval_data": {"path": f"{data_dir}/validation-*", "global_batch_size": 2},
+               "scale_range": [1.0, 1.0], "flip": False, "score_threshold": 0.001},
+      "trainer": {"train_steps": steps, "steps_per_loop": steps, "checkpoint_every": steps,
+                  "optimizer": {"name": "adamw"},
+                  "schedule": {"name": "constant", "base_lr": 0.003}, "tensorboard": False},
+      "runtime": {"strategy": "cpu"}})
+  model_dir = str(tmp_path_factory.mktemp("detector"))
+  trainer = Trainer(config, model_dir)
+  trainer.train()
+  trainer.close()
+  return config, model_dir
+
+
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
   """16 training and 7 validation images."""

@@ -387,15 +387,9 @@ class ClassificationTask(Task, Servable, Deployable):
 
   def calibration_inputs(self, examples: int):
     """Training-pipeline images (its augmentation included) as pixels 0..255, one at a time."""
-    cfg = self.config
-    seen = 0
-    for images, _ in self.build_inputs("train"):
-      pixels = image_lib.denormalize_to_pixels(tf.cast(images, tf.float32), cfg.mean, cfg.std)
-      for row in pixels:
-        yield {"serve_images": {"images": row[None].astype(np.float32)}}
-        seen += 1
-        if seen >= examples:
-          return
+    for pixels in image_lib.pixel_rows(self.build_inputs("train"), self.config.mean,
+                                       self.config.std, examples):
+      yield {"serve_images": {"images": pixels}}
 
   def evaluate_deployed(self, run, split: str, *, say=None) -> Dict[str, float]:
     """top-1 (and top-5) of `split` through `run("serve_images", ...)`, by `metrics`.

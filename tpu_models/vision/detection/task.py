@@ -780,15 +780,9 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter, Deployable):
 
   def calibration_inputs(self, examples: int):
     """Training-pipeline images (augmented, resized, padded) as pixels 0..255, one at a time."""
-    cfg = self.config
-    seen = 0
-    for images, _ in self.build_inputs("train"):
-      pixels = image_lib.denormalize_to_pixels(tf.cast(images, tf.float32), cfg.mean, cfg.std)
-      for row in pixels:
-        yield {"serve_resized": {"images": row[None].astype(np.float32)}}
-        seen += 1
-        if seen >= examples:
-          return
+    for pixels in image_lib.pixel_rows(self.build_inputs("train"), self.config.mean,
+                                       self.config.std, examples):
+      yield {"serve_resized": {"images": pixels}}
 
   def evaluate_deployed(self, run, split: str, *, say=None) -> Dict[str, float]:
     """The evaluation's COCO AP of `split` (`aggregate`, `finalize`) through `run`."""
