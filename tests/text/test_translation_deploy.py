@@ -62,6 +62,12 @@ def test_litert_steps_decode_as_the_keras_model(corpus, trained, tmp_path, beam_
     assert result["metrics"]["examples"] == 7
     assert result["metrics"]["bleu"] == pytest.approx(reference["bleu"], abs=1e-6)
     assert result["metrics"]["chrf"] == pytest.approx(reference["chrf"], abs=1e-6)
+    # The SavedModel (strings in and out, its search in the graph) by the same command.
+    saved = str(tmp_path / "saved")
+    export.export_saved_model(evaluation, trained, saved)
+    by_saved = deploy.evaluate_export(saved, evaluation, split="eval")
+    assert by_saved["format"] == "saved_model"
+    assert by_saved["metrics"] == pytest.approx(result["metrics"], abs=1e-6)
 
 
 def test_int8_is_refused_naming_float32(corpus, trained, tmp_path):

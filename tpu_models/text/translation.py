@@ -242,9 +242,12 @@ class TranslationTask(TextTask, Servable, Sampler, Deployable):
     """sacreBLEU and chrF of the detokenised hypotheses against the reference texts."""
     if not state:
       return {}
+    return self._score(self.detokenize(np.concatenate(state["hypotheses"])),
+                       np.concatenate(state["references"]))
+
+  def _score(self, hypotheses: List[str], references: np.ndarray) -> Dict[str, float]:
+    """sacreBLEU and chrF of N hypothesis strings against int [N, R] reference bytes."""
     from tpu_models.text import bleu as bleu_lib
-    hypotheses = self.detokenize(np.concatenate(state["hypotheses"]))
-    references = np.concatenate(state["references"])
     cut = int(np.count_nonzero(references[:, -1]))
     references = [bytes_to_text(r) for r in references]
     result = bleu_lib.corpus_bleu(hypotheses, references, tokenize=self.config.bleu_tokenize)
@@ -416,7 +419,7 @@ class TranslationTask(TextTask, Servable, Sampler, Deployable):
     }
 
   def calibration_inputs(self, examples: int):
-    """None: deploy_functions' no_int8 refuses an int8 export before calibration."""
+    """Never reached: deploy_functions' no_int8 refuses an int8 export before calibration."""
     raise ConfigError("task translation exports float32 only (--format litert or onnx).")
 
   def evaluate_deployed(self, run, split: str, *, say=None) -> Dict[str, float]:
@@ -425,8 +428,12 @@ class TranslationTask(TextTask, Servable, Sampler, Deployable):
     The evaluation pipeline's token ids and references, the task's own search
     (`transformer.search`: beam_size, alpha, max_decode_length as in evaluation)
     driving the exported decoder step one sentence at a time, and `finalize`'s
-    sacreBLEU. `say` gets a line every 100 sentences.
+    sacreBLEU. A SavedModel export (`serving_default`, strings in and out) is
+    given the split's sentences and scored the same way. `say` gets a line every
+    100 sentences.
     """
+    if "decode_step" not in getattr(run, "signatures", lambda: ["decode_step"])():
+      return self._evaluate_serving(run, split, say)
     state, examples = None, 0
     for features, labels, mask in pipeline.until_padding(self.build_inputs(split)):
       real = mask.numpy() > 0
@@ -441,6 +448,28 @@ class TranslationTask(TextTask, Servable, Sampler, Deployable):
     if not examples:
       raise DataError(f"task.{split}_data yielded no examples to evaluate.")
     return dict(self.finalize(state, split=split), examples=float(examples))
+
+  def _evaluate_serving(self, run, split: str, say) -> Dict[str, float]:
+    """BLEU and chrF of `split` through `run("serving_default", {"sentences": ...})`."""
+    cfg = self.config
+
+    def decode(element):
+      return ({"sentences": element["inputs"]},
+              {"reference": text_to_bytes(element["targets"], cfg.reference_max_bytes)})
+
+    hypotheses, references = [], []
+    batches = pipeline.build_dataset(self.data_config(split), decode, training=False)
+    for features, labels, mask in pipeline.until_padding(batches):
+      real = mask.numpy() > 0
+      out = run("serving_default", {"sentences": features["sentences"].numpy()[real]})
+      hypotheses += [t.decode("utf-8") for t in out["translations"]]
+      references.append(labels["reference"].numpy()[real])
+      if say and len(hypotheses) // 100 > (len(hypotheses) - int(real.sum())) // 100:
+        say(f"{len(hypotheses)} sentences")
+    if not hypotheses:
+      raise DataError(f"task.{split}_data yielded no examples to evaluate.")
+    return dict(self._score(hypotheses, np.concatenate(references)),
+                examples=float(len(hypotheses)))
 
   def _deployed_search(self, run, inputs: np.ndarray) -> np.ndarray:
     """int [S] source ids -> int32 [L] the search's best ids through the exported steps."""
