@@ -422,6 +422,10 @@ class TranslationTask(TextTask, Servable, Sampler, Deployable):
     """Never reached: deploy_functions' no_int8 refuses an int8 export before calibration."""
     raise ConfigError("task translation exports float32 only (--format litert or onnx).")
 
+  def prepare_to_load_export(self) -> None:
+    """The SavedModel's tokenizer ops (tensorflow_text's SentencePiece) get registered."""
+    import tensorflow_text  # pylint: disable=g-import-not-at-top,unused-import
+
   def evaluate_deployed(self, run, split: str, *, say=None) -> Dict[str, float]:
     """BLEU and chrF of `split` through `run("encode" / "decode_step", ...)`.
 
