@@ -57,7 +57,7 @@ def test_commands_a_task_lacks_name_the_tasks_that_have_them(tmp_path, capsys):
           "detection, language_modeling, translation.") in capsys.readouterr().err
   assert cli.main(["export", *base, "--output", str(tmp_path / "out"), "--format", "litert"]) == 2
   assert ("task 'toy' does not support `tpu-models export --format`; tasks that do: "
-          "classification, detection.") in capsys.readouterr().err
+          "classification, detection, translation.") in capsys.readouterr().err
   assert cli.main(["sample", *base, "--prompt", "x"]) == 2
   assert ("task 'toy' does not support `tpu-models sample`; tasks that do: language_modeling, "
           "translation.") in capsys.readouterr().err

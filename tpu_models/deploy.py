@@ -671,8 +671,9 @@ def evaluate_export(path: str, config: config_lib.ExperimentConfig, split: str =
     raise ConfigError(f"--split must be train, eval or test; got {split!r}.")
   from tpu_models.task import create_task
   require(config.task.name, Deployable)
-  runner = ExportRunner(path, threads=threads)
   task = create_task(config.task)
+  task.prepare_to_load_export()
+  runner = ExportRunner(path, threads=threads)
   say(f"Evaluating {path} ({runner.format}, {runner.runtime}) on split {split!r}.")
   start = time.perf_counter()
   metrics = task.evaluate_deployed(runner, split, say=say)

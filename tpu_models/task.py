@@ -331,6 +331,10 @@ class Deployable(Capability):
       normalisation). A DataError when the training data is missing.
     """
 
+  def prepare_to_load_export(self) -> None:
+    """Makes this process able to load the task's exports, before one is opened (e.g.
+    registers TensorFlow ops its SavedModel's graph uses). Default: nothing to do."""
+
   @abc.abstractmethod
   def evaluate_deployed(self, run: Callable[[str, Mapping[str, Any]], Mapping[str, Any]],
                         split: str, *, say: Optional[Callable[[str], None]] = None

@@ -64,7 +64,7 @@ inside `tf.function(jit_compile=True)` (eval steps, serving signatures).
 import dataclasses
 import inspect
 import math
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import keras
 import tensorflow as tf
@@ -668,6 +668,11 @@ class _TransformerBase(keras.Model):
       x = layer(x, self_bias, memory, cross_bias, training=training)
     return norm(x) if self.pre_layer_norm else x
 
+  def init_cache(self, batch_size, length: int) -> Dict[str, LayerCache]:
+    """Zero key/value cache for the decoding steps: per layer [batch, heads, length,
+    head_size] (`decode_step` of a TransformerModel, `decode` of a TransformerLM)."""
+    return self._empty_cache(len(self.decoder_layers), batch_size, length)
+
   def _empty_cache(self, num_layers: int, batch_size, length: int) -> Dict[str, LayerCache]:
     shape = [batch_size, self.num_heads, length, self.hidden_size // self.num_heads]
     return {f"layer_{i}": {"key": tf.zeros(shape, self.compute_dtype),
@@ -688,6 +693,38 @@ class _TransformerBase(keras.Model):
       x, new_cache[f"layer_{i}"] = layer.decode(x, self_bias, cache[f"layer_{i}"], index,
                                                 **cross_kwargs)
     return (norm(x) if self.pre_layer_norm else x), new_cache
+
+
+def search(symbols_to_logits_fn: beam_search_ops.SymbolsToLogitsFn, batch_size, cache,
+           vocab_size: int, *, beam_size: int, alpha: float, max_decode_length: int,
+           eos_id: int = EOS_ID) -> Dict[str, tf.Tensor]:
+  """`translate`'s search over any step function: beam search, or greedy for beam 1.
+
+  Args:
+    symbols_to_logits_fn: beam_search.py's step contract (a model's decoder, or a
+      deployed decoder step run by its own runtime).
+    batch_size: B, the number of inputs (int or int32 scalar).
+    cache: the step function's initial cache, [B, ...] per tensor.
+    vocab_size, beam_size, max_decode_length: Python ints; alpha: the GNMT length penalty.
+    eos_id: the end-of-sequence id.
+
+  Returns:
+    `translate`'s {"ids": int32 [B, max_decode_length], "scores": float32 [B]}.
+  """
+  initial_ids = tf.fill([batch_size], PAD_ID)
+  if beam_size == 1:
+    ids, scores = beam_search_ops.greedy_search(
+        symbols_to_logits_fn, initial_ids, cache, vocab_size, max_decode_length, eos_id,
+        alpha=alpha)
+  else:
+    ids, scores = beam_search_ops.sequence_beam_search(
+        symbols_to_logits_fn, initial_ids, cache, vocab_size, beam_size, alpha,
+        max_decode_length, eos_id)
+    ids, scores = ids[:, 0], scores[:, 0]
+  ids = ids[:, 1:]
+  after_eos = tf.cumsum(tf.cast(tf.equal(ids, eos_id), tf.int32), axis=1) > 0
+  return {"ids": tf.where(after_eos, tf.zeros_like(ids), ids),
+          "scores": tf.cast(scores, tf.float32)}
 
 
 class TransformerModel(_TransformerBase):
@@ -813,20 +850,52 @@ class TransformerModel(_TransformerBase):
       keys/values are computed here once and closed over (not in the cache, so
       the search never reorders or repeats them).
     """
-    memory = self.encode(inputs, training=False)
-    cross_bias = attention_ops.mask_to_bias(attention_ops.padding_mask(inputs))
-    cross = [layer.cross_attention.project_memory(memory) + (cross_bias,)
-             for layer in self.decoder_layers]
-    cache = self._empty_cache(len(self.decoder_layers), tf.shape(inputs)[0], max_decode_length)
+    cross = self.cross_memory(inputs)
+    cache = self.init_cache(tf.shape(inputs)[0], max_decode_length)
 
     def symbols_to_logits_fn(ids, i, cache):
-      x = self.target_embedding(ids)
-      x += tf.cast(sinusoidal_position_encoding(i, self.hidden_size), x.dtype)
-      x, cache = self._decode_positions(self.decoder_layers, self.decoder_norm, cache, x, i,
-                                        max_decode_length, cross, group=beam_size)
-      return self.softmax_embedding.logits(x)[:, 0, :], cache
+      return self.decode_step(ids, i, cache, cross, group=beam_size)
 
     return symbols_to_logits_fn, cache
+
+  def cross_memory(self, inputs: tf.Tensor) -> List[Tuple[tf.Tensor, tf.Tensor, tf.Tensor]]:
+    """The encoder's output as each decoder layer attends to it, computed once per input.
+
+    Args:
+      inputs: int32 [B, S] source ids, 0-padded.
+
+    Returns:
+      Per decoder layer (key, value, bias): the cross-attention keys and values
+      [B, heads, S, head_size] (compute dtype) and the padding bias float32
+      [B, 1, 1, S] (0 on tokens, MASK_BIAS on padding).
+    """
+    memory = self.encode(inputs, training=False)
+    cross_bias = attention_ops.mask_to_bias(attention_ops.padding_mask(inputs))
+    return [layer.cross_attention.project_memory(memory) + (cross_bias,)
+            for layer in self.decoder_layers]
+
+  def decode_step(self, ids: tf.Tensor, i, cache: Dict[str, LayerCache],
+                  cross: Sequence[Tuple[tf.Tensor, tf.Tensor, tf.Tensor]], group: int = 1
+                  ) -> Tuple[tf.Tensor, Dict[str, LayerCache]]:
+    """One decoding step: the logits of position i + 1 given the tokens at position i.
+
+    Args:
+      ids: int32 [B * group, 1], the token at position i of each sequence.
+      i: int32 scalar (tensor or Python int), the position.
+      cache: from `init_cache` (batch B * group, length L) or the previous step.
+      cross: `cross_memory` of the B inputs; rows b * group .. b * group + group - 1
+        of `ids` (the beams of input b) attend to input b.
+      group: Python int, query rows per input row (the beam size; 1 for greedy).
+
+    Returns:
+      (float32 logits [B * group, vocab_size], the cache with position i written).
+    """
+    x = self.target_embedding(ids)
+    x += tf.cast(sinusoidal_position_encoding(i, self.hidden_size), x.dtype)
+    length = cache["layer_0"]["key"].shape[2]
+    x, cache = self._decode_positions(self.decoder_layers, self.decoder_norm, cache, x, i,
+                                      length, cross, group=group)
+    return self.softmax_embedding.logits(x)[:, 0, :], cache
 
   def translate(self, inputs: tf.Tensor, beam_size: int = 4, alpha: float = 0.6,
                 max_decode_length: Optional[int] = None, eos_id: int = EOS_ID
@@ -861,21 +930,9 @@ class TransformerModel(_TransformerBase):
       raise ValueError(f"beam_size must be a positive int, got {beam_size!r}.")
 
     symbols_to_logits_fn, cache = self.make_decoding_fn(inputs, max_decode_length, beam_size)
-    batch_size = tf.shape(inputs)[0]
-    initial_ids = tf.fill([batch_size], PAD_ID)
-    if beam_size == 1:
-      ids, scores = beam_search_ops.greedy_search(
-          symbols_to_logits_fn, initial_ids, cache, self.vocab_size, max_decode_length, eos_id,
-          alpha=alpha)
-    else:
-      ids, scores = beam_search_ops.sequence_beam_search(
-          symbols_to_logits_fn, initial_ids, cache, self.vocab_size, beam_size, alpha,
-          max_decode_length, eos_id)
-      ids, scores = ids[:, 0], scores[:, 0]
-    ids = ids[:, 1:]
-    after_eos = tf.cumsum(tf.cast(tf.equal(ids, eos_id), tf.int32), axis=1) > 0
-    return {"ids": tf.where(after_eos, tf.zeros_like(ids), ids),
-            "scores": tf.cast(scores, tf.float32)}
+    return search(symbols_to_logits_fn, tf.shape(inputs)[0], cache, self.vocab_size,
+                  beam_size=beam_size, alpha=alpha, max_decode_length=max_decode_length,
+                  eos_id=eos_id)
 
 
 class TransformerLM(_TransformerBase):
@@ -932,10 +989,6 @@ class TransformerLM(_TransformerBase):
     x = self._decoder_stack_full(self.decoder_layers, self.decoder_norm, x,
                                  attention_ops.mask_to_bias(mask), training=training)
     return self.softmax_embedding.logits(x)
-
-  def init_cache(self, batch_size, length: int) -> Dict[str, LayerCache]:
-    """Zero key/value cache for `decode`: per layer [batch, heads, length, head_size]."""
-    return self._empty_cache(len(self.decoder_layers), batch_size, length)
 
   def decode(self, ids: tf.Tensor, index, cache: Dict[str, LayerCache]
              ) -> Tuple[tf.Tensor, Dict[str, LayerCache]]:

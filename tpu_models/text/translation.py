@@ -32,6 +32,17 @@ once). Padding examples never reach the host metric.
 Serving (`tpu-models export`): `serving_default(sentences: tf.string [N])`
 returns `{"translations": tf.string [N], "scores": float32 [N]}`; the
 tokenizer, the beam search and the detokenizer are all in the graph.
+
+Deployment (`tpu-models export --format litert|onnx`, deploy.py): two float32
+signatures with fixed shapes, the search and the tokenizer outside.
+`encode(inputs: int32 [1, S])` returns the cross-attention keys and values of
+every decoder layer and the padding bias; `decode_step(ids [R, 1], position [1],
+the key/value cache [R, heads, L, head_size] per layer, encode's outputs)`
+returns the logits [R, vocab] of the next position and the cache with this one
+written (R = beam_size rows, L = the decode length). `evaluate_deployed` runs
+the task's own beam search (transformer.search, as in the eval step) on the
+host around `decode_step`, one sentence at a time, and scores it with the same
+sacreBLEU as evaluation.
 """
 
 import dataclasses
@@ -47,7 +58,8 @@ from tpu_models.data import pipeline
 from tpu_models.text import inputs as text_lib
 from tpu_models.errors import ConfigError
 from tpu_models.registry import register_task
-from tpu_models.task import HIGHER, Sampler, Servable
+from tpu_models.errors import DataError
+from tpu_models.task import HIGHER, Deployable, DeployFunction, Sampler, Servable
 from tpu_models.text.task import TextTask, model_param, token_sums
 
 
@@ -120,7 +132,7 @@ def encode_batch(vocab: text_lib.SentencePieceVocab, texts: tf.Tensor, length: i
 
 
 @register_task("translation")
-class TranslationTask(TextTask, Servable, Sampler):
+class TranslationTask(TextTask, Servable, Sampler, Deployable):
   """Sequence-to-sequence translation with a `transformer*` model; see the module docstring."""
 
   config_class = TranslationConfig
@@ -230,9 +242,12 @@ class TranslationTask(TextTask, Servable, Sampler):
     """sacreBLEU and chrF of the detokenised hypotheses against the reference texts."""
     if not state:
       return {}
+    return self._score(self.detokenize(np.concatenate(state["hypotheses"])),
+                       np.concatenate(state["references"]))
+
+  def _score(self, hypotheses: List[str], references: np.ndarray) -> Dict[str, float]:
+    """sacreBLEU and chrF of N hypothesis strings against int [N, R] reference bytes."""
     from tpu_models.text import bleu as bleu_lib
-    hypotheses = self.detokenize(np.concatenate(state["hypotheses"]))
-    references = np.concatenate(state["references"])
     cut = int(np.count_nonzero(references[:, -1]))
     references = [bytes_to_text(r) for r in references]
     result = bleu_lib.corpus_bleu(hypotheses, references, tokenize=self.config.bleu_tokenize)
@@ -315,3 +330,172 @@ class TranslationTask(TextTask, Servable, Sampler):
     """
     model.serving_vocab = self.vocab  # Tracked with the model: the SavedModel carries it.
     return {"serving_default": self._translate_fn(model).get_concrete_function()}
+
+  # Deployment: the encoder and one decoder step; the search and the tokenizer outside.
+
+  def _deploy_shapes(self) -> Dict[str, int]:
+    cfg = self.config
+    return {"input_length": self.eval_input_length, "decode_length": self.max_decode_length,
+            "rows": cfg.beam_size}
+
+  def deploy_functions(self, model: keras.Model) -> Dict[str, DeployFunction]:
+    """`encode` and `decode_step` (the module docstring), float32, fixed shapes.
+
+    encode: inputs int32 [1, S] (S = eval input length) -> cross_key_<i>,
+      cross_value_<i> float32 [1, heads, S, head_size] per decoder layer i and
+      cross_bias float32 [1, 1, 1, S].
+    decode_step: ids int32 [R, 1], position int32 [1], cache_key_<i> and
+      cache_value_<i> float32 [R, heads, L, head_size], and encode's outputs ->
+      logits float32 [R, vocab] and new_cache_key_<i>, new_cache_value_<i>.
+    """
+    shapes = self._deploy_shapes()
+    length, decode_length, rows = (shapes["input_length"], shapes["decode_length"],
+                                   shapes["rows"])
+    layers = len(model.decoder_layers)
+    heads, head_size = model.num_heads, model.hidden_size // model.num_heads
+    memory_shape = f"[1, {heads}, {length}, {head_size}]"
+    cache_shape = f"[{rows}, {heads}, {decode_length}, {head_size}]"
+    cross_names = [f"cross_{kind}_{i}" for i in range(layers) for kind in ("key", "value")]
+    cache_names = [f"cache_{kind}_{i}" for i in range(layers) for kind in ("key", "value")]
+
+    def encode(inputs):
+      cross = model.cross_memory(inputs)
+      out = {"cross_bias": cross[0][2]}
+      for i, (key, value, _) in enumerate(cross):
+        out[f"cross_key_{i}"], out[f"cross_value_{i}"] = key, value
+      return out
+
+    cross_specs = [tf.TensorSpec([1, heads, length, head_size], tf.float32, name=name)
+                   for name in cross_names]
+    step_specs = ([tf.TensorSpec([rows, 1], tf.int32, name="ids"),
+                   tf.TensorSpec([1], tf.int32, name="position")] +
+                  [tf.TensorSpec([rows, heads, decode_length, head_size], tf.float32, name=name)
+                   for name in cache_names] + cross_specs +
+                  [tf.TensorSpec([1, 1, 1, length], tf.float32, name="cross_bias")])
+
+    def decode_step(*tensors):
+      named = dict(zip([spec.name for spec in step_specs], tensors))
+      cache = {f"layer_{i}": {"key": named[f"cache_key_{i}"], "value": named[f"cache_value_{i}"]}
+               for i in range(layers)}
+      cross = [(named[f"cross_key_{i}"], named[f"cross_value_{i}"], named["cross_bias"])
+               for i in range(layers)]
+      logits, cache = model.decode_step(named["ids"], named["position"][0], cache, cross,
+                                        group=rows)
+      out = {"logits": logits}
+      for i in range(layers):
+        out[f"new_cache_key_{i}"] = cache[f"layer_{i}"]["key"]
+        out[f"new_cache_value_{i}"] = cache[f"layer_{i}"]["value"]
+      return out
+
+    outside = (f"tokenization: SentencePiece ({self.config.vocab_path}) on the host: "
+               f"ids ending in EOS (1), 0-padded or cut to {length}; padding (id 0) is "
+               f"masked inside encode",
+               f"the search: the host runs the task's beam search (beam_size "
+               f"{self.config.beam_size}, alpha {self.config.alpha}; 1 = greedy) for up "
+               f"to {decode_length} steps around decode_step, starting from id 0 at "
+               f"position 0 with a zero cache, feeding each step's new_cache_* back as "
+               f"cache_* (reordered with the beams)",
+               "detokenization: SentencePiece on the host")
+    no_int8 = "the translator is exported in float32 only (no int8 calibration of its steps)"
+    cross_text = {name: f"float32 {memory_shape}" for name in cross_names}
+    cross_text["cross_bias"] = f"float32 [1, 1, 1, {length}]: 0 on tokens, -1e9 on padding"
+    return {
+        "encode": DeployFunction(
+            function=tf.function(encode, autograph=False, input_signature=[
+                tf.TensorSpec([1, length], tf.int32, name="inputs")]).get_concrete_function(),
+            inputs={"inputs": f"int32 [1, {length}] SentencePiece ids, EOS (1) last, 0-padded"},
+            outputs=cross_text, outside_graph=outside, no_int8=no_int8),
+        "decode_step": DeployFunction(
+            function=tf.function(decode_step, autograph=False,
+                                 input_signature=step_specs).get_concrete_function(),
+            inputs={"ids": f"int32 [{rows}, 1] the token at `position` of each beam",
+                    "position": "int32 [1] the step, 0 first",
+                    **{name: f"float32 {cache_shape} key/value cache" for name in cache_names},
+                    **cross_text},
+            outputs={"logits": f"float32 [{rows}, {model.vocab_size}] of position + 1",
+                     **{f"new_{name}": f"float32 {cache_shape}, `position` written"
+                        for name in cache_names}},
+            outside_graph=outside, no_int8=no_int8),
+    }
+
+  def calibration_inputs(self, examples: int):
+    """Never reached: deploy_functions' no_int8 refuses an int8 export before calibration."""
+    raise ConfigError("task translation exports float32 only (--format litert or onnx).")
+
+  def prepare_to_load_export(self) -> None:
+    """The SavedModel's tokenizer ops (tensorflow_text's SentencePiece) get registered."""
+    import tensorflow_text  # pylint: disable=g-import-not-at-top,unused-import
+
+  def evaluate_deployed(self, run, split: str, *, say=None) -> Dict[str, float]:
+    """BLEU and chrF of `split` through `run("encode" / "decode_step", ...)`.
+
+    The evaluation pipeline's token ids and references, the task's own search
+    (`transformer.search`: beam_size, alpha, max_decode_length as in evaluation)
+    driving the exported decoder step one sentence at a time, and `finalize`'s
+    sacreBLEU. A SavedModel export (`serving_default`, strings in and out) is
+    given the split's sentences and scored the same way. `say` gets a line every
+    100 sentences.
+    """
+    if "decode_step" not in getattr(run, "signatures", lambda: ["decode_step"])():
+      return self._evaluate_serving(run, split, say)
+    state, examples = None, 0
+    for features, labels, mask in pipeline.until_padding(self.build_inputs(split)):
+      real = mask.numpy() > 0
+      inputs = features["inputs"].numpy()[real]
+      hypotheses = np.stack([self._deployed_search(run, row) for row in inputs])
+      state = self.aggregate(state, {"hypotheses": hypotheses,
+                                     "references": labels["reference"].numpy()[real]},
+                             split=split)
+      before, examples = examples, examples + len(inputs)
+      if say and examples // 100 > before // 100:
+        say(f"{examples} sentences")
+    if not examples:
+      raise DataError(f"task.{split}_data yielded no examples to evaluate.")
+    return dict(self.finalize(state, split=split), examples=float(examples))
+
+  def _evaluate_serving(self, run, split: str, say) -> Dict[str, float]:
+    """BLEU and chrF of `split` through `run("serving_default", {"sentences": ...})`."""
+    cfg = self.config
+
+    def decode(element):
+      return ({"sentences": element["inputs"]},
+              {"reference": text_to_bytes(element["targets"], cfg.reference_max_bytes)})
+
+    hypotheses, references = [], []
+    batches = pipeline.build_dataset(self.data_config(split), decode, training=False)
+    for features, labels, mask in pipeline.until_padding(batches):
+      real = mask.numpy() > 0
+      out = run("serving_default", {"sentences": features["sentences"].numpy()[real]})
+      hypotheses += [t.decode("utf-8") for t in out["translations"]]
+      references.append(labels["reference"].numpy()[real])
+      if say and len(hypotheses) // 100 > (len(hypotheses) - int(real.sum())) // 100:
+        say(f"{len(hypotheses)} sentences")
+    if not hypotheses:
+      raise DataError(f"task.{split}_data yielded no examples to evaluate.")
+    return dict(self._score(hypotheses, np.concatenate(references)),
+                examples=float(len(hypotheses)))
+
+  def _deployed_search(self, run, inputs: np.ndarray) -> np.ndarray:
+    """int [S] source ids -> int32 [L] the search's best ids through the exported steps."""
+    from tpu_models.text import transformer  # pylint: disable=g-import-not-at-top
+    cfg = self.config
+    cross = run("encode", {"inputs": np.asarray(inputs, np.int32)[np.newaxis]})
+    layers = sum(name.startswith("cross_key_") for name in cross)
+    _, heads, _, head_size = np.shape(cross["cross_key_0"])
+    cache_shape = [1, heads, self.max_decode_length, head_size]
+    cache = {f"cache_{kind}_{i}": tf.zeros(cache_shape, tf.float32)
+             for i in range(layers) for kind in ("key", "value")}
+
+    def step(ids, i, cache):
+      out = run("decode_step", {"ids": ids.numpy().astype(np.int32),
+                                "position": np.array([int(i)], np.int32),
+                                **{name: value.numpy() for name, value in cache.items()},
+                                **cross})
+      return (tf.constant(out["logits"], tf.float32),
+              {name: tf.constant(out[f"new_{name}"]) for name in cache})
+
+    # Eager: the search's tf.while_loop runs as a Python loop calling the runtime.
+    decoded = transformer.search(step, 1, cache, self.vocab.vocab_size,
+                                 beam_size=cfg.beam_size, alpha=cfg.alpha,
+                                 max_decode_length=self.max_decode_length)
+    return decoded["ids"].numpy()[0]
