@@ -65,25 +65,14 @@ def test_catalogue_import_and_the_tasks_post_processing_give_keras_hubs_detectio
 
   import tensorflow as tf
 
-  from tpu_models import config as config_lib
-  from tpu_models import export
+  import catalogue_import
   from tpu_models.vision.detection import torchvision as tv_retinanet
   from tpu_models.weights import catalogue
   entry = catalogue.get_weights("keras_hub_retinanet_resnet50_fpn_coco")
   _, _, params = _build()
   tiny = dataclasses.replace(entry, name="test_tiny_keras_hub_retinanet", model="retinanet",
                              params=params, task=dict(entry.task, image_size=128))
-  catalogue.register_weights(tiny)
-  try:
-    output = str(tmp_path / "imported")
-    importing.import_weights(tiny.name, DIRECTORY, output, say=lambda _: None,
-                             overrides=["task.train_data.source=synthetic",
-                                        "task.eval_data.source=synthetic",
-                                        "runtime.strategy=cpu"])
-  finally:
-    del catalogue.WEIGHTS[tiny.name]
-  config = config_lib.load_config(os.path.join(output, "config.yaml"))
-  task, model = export.load_model(config, output)
+  task, model = catalogue_import.import_entry(tiny, DIRECTORY, str(tmp_path / "imported"))
   arrays = np.load(os.path.join(DIRECTORY, "reference.npz"))
   outputs = model(arrays["inputs"][:1], training=False)
   image_info = tf.constant([[[128, 128], [128, 128], [1, 1], [0, 0]]], tf.float32)

@@ -136,25 +136,15 @@ def test_catalogue_entries():
 def test_import_writes_a_model_dir_whose_task_gives_torchvisions_detections(reference, tmp_path):
   """The catalogue path on the square photo (astronaut, 128x128): model_dir ->
   export.load_model (what evaluate/export/predict read) -> the task's post-processing."""
-  from tpu_models import config as config_lib
-  from tpu_models import export
+  import catalogue_import
   entry = catalogue.get_weights("torchvision_retinanet_resnet50_fpn_coco")
   tiny = dataclasses.replace(
       entry, name="test_tiny_tv_retinanet", files=(os.path.basename(WEIGHTS),),
       params={k: v for k, v in dict(entry.params, **_params(reference, "astronaut")).items()
               if k != "backbone_depth"},
       task=dict(entry.task, image_size=128))
-  catalogue.register_weights(tiny)
-  try:
-    output = str(tmp_path / "imported")
-    importing.import_weights(tiny.name, FIXTURES, output, say=lambda _: None,
-                             overrides=["task.train_data.source=synthetic",
-                                        "task.eval_data.source=synthetic",
-                                        "runtime.strategy=cpu"])
-  finally:
-    del catalogue.WEIGHTS[tiny.name]
-  config = config_lib.load_config(os.path.join(output, "config.yaml"))
-  task, model = export.load_model(config, output)  # What evaluate/export/predict read.
+  # What evaluate/export/predict read.
+  task, model = catalogue_import.import_entry(tiny, FIXTURES, str(tmp_path / "imported"))
   outputs = model(reference["astronaut/transformed_nhwc"], training=False)
   image_info = tf.constant([[[128, 128], [128, 128], [1, 1], [0, 0]]], tf.float32)
   _assert_same_detections(task.postprocess(outputs, image_info), reference, "astronaut")
