@@ -66,6 +66,21 @@ class NameMap(dict):
     self.ignored.append((pattern, reason))
     return self
 
+  def hint_when_mismatched(self, prefix: str, text: str) -> "NameMap":
+    """`text` joins the error when one of our variables under `prefix` has another shape."""
+    self.hints.append((lambda mismatch: any(m.startswith(prefix)
+                                            for m in mismatch.mismatched), text))
+    return self
+
+  def hint_when_file_differs(self, text: str, except_under: Optional[str] = None) -> "NameMap":
+    """`text` joins the error when the file lacks, adds or reshapes a tensor: anything but
+    unmapped variables, and (with `except_under`) but shapes under that prefix."""
+    def differs(mismatch) -> bool:
+      return bool(mismatch.missing or mismatch.unused or any(
+          except_under is None or not m.startswith(except_under) for m in mismatch.mismatched))
+    self.hints.append((differs, text))
+    return self
+
   def ignore_reason(self, stored_name: str) -> Optional[str]:
     for pattern, reason in self.ignored:
       if re.search(pattern, stored_name):

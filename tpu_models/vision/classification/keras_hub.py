@@ -145,9 +145,8 @@ def resnet_name_map(model, store) -> NameMap:
   paths = [v.path for v in model.variables]
   name_map = resnet_backbone_name_map(paths)
   add_classifier(name_map, paths)
-  name_map.hints.append((
-      lambda mismatch: bool(mismatch.missing or mismatch.unused or mismatch.mismatched),
-      "build ours from the preset's config: keras_hub.model_params(config.json)."))
+  name_map.hint_when_file_differs(
+      "build ours from the preset's config: keras_hub.model_params(config.json).")
   return name_map
 
 
@@ -282,9 +281,8 @@ def efficientnet_name_map(model, store) -> NameMap:
       if f"{layer}/bias" in paths:
         name_map[f"{layer}/bias"] = Source((f"{key}/vars/1",))
   add_classifier(name_map, paths)
-  name_map.hints.append((
-      lambda mismatch: bool(mismatch.missing or mismatch.unused or mismatch.mismatched),
-      "build ours from the preset's config: keras_hub.efficientnet_model_params(config.json)."))
+  name_map.hint_when_file_differs(
+      "build ours from the preset's config: keras_hub.efficientnet_model_params(config.json).")
   return name_map
 
 
@@ -405,10 +403,9 @@ def vit_name_map(model, store) -> NameMap:
   name_map["encoder_norm/gamma"] = Source((f"{_VIT_PREFIX}layer_norm/vars/0",))
   name_map["encoder_norm/beta"] = Source((f"{_VIT_PREFIX}layer_norm/vars/1",))
   add_classifier(name_map, paths)
-  name_map.hints.append((
-      lambda mismatch: bool(mismatch.missing or mismatch.unused or mismatch.mismatched),
+  name_map.hint_when_file_differs(
       "build ours from the preset's config: keras_hub.vit_model_params(config.json, "
-      "task.json)."))
+      "task.json).")
   return name_map
 
 

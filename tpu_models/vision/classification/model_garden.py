@@ -101,9 +101,8 @@ def resnet_name_map(model, store=None) -> NameMap:
   name_map = resnet_backbone_name_map([v.path for v in model.variables])
   for name in ("kernel", "bias"):
     name_map[f"logits/{name}"] = Source((f"model/layer_with_weights-1/{name}",))
-  name_map.hints.append((
-      lambda mismatch: any(m.startswith("logits/") for m in mismatch.mismatched),
-      "the classifier has another width: a different num_classes?"))
+  name_map.hint_when_mismatched("logits/",
+                                "the classifier has another width: a different num_classes?")
   return name_map
 
 

@@ -151,14 +151,12 @@ def efficientnet_state_dict_name_map(our_paths: Sequence[str], include_top: bool
   else:
     name_map.ignore(r"^classifier\.", "the classifier (include_top=False)")
   name_map.ignore(r"\.num_batches_tracked$", "BN step counters, not weights")
-  name_map.hints.append((
-      lambda mismatch: any(m.startswith("logits/") for m in mismatch.mismatched),
-      "the classifier has another width: a different num_classes?"))
-  name_map.hints.append((
-      lambda mismatch: bool(mismatch.missing or mismatch.unused or
-                            any(not m.startswith("logits/") for m in mismatch.mismatched)),
+  name_map.hint_when_mismatched("logits/",
+                                "the classifier has another width: a different num_classes?")
+  name_map.hint_when_file_differs(
       "the file holds another EfficientNet (B0..B7 differ in width and depth: the stem has "
-      "32 x width channels, group 2 has 2 x depth blocks) or another architecture."))
+      "32 x width channels, group 2 has 2 x depth blocks) or another architecture.",
+      except_under="logits/")
   return name_map
 
 
@@ -242,19 +240,18 @@ def vit_state_dict_name_map(model, store=None, resize_positions: bool = True) ->
     name_map["logits/bias"] = Source(("head.bias",))
   else:
     name_map.ignore(r"^head\.", "the classifier (include_top=False)")
-  name_map.hints.append((
-      lambda mismatch: any(m.startswith("logits/") for m in mismatch.mismatched),
-      "the classifier has another width: a different num_classes (an in21k file has 21843)?"))
+  name_map.hint_when_mismatched(
+      "logits/",
+      "the classifier has another width: a different num_classes (an in21k file has 21843)?")
   name_map.hints.append((
       lambda mismatch: any(re.search(r"(^fc_norm|ls\d\.gamma|reg_token|[qk]_norm)", m)
                            for m in mismatch.unused),
       "timm ViT variants with LayerScale (ls*.gamma), register tokens, q/k norms or fc_norm "
       "(global average pooling then LayerNorm) are not architectures our vit implements."))
-  name_map.hints.append((
-      lambda mismatch: bool(mismatch.missing or mismatch.unused or
-                            any(not m.startswith("logits/") for m in mismatch.mismatched)),
+  name_map.hint_when_file_differs(
       "the file holds another ViT (S/16 d 384 x 12, B/16 768 x 12, L/16 1024 x 24; patch "
-      "size) or another architecture than the model."))
+      "size) or another architecture than the model.",
+      except_under="logits/")
   return name_map
 
 

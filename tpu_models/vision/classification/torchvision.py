@@ -83,9 +83,8 @@ def resnet_state_dict_name_map(our_paths: Sequence[str], prefix: str = "",
   else:
     name_map.ignore(rf"^{re.escape(theirs_prefix)}fc\.", "the classifier (include_top=False)")
   name_map.ignore(r"\.num_batches_tracked$", "BN step counters, not weights")
-  name_map.hints.append((
-      lambda mismatch: any(m.startswith(f"{prefix}logits/") for m in mismatch.mismatched),
-      "the classifier has another width: a different num_classes?"))
+  name_map.hint_when_mismatched(f"{prefix}logits/",
+                                "the classifier has another width: a different num_classes?")
   name_map.hints.append((
       lambda mismatch: bool(mismatch.missing or mismatch.unused),
       "the file holds another depth or another architecture than the model (resnet18/34 "

@@ -204,9 +204,8 @@ def retinanet_name_map(model, store, *, num_scales: int = 3,
     name_map[f"head/{ours}/bias"] = Source((f"{prefix}prediction_layer/vars/1",), transform,
                                            note)
   name_map.ignore(r"^task/optimizer/", "the task's optimizer state, not weights")
-  name_map.hints.append((
-      lambda mismatch: bool(mismatch.missing or mismatch.unused or mismatch.mismatched),
-      "build ours from the preset: detection.keras_hub.model_params(config.json, task.json)."))
+  name_map.hint_when_file_differs(
+      "build ours from the preset: detection.keras_hub.model_params(config.json, task.json).")
   return name_map
 
 

@@ -149,10 +149,9 @@ def retinanet_name_map(model, store=None, *,
       lambda mismatch: any("_bn" in m for m in mismatch.unmapped),
       "torchvision's RetinaNet v1 has no FPN or head norms: build with use_batch_norm: false "
       "(the catalogue's params do)."))
-  name_map.hints.append((
-      lambda mismatch: bool(mismatch.missing or mismatch.unused or mismatch.mismatched),
+  name_map.hint_when_file_differs(
       "the file is not a torchvision RetinaNet v1 of this model's depth, widths and "
-      "num_classes (v2 files have GroupNorm heads; a classifier file has no FPN or head)."))
+      "num_classes (v2 files have GroupNorm heads; a classifier file has no FPN or head).")
   return name_map
 
 
