@@ -14,7 +14,7 @@ workers import it too, inside benchmarks/.venv-model-garden.
             parameter_counts; run_comparison, write_report
   workers   worker_parser, add_input_pipeline_flags, parse_worker_args,
             require_keras_hub; time_calls, timed_steps, time_iterator, host_loop;
-            trainable_parameters; our_experiment, our_train_throughput; print_result
+            trainable_parameters; our_experiment, our_train_throughput, our_train_row; print_result
 """
 
 import argparse
@@ -490,6 +490,16 @@ def our_train_throughput(experiment: dict, args, peak: bool):
   config = config_lib.experiment_from_dict(experiment)
   return config, benchmark.train_throughput(config, steps=args.steps, warmup=args.warmup,
                                             peak=peak)
+
+
+def our_train_row(result: dict) -> dict:
+  """A worker's train-step row from `our_train_throughput`'s result: its rate as
+  images_per_second, plus the timing, MFU, device, page-fault and CPU-time fields."""
+  row = {"images_per_second": result["examples_per_second"]}
+  for key in ("step_seconds", "train_flops_per_example", "achieved_tflops", "peak_tflops",
+              "mfu", "device", "page_faults_per_step", "cpu_seconds_per_step"):
+    row[key] = result[key]
+  return row
 
 
 def print_result(result: dict, args, start: float, packages=("tensorflow", "keras"),

@@ -71,16 +71,8 @@ def ours(args) -> dict:
   # Counted on a separate build: the Trainer's model is gone with its run directory.
   kwargs = {k: v for k, v in model_config.items() if k != "name"}
   trainable = harness.trainable_parameters(registry.create_model(args.model, **kwargs))
-  return {
-      "images_per_second": result["examples_per_second"],
-      "step_seconds": result["step_seconds"],
-      "train_flops_per_example": result["train_flops_per_example"],
-      "peak_tflops": result["peak_tflops"],
-      "mfu": result["mfu"],
-      "page_faults_per_step": result["page_faults_per_step"],
-      "cpu_seconds_per_step": result["cpu_seconds_per_step"],
-      "params": check_parameters("ours", args.model, trainable),
-  }
+  return {**harness.our_train_row(result),
+          "params": check_parameters("ours", args.model, trainable)}
 
 
 # keras-hub's EfficientNet-B0 arguments, as its timm converter (convert_efficientnet.py,

@@ -49,17 +49,7 @@ def experiment(batch: int, precision: str, image_size: int = ex.IMAGE_SIZE) -> d
 def train_step(args) -> dict:
   _, result = harness.our_train_throughput(experiment(args.batch, args.precision), args,
                                           peak=True)
-  return {
-      "images_per_second": result["examples_per_second"],
-      "step_seconds": result["step_seconds"],
-      "train_flops_per_example": result["train_flops_per_example"],
-      "achieved_tflops": result["achieved_tflops"],
-      "peak_tflops": result["peak_tflops"],
-      "mfu": result["mfu"],
-      "device": result["device"],
-      "page_faults_per_step": result["page_faults_per_step"],
-      "cpu_seconds_per_step": result["cpu_seconds_per_step"],
-  }
+  return harness.our_train_row(result)
 
 
 def keras_applications(args) -> dict:

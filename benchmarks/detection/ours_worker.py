@@ -62,15 +62,7 @@ def train_step(args) -> dict:
   from tpu_models.task import create_task
   config, result = harness.our_train_throughput(our_experiment(args), args, peak=True)
   params = harness.trainable_parameters(create_task(config.task).build_model())
-  return {
-      "images_per_second": result["examples_per_second"],
-      "step_seconds": result["step_seconds"],
-      "train_flops_per_example": result["train_flops_per_example"],
-      "peak_tflops": result["peak_tflops"],
-      "mfu": result["mfu"],
-      "page_faults_per_step": result["page_faults_per_step"],
-      "params": params,
-  }
+  return {**harness.our_train_row(result), "params": params}
 
 
 def input_pipeline(args) -> dict:

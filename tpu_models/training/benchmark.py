@@ -88,7 +88,9 @@ def train_throughput(config: config_lib.ExperimentConfig, *, steps: int = 20, wa
   Returns a dict: examples_per_second, step_seconds, global_batch, train_flops_per_example,
   achieved_tflops, peak_tflops, mfu, precision, device, page_faults_per_step,
   cpu_seconds_per_step (CPU time of this process, all threads, per timed step: the
-  cost that a shared machine's load does not inflate).
+  cost that a shared machine's load does not inflate; measured around the whole
+  `trainer.train(steps)` call, its loop set-up and metrics row included, so with few
+  steps it is a little more than the steps alone).
   """
   from tpu_models.training import progress
   from tpu_models.training.trainer import Trainer
