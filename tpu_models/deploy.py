@@ -110,10 +110,7 @@ def export_deployment(config: config_lib.ExperimentConfig, model_dir: str, outpu
     raise ConfigError(f"--calibration-examples must be >= 1 for litert-int8; got "
                       f"{calibration_examples}.")
   output = output.rstrip("/")
-  if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
-    if not overwrite:
-      raise ConfigError(f"Export output {output!r} already exists; pass --overwrite to "
-                        f"replace it, or choose another --output.")
+  export_lib.refuse_existing_output(output, overwrite)
   if "://" in output:
     raise ConfigError(f"--format {format_name} writes a local directory; got {output!r}. "
                       f"Export locally and copy the directory.")
@@ -140,13 +137,8 @@ def export_deployment(config: config_lib.ExperimentConfig, model_dir: str, outpu
                      for name, fn in functions.items()},
       "outside_graph": sorted({line for fn in functions.values() for line in fn.outside_graph}),
   }
-  os.makedirs(export_lib._parent(output), exist_ok=True)  # pylint: disable=protected-access
-  export_lib._remove_abandoned(output, say)  # pylint: disable=protected-access
-  staging = export_lib._beside(output, export_lib._PARTIAL)  # pylint: disable=protected-access
-  if os.path.exists(staging):
-    export_lib._remove(staging)  # pylint: disable=protected-access
-  os.makedirs(staging)
-  try:
+  with export_lib.staged_output(output, f"a {format_name} export", say) as staging:
+    os.makedirs(staging)
     if format_name == "onnx":
       record.update(_write_onnx(functions, frozen, staging, say))
     else:
@@ -159,10 +151,6 @@ def export_deployment(config: config_lib.ExperimentConfig, model_dir: str, outpu
     config_lib.dump_config(config, os.path.join(staging, CONFIG_FILE))
     with open(os.path.join(staging, EXPORT_JSON), "w") as f:
       json.dump(record, f, indent=1)
-    export_lib._put_in_place(staging, output)  # pylint: disable=protected-access
-  finally:
-    if os.path.exists(staging):  # A failure, or the old export after an exchange.
-      export_lib._remove(staging)  # pylint: disable=protected-access
   for line in record["outside_graph"]:
     say(f"Outside the graph: {line}")
   say(f"Exported checkpoint {checkpoint} (step {step}) as {format_name} to {output} "

@@ -39,6 +39,7 @@ the wrong rank or size is an InvalidArgumentError saying what was expected. See
 docs/predict.md.
 """
 
+import contextlib
 import ctypes
 import json
 import os
@@ -115,12 +116,7 @@ def export_saved_model(config: config_lib.ExperimentConfig, model_dir: str, outp
   """
   say = say or (lambda text: None)
   output = output.rstrip("/")
-  if tf.io.gfile.exists(output) and (not tf.io.gfile.isdir(output)
-                                     or tf.io.gfile.listdir(output)):
-    if not overwrite:
-      raise ConfigError(f"Export output {output!r} already exists; pass --overwrite "
-                        f"(export_saved_model(overwrite=True)) to replace it, or choose "
-                        f"another --output.")
+  refuse_existing_output(output, overwrite, " (export_saved_model(overwrite=True))")
   require(config.task.name, Servable)  # Before any checkpoint is read.
   from tpu_models.training.trainer import precision_policy
   checkpoint = newest_checkpoint(model_dir, say)
@@ -134,6 +130,40 @@ def export_saved_model(config: config_lib.ExperimentConfig, model_dir: str, outp
   module.model = model
   for name, fn in signatures.items():
     setattr(module, name, fn)
+  with staged_output(output, "a SavedModel", say) as staging:
+    tf.saved_model.save(module, staging, signatures=signatures)
+    config_lib.dump_config(config, os.path.join(staging, "assets.extra", "config.yaml"))
+    with tf.io.gfile.GFile(os.path.join(staging, "assets.extra", "export.json"), "w") as f:
+      json.dump({"checkpoint": checkpoint, "step": step, "model_dir": model_dir,
+                 "signatures": sorted(signatures), "weights": weights}, f, indent=1)
+  what = ", the moving average of its weights" if weights == "moving average" else ""
+  say(f"Exported checkpoint {checkpoint} (step {step}{what}) to {output} "
+      f"(signatures: {', '.join(sorted(signatures))}).")
+  return output
+
+
+def refuse_existing_output(output: str, overwrite: bool, api: str = "") -> None:
+  """A ConfigError when `output` exists and is not an empty directory, unless `overwrite`.
+
+  `api` names the Python argument beside `--overwrite` in the message.
+  """
+  if overwrite or not tf.io.gfile.exists(output):
+    return
+  if not tf.io.gfile.isdir(output) or tf.io.gfile.listdir(output):
+    raise ConfigError(f"Export output {output!r} already exists; pass --overwrite{api} to "
+                      f"replace it, or choose another --output.")
+
+
+@contextlib.contextmanager
+def staged_output(output: str, what: str, say: Callable[[str], None]):
+  """Yields a staging directory (not yet created) beside `output` to write an export into.
+
+  On success the staging directory is put in place of `output` (`_put_in_place`:
+  atomic on a local Linux filesystem); on any failure it is removed and `output` is
+  left as it was. A full disk is a `DiskFullError` naming the free space; `what` (e.g.
+  "a SavedModel") says what was being written. Partial exports of dead processes are
+  removed first, with a notice to `say`.
+  """
   tf.io.gfile.makedirs(_parent(output))
   _remove_abandoned(output, say)
   # Written beside the output first: a failed export never leaves half of one behind.
@@ -141,11 +171,7 @@ def export_saved_model(config: config_lib.ExperimentConfig, model_dir: str, outp
   if tf.io.gfile.exists(staging):
     tf.io.gfile.rmtree(staging)
   try:
-    tf.saved_model.save(module, staging, signatures=signatures)
-    config_lib.dump_config(config, os.path.join(staging, "assets.extra", "config.yaml"))
-    with tf.io.gfile.GFile(os.path.join(staging, "assets.extra", "export.json"), "w") as f:
-      json.dump({"checkpoint": checkpoint, "step": step, "model_dir": model_dir,
-                 "signatures": sorted(signatures), "weights": weights}, f, indent=1)
+    yield staging
     _put_in_place(staging, output)
   except (OSError, tf.errors.OpError) as e:
     if not model_dir_lib.is_disk_full(e):
@@ -155,15 +181,11 @@ def export_saved_model(config: config_lib.ExperimentConfig, model_dir: str, outp
     raise DiskFullError(
         f"No space left on device while exporting to {output} "
         f"({model_dir_lib.free_space(staging)}); the partial export was removed and {kept}. "
-        f"Free some space (a SavedModel of this model takes about as much as one of its "
+        f"Free some space ({what} of this model takes about as much as one of its "
         f"checkpoints) and run the same command again.") from None
   finally:
     if tf.io.gfile.exists(staging):  # A failure, or the old export after an exchange.
       _remove(staging)
-  what = ", the moving average of its weights" if weights == "moving average" else ""
-  say(f"Exported checkpoint {checkpoint} (step {step}{what}) to {output} "
-      f"(signatures: {', '.join(sorted(signatures))}).")
-  return output
 
 
 _PARTIAL = ".partial-"
