@@ -172,7 +172,7 @@ def train_throughput(config: config_lib.ExperimentConfig, *, steps: int = 20, wa
   `trainer.train(steps)` call, its loop set-up and metrics row included, so with few
   steps it is a little more than the steps alone). train_flops_per_example,
   achieved_tflops and mfu are None for a model `forward_flops` cannot trace (no
-  static Keras inputs, e.g. the subclassed Transformer).
+  static Keras inputs, e.g. a subclassed model).
   """
   from tpu_models.training import progress
   from tpu_models.training.trainer import Trainer
