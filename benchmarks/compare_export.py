@@ -118,6 +118,7 @@ class _PeerLiteRT:
   def __init__(self, path: str, threads: int):
     from tpu_models import deploy  # pylint: disable=g-import-not-at-top
     self._interpreter = deploy._litert_interpreter(path, threads=threads)  # pylint: disable=protected-access
+    self.runtime = deploy.litert_runtime_label()
     signature = sorted(self._interpreter.get_signature_list())[0]
     self._runner = self._interpreter.get_signature_runner(signature)
     self.input_name = next(iter(self._runner.get_input_details()))
@@ -227,34 +228,31 @@ def main(argv=None) -> int:
       print(f"round {round_index + 1}: {name}: {latency * 1e3:.2f} ms at batch 1, "
             f"{args.batch / batch:.0f}/s at batch {args.batch}", flush=True)
 
-  rows = []
   baseline = statistics.median(results.get("saved_model", {"latency_ms": [0]})["latency_ms"])
-  for name, runner in runners.items():
+
+  def timed_row(name: str, runtime: str, size_bytes: int) -> dict:
     latency = statistics.median(results[name]["latency_ms"])
-    row = {"format": name, "runtime": runner.runtime,
-           "latency_ms": round(latency, 3),
-           "speedup_vs_saved_model": round(baseline / latency, 2) if baseline else None,
-           "throughput": round(statistics.median(results[name]["throughput"]), 1),
-           "size_bytes": _artefact_size(paths[name], runner.record)}
+    return {"format": name, "runtime": runtime, "latency_ms": round(latency, 3),
+            "speedup_vs_saved_model": round(baseline / latency, 2) if baseline else None,
+            "throughput": round(statistics.median(results[name]["throughput"]), 1),
+            "size_bytes": size_bytes}
+
+  rows = []
+  for name, runner in runners.items():
+    row = timed_row(name, runner.runtime, _artefact_size(paths[name], runner.record))
     if args.accuracy:
       metrics = deploy.evaluate_export(paths[name], config, args.split,
                                        threads=args.threads)["metrics"]
       row["metrics"] = metrics
     rows.append(row)
   if peer is not None:
-    latency = statistics.median(results[KERAS_HUB_ROW]["latency_ms"])
-    row = {"format": KERAS_HUB_ROW, "runtime": rows[0]["runtime"] if rows else "",
-           "latency_ms": round(latency, 3),
-           "speedup_vs_saved_model": round(baseline / latency, 2) if baseline else None,
-           "throughput": round(statistics.median(results[KERAS_HUB_ROW]["throughput"]), 1),
-           "size_bytes": peer_record["bytes"], "peer": peer_record}
+    row = {**timed_row(KERAS_HUB_ROW, peer.runtime, peer_record["bytes"]), "peer": peer_record}
     if "litert" in runners:
       ours = runners["litert"](args.signature, inputs[args.batch])["logits"]
       theirs = next(iter(peer(peer_inputs[args.batch]).values()))
       row["max_abs_logit_diff_vs_litert"] = float(np.max(np.abs(ours - theirs)))
       row["max_abs_logit_vs_litert"] = float(np.max(np.abs(ours)))
       row["top1_agreement_vs_litert"] = float(np.mean(ours.argmax(-1) == theirs.argmax(-1)))
-      row["runtime"] = runners["litert"].runtime
     rows.append(row)
 
   machine = (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {_cpu()}, "

@@ -450,6 +450,18 @@ def litert_runtime() -> str:
     return "tf.lite"
 
 
+def litert_runtime_label(select_tf: bool = False) -> str:
+  """What runs a LiteRT file here (as `_litert_interpreter` picks), with its version.
+
+  E.g. "ai_edge_litert 2.3.0", or "tf.lite 2.21.0" for a model with Select-TF ops.
+  """
+  runtime = "tf.lite" if select_tf else litert_runtime()
+  if runtime == "ai_edge_litert":
+    from importlib import metadata  # pylint: disable=g-import-not-at-top
+    return f"{runtime} {metadata.version('ai-edge-litert')}"
+  return f"{runtime} {tf.__version__}"
+
+
 def _litert_interpreter(path: Optional[str] = None, content: Optional[bytes] = None,
                         threads: Optional[int] = None, select_tf: bool = False):
   """A LiteRT interpreter of a file or bytes: ai_edge_litert's, else TensorFlow's.
@@ -556,12 +568,7 @@ class ExportRunner:
       select_tf = bool(self.record.get("select_tf_ops"))
       self._interpreter = _litert_interpreter(os.path.join(path, self.record["file"]),
                                               threads=threads, select_tf=select_tf)
-      runtime = "tf.lite" if select_tf else litert_runtime()
-      version = tf.__version__
-      if runtime == "ai_edge_litert":
-        from importlib import metadata
-        version = metadata.version("ai-edge-litert")
-      self.runtime = f"{runtime} {version}"
+      self.runtime = litert_runtime_label(select_tf)
       self._runners = {}
     elif self.format == "onnx":
       try:
