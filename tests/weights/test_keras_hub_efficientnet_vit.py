@@ -43,11 +43,14 @@ def _logits(directory, **overrides):
 
 def test_efficientnet_logits_equal_keras_hubs_own():
   directory = os.path.join(FIXTURES, "efficientnet_b0_tiny")
-  # Keras' own BatchNormalization computes exactly as keras-hub's: equal to float rounding.
+  # Keras' own BatchNormalization computes as keras-hub's: equal to float rounding. The
+  # rounding depends on the CPU kind, not only on the code: the AVX2-only CPU that wrote
+  # the fixtures gave <= 1e-5, a 2 vCPU AMD EPYC with AVX-512 4.0e-4 (5.0e-4 with oneDNN
+  # off; logits up to 4.1) at the same commit, so the bound holds on every CPU kind.
   ours, theirs, params = _logits(directory, fused_bn=False)
   assert params["padding"] == "symmetric" and params["bn_epsilon"] == 1e-5
   assert params["width_coefficient"] == 0.25 and np.abs(theirs).max() > 1.0
-  assert np.abs(ours - theirs).max() <= 1e-5
+  assert np.abs(ours - theirs).max() <= 1e-3
   # The fused BN (the default) rounds differently; this narrow net amplifies it
   # (full size: 4.8e-5, benchmarks/README.md).
   ours, _, _ = _logits(directory)
