@@ -6,7 +6,11 @@ setup_venv.sh). As resnet_worker.py, through their own task and Trainer
 the vision factory's ClassificationModel and their backbone,
 
   efficientnet_b0  `efficientnet` backbone, model_id b0, se_ratio 0.25 (the paper's),
-                   no stochastic depth: 5,288,548 trainable parameters at 1000 classes;
+                   no stochastic depth, swish (`norm_activation.activation`: their
+                   default is relu; their EfficientNet experiments set swish, as the
+                   paper, ours and keras-hub's; the squeeze-excitation's inner
+                   activation stays relu, fixed by their factory): 5,288,548 trainable
+                   parameters at 1000 classes;
   vit_b16          `vit` backbone, model_name vit-b16, class-token pooler, no
                    representation layer: 86,567,656,
 
@@ -28,6 +32,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import experiment as ex  # pylint: disable=g-import-not-at-top
 import harness
 
+# Per model, the classification model's `norm_activation` (activation of every conv block).
+NORM_ACTIVATION = {"efficientnet_b0": {"activation": "swish"}, "vit_b16": {}}
 BACKBONES = {
     "efficientnet_b0": {"type": "efficientnet",
                         "efficientnet": {"model_id": "b0", "se_ratio": 0.25,
@@ -49,7 +55,8 @@ def train_step(args) -> dict:
   import task_steps  # pylint: disable=g-import-not-at-top  (TensorFlow: after arg parsing)
   params = task_steps.experiment("image_classification", args, {
       "model": {"num_classes": ex.NUM_CLASSES, "input_size": [ex.IMAGE_SIZE, ex.IMAGE_SIZE, 3],
-                "backbone": BACKBONES[args.model], "dropout_rate": 0.0},
+                "backbone": BACKBONES[args.model], "dropout_rate": 0.0,
+                "norm_activation": NORM_ACTIVATION[args.model]},
       "losses": {"l2_weight_decay": 0.0},
       "train_data": {"input_path": "", "global_batch_size": args.batch, "is_training": True},
   }, momentum=0.9, learning_rate=0.1)
