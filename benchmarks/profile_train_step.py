@@ -71,10 +71,11 @@ def op_times(trace_dir: str, model_name: str):
 
 def table(title: str, counter: collections.Counter, steps: int, top: int) -> str:
   total = sum(counter.values()) or 1
+  shown = counter.most_common(top)
   rows = [f"| {title} | ms per step | share of op time |", "|---|---:|---:|"]
-  for key, ps in counter.most_common(top):
+  for key, ps in shown:
     rows.append(f"| {key} | {ps / 1e9 / steps:.2f} | {100 * ps / total:.1f}% |")
-  rest = total - sum(ps for _, ps in counter.most_common(top))
+  rest = total - sum(ps for _, ps in shown)
   if rest > 0:
     rows.append(f"| (the rest) | {rest / 1e9 / steps:.2f} | {100 * rest / total:.1f}% |")
   rows.append(f"| **all ops** | {total / 1e9 / steps:.2f} | 100% |")
@@ -93,15 +94,13 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
 
   import tensorflow as tf
-  from tpu_models import config as config_lib
   from tpu_models.cli import load_experiment
+  from tpu_models.training.benchmark import measurement_config
   from tpu_models.training.trainer import Trainer
 
   args.model_dir = None
   config, _ = load_experiment(args)  # The CLI's own: --import modules, then the YAML and --set.
-  config = config_lib.override(config, [
-      f"trainer.train_steps={args.warmup + args.steps}", f"trainer.steps_per_loop={10 ** 9}",
-      f"trainer.checkpoint_every={10 ** 9}", "trainer.tensorboard=false"])
+  config = measurement_config(config, args.warmup + args.steps)  # As `tpu-models benchmark`.
   trace_dir = args.trace_dir or tempfile.mkdtemp(prefix="profile_")
   with tempfile.TemporaryDirectory() as run_dir:
     trainer = Trainer(config, run_dir, stream=open(os.devnull, "w"), synthetic_inputs=True)

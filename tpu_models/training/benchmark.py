@@ -157,6 +157,19 @@ def page_faults() -> Optional[int]:
   return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
+def measurement_config(config: config_lib.ExperimentConfig,
+                       total_steps: int) -> config_lib.ExperimentConfig:
+  """`config` for timing `total_steps` train steps through `Trainer`.
+
+  Each `trainer.train(steps=n)` call then runs as one host loop of n steps (so a
+  warm-up call and a measured call are timed apart), and nothing is checkpointed
+  or written to TensorBoard on the way.
+  """
+  return config_lib.override(config, [
+      f"trainer.train_steps={total_steps}", f"trainer.steps_per_loop={10 ** 9}",
+      f"trainer.checkpoint_every={10 ** 9}", "trainer.tensorboard=false"])
+
+
 def train_throughput(config: config_lib.ExperimentConfig, *, steps: int = 20, warmup: int = 5,
                      synthetic: bool = True, model_dir: Optional[str] = None,
                      peak: bool = True) -> Dict[str, float]:
@@ -178,9 +191,7 @@ def train_throughput(config: config_lib.ExperimentConfig, *, steps: int = 20, wa
   from tpu_models.training.trainer import Trainer
   # One host loop of `warmup` steps (tracing), then one of `steps`: the time is
   # the Trainer's own loop timing, without the checkpoint written at the end.
-  overrides = [f"trainer.train_steps={warmup + steps}", f"trainer.steps_per_loop={10 ** 9}",
-               f"trainer.checkpoint_every={10 ** 9}", "trainer.tensorboard=false"]
-  config = config_lib.override(config, overrides)
+  config = measurement_config(config, warmup + steps)
   with tempfile.TemporaryDirectory() as tmp:
     run_dir = model_dir or os.path.join(tmp, "run")
     trainer = Trainer(config, run_dir, stream=open(os.devnull, "w"), synthetic_inputs=synthetic)
