@@ -53,7 +53,8 @@ qkv_kernel", ...). Self-attention keeps Q, K and V in one [d, 3d] kernel
 
 Mixed precision: layers compute in the policy's compute dtype (bfloat16 /
 float16); the attention softmax, LayerNorm statistics and the logits are
-float32.
+float32. LayerNorm and GELU are Keras' in value, with hand-written gradients
+(`fused.py`: the step of a small model is bound by elementwise passes).
 
 Decoding (`translate`, `generate`) is pure TF with static shapes: a
 pre-allocated key/value cache [batch, heads, max_length, depth] per layer,
@@ -71,6 +72,7 @@ import tensorflow as tf
 
 from tpu_models.text import attention as attention_ops
 from tpu_models.text import beam_search as beam_search_ops
+from tpu_models.text import fused
 from tpu_models.builders import preset
 from tpu_models.text.inputs import EOS_ID, PAD_ID
 from tpu_models.registry import register_model
@@ -403,7 +405,8 @@ class FeedForward(_Layer):
     self.hidden_size = hidden_size
     self.filter_size = filter_size
     self.activation_name = activation
-    self.activation = keras.activations.get(activation)
+    # The exact GELU with its one-pass gradient (tpu_models/text/fused.py).
+    self.activation = fused.gelu if activation == "gelu" else keras.activations.get(activation)
     self.dropout = keras.layers.Dropout(activation_dropout, name="activation_dropout")
     self.activation_dropout = activation_dropout
 
@@ -440,7 +443,7 @@ class _Sublayer(_Layer):
     self.dropout_rate = dropout
 
   def _norm(self, name: str) -> keras.layers.LayerNormalization:
-    return keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name=name)
+    return fused.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name=name)
 
   def _build_norms(self, norms):
     for norm in norms:
@@ -603,7 +606,7 @@ def _check_ids(features: Dict[str, tf.Tensor], key: str) -> tf.Tensor:
 
 
 def _stack_norm(name: str) -> keras.layers.LayerNormalization:
-  return keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name=name)
+  return fused.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name=name)
 
 
 class _TransformerBase(keras.Model):
