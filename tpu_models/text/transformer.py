@@ -432,6 +432,14 @@ class FeedForward(_Layer):
     return _dense(h, _cast(self.outer_kernel, dtype)) + _cast(self.outer_bias, dtype)
 
 
+def norm_layer(name: str) -> keras.layers.LayerNormalization:
+  """The family's LayerNorm (epsilon 1e-6, last axis; hand-written gradient, fused.py).
+
+  Every block's and stack's norm, and ViT's, is built here.
+  """
+  return fused.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name=name)
+
+
 class _Sublayer(_Layer):
   """Shared residual wiring: pre-LN x + f(LN(x)), or post-LN LN(x + f(x))."""
 
@@ -441,9 +449,6 @@ class _Sublayer(_Layer):
     self.pre_layer_norm = pre_layer_norm
     self.residual_dropout = keras.layers.Dropout(dropout, name="residual_dropout")
     self.dropout_rate = dropout
-
-  def _norm(self, name: str) -> keras.layers.LayerNormalization:
-    return fused.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name=name)
 
   def _build_norms(self, norms):
     for norm in norms:
@@ -474,14 +479,14 @@ class DecoderLayer(_Sublayer):
     super().__init__(hidden_size, dropout, pre_layer_norm, **kwargs)
     self.self_attention = MultiHeadAttention(hidden_size, num_heads, True, attention_dropout,
                                              use_bias=attention_bias, name="self_attention")
-    self.self_attention_norm = self._norm("self_attention_norm")
+    self.self_attention_norm = norm_layer("self_attention_norm")
     self.has_cross_attention = cross_attention
     if cross_attention:
       self.cross_attention = MultiHeadAttention(hidden_size, num_heads, False, attention_dropout,
                                                 use_bias=attention_bias, name="cross_attention")
-      self.cross_attention_norm = self._norm("cross_attention_norm")
+      self.cross_attention_norm = norm_layer("cross_attention_norm")
     self.ffn = FeedForward(hidden_size, filter_size, activation, activation_dropout, name="ffn")
-    self.ffn_norm = self._norm("ffn_norm")
+    self.ffn_norm = norm_layer("ffn_norm")
 
   def build(self, input_shape=None):
     self.self_attention.build()
@@ -603,10 +608,6 @@ def _check_ids(features: Dict[str, tf.Tensor], key: str) -> tf.Tensor:
     raise ValueError(f"Feature {key!r} must be an int tensor [batch, length], got "
                      f"{ids.dtype.name} of shape {ids.shape}.")
   return ids
-
-
-def _stack_norm(name: str) -> keras.layers.LayerNormalization:
-  return fused.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name=name)
 
 
 class _TransformerBase(keras.Model):
@@ -754,8 +755,8 @@ class TransformerModel(_TransformerBase):
                                        for i in range(num_encoder_layers)])
     self._set_layers("decoder_layer", [DecoderLayer(**layer_kwargs, name=f"decoder_layer_{i}")
                                        for i in range(num_decoder_layers)])
-    self.encoder_norm = _stack_norm("encoder_norm")
-    self.decoder_norm = _stack_norm("decoder_norm")
+    self.encoder_norm = norm_layer("encoder_norm")
+    self.decoder_norm = norm_layer("decoder_norm")
     self.build()
 
   @property
@@ -957,7 +958,7 @@ class TransformerLM(_TransformerBase):
                                                     cross_attention=False,
                                                     name=f"decoder_layer_{i}")
                                        for i in range(num_layers)])
-    self.decoder_norm = _stack_norm("decoder_norm")
+    self.decoder_norm = norm_layer("decoder_norm")
     self.build()
 
   def build(self, input_shape=None):

@@ -52,8 +52,7 @@ import tensorflow as tf
 from tpu_models.builders import preset
 from tpu_models.errors import ConfigError
 from tpu_models.registry import register_model
-from tpu_models.text import fused
-from tpu_models.text.transformer import LAYER_NORM_EPSILON, EncoderLayer
+from tpu_models.text.transformer import EncoderLayer, norm_layer
 
 POOLINGS = ("token", "gap")
 
@@ -239,7 +238,7 @@ def vit(*,
                      attention_dropout=attention_dropout_rate, activation_dropout=0.0,
                      activation="gelu", pre_layer_norm=True, attention_bias=True,
                      name=f"encoder_layer_{i}")(x, None)
-  x = fused.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name="encoder_norm")(x)
+  x = norm_layer("encoder_norm")(x)
   # The head runs in float32 under mixed precision, as ResNet's.
   if pooling == "token":
     x = keras.layers.Cropping1D((0, x.shape[1] - 1), name="class_token_output",
