@@ -18,6 +18,12 @@ computes in bfloat16 (faster on CPUs with AMX; benchmarks/classification/pointwi
 (non-oneDNN) CPU kernel for the input gradient where a faster formulation of the
 same product exists (`conv2d_eigen_gradients`); PointwiseConv2D in float32 uses it too.
 
+`DepthwiseConv2D` is Keras' depthwise convolution that, computing in bfloat16 in
+a process with no accelerator, runs in float32: TensorFlow's bfloat16 depthwise
+kernels (and their gradients) are several times slower than its float32 ones on
+CPUs (the Fashion-MNIST EfficientNet-B0 train step in bfloat16: 1.8x faster,
+benchmarks/README.md).
+
 `StochasticDepth` drops a residual branch per example in training (EfficientNet's
 "drop connect"); any residual network can use it.
 """
@@ -223,6 +229,58 @@ class PointwiseConv2D(keras.layers.Conv2D):
 
   def get_config(self):
     return {**super().get_config(), "as_matmul": self.as_matmul}
+
+
+_ACCELERATOR_FREE = None
+
+
+def _accelerator_free() -> bool:
+  """Whether this process sees no GPU and no TPU: its ops all run on the CPU."""
+  global _ACCELERATOR_FREE
+  if _ACCELERATOR_FREE is None:
+    _ACCELERATOR_FREE = not (tf.config.list_logical_devices("GPU")
+                             or tf.config.list_logical_devices("TPU"))
+  return _ACCELERATOR_FREE
+
+
+@keras.saving.register_keras_serializable(package="tpu_models")
+class DepthwiseConv2D(keras.layers.DepthwiseConv2D):
+  """A `keras.layers.DepthwiseConv2D` that runs in float32 where bfloat16 is slow.
+
+  Same constructor, variables (kernel [k, k, C, multiplier], optional bias),
+  config and outputs' dtype as the parent. When the layer computes in bfloat16 in
+  a process with no GPU or TPU (`mixed_bfloat16` on a CPU), the convolution, bias
+  and activation run in float32 on the float32 variables and the result is cast
+  to bfloat16: TensorFlow's CPU depthwise kernels are much slower in bfloat16 (at
+  224 px, batch 8, EfficientNet-B0's whole train step takes 1.3x the time of the
+  float32-depthwise one). On accelerators, and in float32, it computes as the parent.
+
+  Call: inputs [B, H, W, C] (channels_last) of any float dtype -> [B, h, w,
+  C * depth_multiplier] of the compute dtype.
+  """
+
+  def add_weight(self, *args, **kwargs):
+    # Read as stored (float32, not autocast to bfloat16): `call` casts them, once,
+    # to the dtype the convolution runs in.
+    return super().add_weight(*args, **{**kwargs, "autocast": False})
+
+  def _runs_in_float32(self) -> bool:
+    return self.compute_dtype == "bfloat16" and _accelerator_free()
+
+  def call(self, inputs):
+    dtype = "float32" if self._runs_in_float32() else self.compute_dtype
+    outputs = keras.ops.depthwise_conv(
+        keras.ops.cast(inputs, dtype), keras.ops.cast(self.kernel, dtype),
+        strides=self.strides, padding=self.padding, dilation_rate=self.dilation_rate,
+        data_format=self.data_format)
+    if self.use_bias:
+      bias = keras.ops.cast(self.bias, dtype)
+      if self.data_format == "channels_first":
+        bias = keras.ops.reshape(bias, (1, -1) + (1,) * self.rank)
+      outputs = outputs + bias
+    if self.activation is not None:
+      outputs = self.activation(outputs)
+    return keras.ops.cast(outputs, self.compute_dtype)
 
 
 @keras.saving.register_keras_serializable(package="tpu_models")

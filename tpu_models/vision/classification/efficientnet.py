@@ -69,7 +69,8 @@ from tpu_models.builders import preset
 from tpu_models.errors import ConfigError
 from tpu_models.registry import register_model
 from tpu_models.vision.classification.resnet import PADDINGS  # As ResNet's (module docstring).
-from tpu_models.vision.layers import BatchNormFactory, EigenConv2D, PointwiseConv2D, StochasticDepth
+from tpu_models.vision.layers import (BatchNormFactory, DepthwiseConv2D, EigenConv2D, PointwiseConv2D,
+                                     StochasticDepth)
 
 
 class _BlockGroup(NamedTuple):
@@ -179,7 +180,7 @@ def _mbconv_block(x, *, kernel_size: int, strides: int, expand_ratio: int,
     x = _conv(filters, 1, 1, f"{prefix}_expand_conv", pointwise_matmul)(x)
     x = bn(f"{prefix}_expand_bn")(x)
     x = _swish(f"{prefix}_expand_activation")(x)
-  x = _padded(keras.layers.DepthwiseConv2D, kernel_size, strides, padding, f"{prefix}_dwconv",
+  x = _padded(DepthwiseConv2D, kernel_size, strides, padding, f"{prefix}_dwconv",
               use_bias=False,
               depthwise_initializer=keras.initializers.VarianceScaling(**_CONV_INIT))(x)
   x = bn(f"{prefix}_bn")(x)
