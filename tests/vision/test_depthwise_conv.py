@@ -56,19 +56,24 @@ def test_variables_and_config_are_keras_own():
   assert again.strides == (2, 2) and again.depth_multiplier == 2
 
 
-def test_bfloat16_on_a_cpu_computes_in_float32(monkeypatch):
-  monkeypatch.setattr(layers, "_ACCELERATOR_FREE", True)
-  ours, theirs_float32 = _pair("mixed_bfloat16")
+def _bfloat16_call(monkeypatch, accelerator_free: bool):
+  """Ours and Keras' mixed_bfloat16 layers, the bfloat16 inputs, and our outputs on them."""
+  monkeypatch.setattr(layers, "_ACCELERATOR_FREE", accelerator_free)
+  ours, theirs = _pair("mixed_bfloat16")
   x = _inputs("bfloat16")
   y = ours(x)
   assert y.dtype == tf.bfloat16
+  return ours, theirs, x, y
+
+
+def test_bfloat16_on_a_cpu_computes_in_float32(monkeypatch):
+  ours, theirs, x, y = _bfloat16_call(monkeypatch, accelerator_free=True)
   # The same float32 arithmetic on the float32 weights and the bfloat16 inputs, rounded once.
   reference, _ = _pair("float32")
   expected = tf.cast(reference(tf.cast(x, tf.float32)), tf.bfloat16)
   np.testing.assert_array_equal(tf.cast(y, tf.float32), tf.cast(expected, tf.float32))
   # Keras' bfloat16 layer rounds the kernel and every partial result: a different answer.
-  keras_bf16 = theirs_float32(x)
-  assert not np.array_equal(tf.cast(keras_bf16, tf.float32), tf.cast(y, tf.float32))
+  assert not np.array_equal(tf.cast(theirs(x), tf.float32), tf.cast(y, tf.float32))
   # The kernel's gradient is float32 (the variable's own dtype) and not zero.
   with tf.GradientTape() as tape:
     loss = tf.reduce_sum(tf.cast(ours(x), tf.float32))
@@ -77,11 +82,7 @@ def test_bfloat16_on_a_cpu_computes_in_float32(monkeypatch):
 
 
 def test_bfloat16_with_an_accelerator_is_keras_bfloat16(monkeypatch):
-  monkeypatch.setattr(layers, "_ACCELERATOR_FREE", False)
-  ours, theirs = _pair("mixed_bfloat16")
-  x = _inputs("bfloat16")
-  y = ours(x)
-  assert y.dtype == tf.bfloat16
+  _, theirs, x, y = _bfloat16_call(monkeypatch, accelerator_free=False)
   np.testing.assert_array_equal(tf.cast(y, tf.float32), tf.cast(theirs(x), tf.float32))
 
 
