@@ -9,7 +9,9 @@ subprocess tests (resume, SIGTERM, multi-worker) use:
 
 import dataclasses
 import os
+import signal
 import sys
+import time
 
 import keras
 import numpy as np
@@ -66,6 +68,13 @@ class ToyTaskConfig(TaskConfig):
   nan_example: int = -1  # Index of a training example whose features are NaN.
   data_seed: int = 0
   host_metrics: bool = False  # Also compute metrics on the host from gathered eval outputs.
+  # Fault injection for the process tests (tests/sweep): seconds each training batch takes,
+  # and a SIGKILL of the training process after the evaluation of `kill_at_step` (once
+  # per `kill_marker` file in the model_dir, which the kill creates first; every time
+  # when it is "").
+  batch_delay_seconds: float = 0.0
+  kill_at_step: int = -1
+  kill_marker: str = ""
 
 
 def toy_arrays(n: int, seed: int):
@@ -89,9 +98,26 @@ class ToyTask(Task):
     dataset = tf.data.Dataset.from_tensor_slices({"x": x, "y": y})
     if input_context is not None:
       dataset = dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-    return pipeline.build_dataset(
+    dataset = pipeline.build_dataset(
         cfg, lambda e: (e["x"], e["y"]), training=split == "train",
         input_context=input_context, dataset=dataset)
+    delay = self.config.batch_delay_seconds
+    if split == "train" and delay > 0:
+      def slowly(x, y):
+        slowed = tf.numpy_function(lambda a: (time.sleep(delay), a)[1], [x], tf.float32,
+                                   stateful=True)
+        return tf.ensure_shape(slowed, x.shape), y
+      dataset = dataset.map(slowly)
+    return dataset
+
+  def write_eval_artifacts(self, state, *, model_dir, step, split, tensorboard=True):
+    marker = self.config.kill_marker and os.path.join(model_dir, self.config.kill_marker)
+    if step == self.config.kill_at_step and split == "eval" and not (
+        marker and os.path.exists(marker)):
+      if marker:
+        open(marker, "w").close()
+      os.kill(os.getpid(), signal.SIGKILL)
+    return []
 
   def loss(self, labels, outputs):
     return keras.losses.sparse_categorical_crossentropy(labels, outputs, from_logits=True)

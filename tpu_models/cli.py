@@ -9,6 +9,7 @@
     tpu-models evaluate-export out --split test     # its metrics through its own runtime
     tpu-models migrate model-garden CONFIG --checkpoint MG_CKPT --output runs/from_mg
     tpu-models weights list; tpu-models weights import NAME FILE_OR_DIR --output MODEL_DIR
+    tpu-models sweep SWEEP.yaml [--address auto] [--export-best --format litert] [--report]
 
 This module holds the generic commands only. Every family (tpu_models/registry.py:
 `Family.cli`) contributes the rest from its own CLI module, which may define
@@ -145,6 +146,36 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--steps", type=int, default=20, help="timed steps")
   p.add_argument("--warmup", type=int, default=5, help="untimed steps (compilation)")
   p.add_argument("--real-data", action="store_true", help="use the config's data, not synthetic")
+
+  p = sub.add_parser(
+      "sweep", help="train variants of an experiment on Ray Tune (this machine or a Ray "
+                    "cluster), rank them, export the best (docs/sweeps.md)")
+  p.add_argument("sweep_file", metavar="SWEEP",
+                 help="sweep YAML: an experiment with a 'sweep:' section (search space, "
+                      "trials, scheduler); run again to resume it")
+  p.add_argument("--address", default=None,
+                 help="run the trials on an existing Ray cluster: 'auto' (this machine is in "
+                      "it) or ray://HOST:PORT (default: start Ray on this machine)")
+  p.add_argument("--report", action="store_true",
+                 help="print the leaderboard of the sweep as it stands and write "
+                      "leaderboard.csv and curves.png, without running it")
+  p.add_argument("--export-best", action="store_true",
+                 help="export the best trial by the validation metric and score it once on "
+                      "the test split (after the sweep, or with --report as it stands)")
+  p.add_argument("--format", dest="export_format", default="saved_model",
+                 choices=("saved_model", "litert", "litert-int8", "onnx"),
+                 help="with --export-best: the export format (default saved_model)")
+  p.add_argument("--output", default=None,
+                 help="with --export-best: the export directory (default SWEEP_DIR/best/FORMAT)")
+  p.add_argument("--overwrite", action="store_true",
+                 help="with --export-best: replace an existing --output")
+  p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                 help="override a key of every trial's experiment, or of the sweep section "
+                      "(sweep.trials=4); repeatable")
+  p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                 help="import a module that registers your own models, tasks or datasets "
+                      "(also in every trial; repeatable)")
+  p.set_defaults(run=_sweep, option_dests=[])
 
   p = sub.add_parser("convert", help="write TFRecords from other formats (sources: see "
                                      "`tpu-models convert --help`)")
@@ -423,6 +454,48 @@ def _benchmark(args) -> int:
                                       synthetic=not args.real_data, model_dir=args.model_dir)
   print(benchmark.format_result(result))
   return 0
+
+
+def _sweep(args) -> int:
+  from tpu_models.sweep import results, spec
+  sweep = spec.load_sweep(args.sweep_file, args.overrides, extra_imports=args.imports)
+  if not args.report:
+    try:
+      from tpu_models.sweep import driver
+    except ImportError as e:
+      if not (e.name or "").startswith("ray"):
+        raise
+      from tpu_models.errors import MissingExtraError
+      raise MissingExtraError("tpu-models sweep runs its trials on Ray Tune, which is not "
+                              "installed: pip install 'tpu-models[sweep]' (or 'ray[tune]').") from None
+    driver.run_sweep(sweep, address=args.address)
+  ended = _sweep_report(sweep.directory)
+  if args.export_best:
+    from tpu_models.sweep import best
+    best.export_best(sweep.directory, args.export_format, output=args.output,
+                     overwrite=args.overwrite, say=lambda line: print(line, flush=True))
+  return 0 if ended or args.report else 1
+
+
+def _sweep_report(directory: str) -> int:
+  """Prints the leaderboard and the overhead; writes leaderboard.csv and curves.png.
+
+  Returns how many trials ended (done or stopped)."""
+  from tpu_models.sweep import files, results
+  rows, record = results.collect(directory)
+  print(results.leaderboard_text(rows, record), end="", flush=True)
+  written = [results.write_csv(rows, record, os.path.join(directory, files.LEADERBOARD_CSV))]
+  png = results.plot_curves(rows, record, os.path.join(directory, files.CURVES_PNG))
+  written += [png] if png else []
+  cost = results.overhead(directory, rows)
+  if cost.get("training_seconds"):
+    print(f"Sweep machinery {cost['machinery_seconds']:.0f} s (Ray start-up "
+          f"{cost['ray_start_seconds']:.0f} s, idle slots while trials waited, reporting "
+          f"{cost['report_seconds']:.1f} s) = {cost['fraction']:.1%} of the trials' "
+          f"{cost['training_seconds'] / 60:.1f} min of training; wall "
+          f"{cost['wall_seconds'] / 60:.1f} min.")
+  print(f"Wrote {', '.join(written)}.", flush=True)
+  return sum(row.state in ("done", "stopped") for row in rows)
 
 
 _GENERIC_COMMANDS: Dict[str, Callable[[Any], int]] = {

@@ -20,7 +20,7 @@ import math
 import os
 import types
 import typing
-from typing import Any, Dict, Iterable, List, Optional, Union
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import yaml
 
@@ -541,8 +541,19 @@ def _unknown_key_message(key: str, path: str, valid: Iterable[str], what: str = 
 # Files and overrides.
 
 
-def parse_override(override: str):
-  """'trainer.optimizer.momentum=0.8' -> (['trainer', 'optimizer', 'momentum'], 0.8)."""
+# An override: "key.sub=value" (the value read as YAML) or a ("key.sub", value) pair whose
+# value is used as it is (e.g. a sweep's sampled values).
+Override = Union[str, Tuple[str, Any]]
+
+
+def parse_override(override: Override):
+  """'trainer.optimizer.momentum=0.8' (or ('trainer.optimizer.momentum', 0.8))
+  -> (['trainer', 'optimizer', 'momentum'], 0.8)."""
+  if isinstance(override, tuple):
+    key, value = override
+    if not key or any(not part for part in key.split(".")):
+      raise ConfigError(f"Config key {key!r} has an empty part.")
+    return key.split("."), value
   if "=" not in override:
     raise ConfigError(f"Override {override!r} must look like key.sub=value.")
   key, raw = override.split("=", 1)
@@ -556,7 +567,12 @@ def parse_override(override: str):
   return key.split("."), value
 
 
-def apply_overrides(data: dict, overrides: Iterable[str]) -> dict:
+def override_key(override: Override) -> str:
+  """The dotted key an override sets."""
+  return override[0] if isinstance(override, tuple) else override.split("=", 1)[0].strip()
+
+
+def apply_overrides(data: dict, overrides: Iterable[Override]) -> dict:
   """Sets dotted keys in plain config data; validation happens in from_dict."""
   for override in overrides:
     keys, value = parse_override(override)
@@ -566,14 +582,14 @@ def apply_overrides(data: dict, overrides: Iterable[str]) -> dict:
       if child is None:
         child = node[key] = {}
       if not isinstance(child, dict):
-        raise ConfigError(f"Override {override!r}: '{'.'.join(keys[:i + 1])}' is a value, "
-                          f"not a section.")
+        raise ConfigError(f"Override {override_key(override)!r}: '{'.'.join(keys[:i + 1])}' is a "
+                          f"value, not a section.")
       node = child
     node[keys[-1]] = value
   return data
 
 
-def experiment_from_dict(data: dict, overrides: Iterable[str] = ()) -> ExperimentConfig:
+def experiment_from_dict(data: dict, overrides: Iterable[Override] = ()) -> ExperimentConfig:
   """An ExperimentConfig from plain data, with `key.sub=value` overrides applied.
 
   Overrides apply on top of the defaults (so `task.model.depth=18` works when the
@@ -582,7 +598,7 @@ def experiment_from_dict(data: dict, overrides: Iterable[str] = ()) -> Experimen
   """
   import copy
   overrides = list(overrides)
-  renames = [o for o in overrides if o.split("=", 1)[0].strip().split(".")[-1] == "name"]
+  renames = [o for o in overrides if override_key(o).split(".")[-1] == "name"]
   rest = [o for o in overrides if o not in renames]
   config = from_dict(ExperimentConfig, apply_overrides(copy.deepcopy(data or {}), renames))
   if rest:
@@ -590,12 +606,12 @@ def experiment_from_dict(data: dict, overrides: Iterable[str] = ()) -> Experimen
   return validate(config)
 
 
-def load_config(path: str, overrides: Iterable[str] = ()) -> ExperimentConfig:
+def load_config(path: str, overrides: Iterable[Override] = ()) -> ExperimentConfig:
   """Reads an experiment YAML (following `base:` includes) and applies overrides."""
-  return experiment_from_dict(_read_yaml(path), overrides)
+  return experiment_from_dict(read_experiment_data(path), overrides)
 
 
-def override(config: ExperimentConfig, overrides: Iterable[str]) -> ExperimentConfig:
+def override(config: ExperimentConfig, overrides: Iterable[Override]) -> ExperimentConfig:
   """A new config with `key.sub=value` overrides applied to `config`."""
   return experiment_from_dict(to_dict(config), overrides)
 
@@ -611,8 +627,9 @@ def dump_config(config, path: Optional[str] = None) -> str:
   return text
 
 
-def _read_yaml(path: str, included_by: tuple = ()) -> dict:
-  """The plain data of experiment file `path`, its `base:` chain merged in.
+def read_experiment_data(path: str, included_by: tuple = ()) -> dict:
+  """The plain data of experiment file `path`, its `base:` chain merged in (a base's path is
+  relative to the file naming it).
 
   `included_by`: the files whose `base:` led here, outermost first (to name a cycle).
   """
@@ -638,7 +655,7 @@ def _read_yaml(path: str, included_by: tuple = ()) -> dict:
   if os.path.realpath(parent) in {os.path.realpath(p) for p in chain}:
     raise ConfigError(f"Config key 'base' in {path} makes a cycle: "
                       f"{' -> '.join(chain + (parent,))}.")
-  return _deep_merge(_read_yaml(parent, chain), data)
+  return _deep_merge(read_experiment_data(parent, chain), data)
 
 
 def _deep_merge(base: dict, update: dict) -> dict:

@@ -105,6 +105,14 @@ def _holder_alive(holder: dict) -> bool:
   return recorded is None or _process_start(pid) in (None, recorded)
 
 
+def lock_is_held(model_dir: str) -> bool:
+  """Whether a live process trains `model_dir` now (a holder on another host counts as live)."""
+  holder = _read(os.path.join(model_dir, LOCK_FILE))
+  if not holder:
+    return False
+  return holder.get("host") != socket.gethostname() or _holder_alive(holder)
+
+
 def _describe(holder: dict) -> str:
   return (f"pid {holder.get('pid')} on host {holder.get('host')}, started "
           f"{holder.get('started', 'at an unknown time')}")

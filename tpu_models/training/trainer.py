@@ -35,7 +35,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import keras
 import numpy as np
@@ -100,11 +100,17 @@ class Trainer:
     stream: where progress lines go (default stdout).
     synthetic_inputs: feed `task.synthetic_inputs` (for throughput measurements).
     allow_model_change: resume a model_dir whose saved config names another model.
+    on_evaluation: called on the chief after every reported evaluation as
+      `on_evaluation(step, split, metrics)` (e.g. a sweep reporting to its scheduler).
+      When `trainer.checkpoint_every` divides `trainer.eval_every` it runs after the
+      checkpoint of that step, so an exception it raises (a scheduler stopping the
+      run) loses no training.
   """
 
   def __init__(self, config: ExperimentConfig, model_dir: str, *, task: Optional[Task] = None,
                strategy: Optional[tf.distribute.Strategy] = None, stream=None,
-               synthetic_inputs: bool = False, allow_model_change: bool = False):
+               synthetic_inputs: bool = False, allow_model_change: bool = False,
+               on_evaluation: Optional[Callable[[int, str, Dict[str, float]], None]] = None):
     self.config = validate(config)
     self._config_warnings = config_warnings(config)
     self.model_dir = model_dir
@@ -118,6 +124,7 @@ class Trainer:
     self.jit_compile = (runtime.jit_compile if runtime.jit_compile is not None
                         else self.device == "tpu")
     self._stream = stream
+    self._on_evaluation = on_evaluation
     self._synthetic_inputs = synthetic_inputs
     # runtime.mixed_precision with `auto` resolved for this hardware (logged with its reason).
     self.mixed_precision, precision_reason = precision.resolve_precision(
@@ -407,6 +414,11 @@ class Trainer:
         f"No space left on device while saving checkpoint {prefix} "
         f"({model_dir_lib.free_space(self.model_dir)}); the unfinished save was removed. "
         f"{kept}")
+
+  @property
+  def training_seconds(self) -> float:
+    """Seconds this run has trained so far, over every resume (evaluations during training count)."""
+    return self._elapsed()
 
   def _elapsed(self) -> float:
     if self._run_start is None:
@@ -834,6 +846,8 @@ class Trainer:
     if self.chief:  # The task's pictures etc. of this evaluation (Task.write_eval_artifacts).
       self.task.write_eval_artifacts(state, model_dir=self.model_dir, step=self.current_step,
                                      split=split, tensorboard=self.config.trainer.tensorboard)
+    if self.chief and self._on_evaluation is not None:
+      self._on_evaluation(self.current_step, split, dict(metrics))
     return metrics
 
   def _check_target(self, metrics: Dict[str, float]) -> bool:

@@ -1,0 +1,110 @@
+"""Shared helpers of the sweep tests: `tpu-models sweep` in a subprocess with its own Ray.
+
+Each sweep runs in a process of its own with RAY_TMPDIR set to a fresh short folder
+(Ray's socket paths must stay short), and every process whose command line names
+that folder is killed afterwards: a SIGKILLed driver leaves Ray's agents behind.
+"""
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(HERE)
+REPO = os.path.dirname(TESTS)
+TOY_SWEEP = os.path.join(HERE, "toy_sweep.yaml")
+
+
+@contextlib.contextmanager
+def ray_sandbox():
+  """A fresh RAY_TMPDIR; afterwards every process started under it is killed."""
+  folder = tempfile.mkdtemp(prefix="rt", dir="/tmp")
+  try:
+    yield folder
+  finally:
+    kill_processes_naming(folder)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def kill_processes_naming(text: str) -> None:
+  """SIGKILLs every process whose command line or environment mentions `text`."""
+  for pid in os.listdir("/proc"):
+    if not pid.isdigit() or int(pid) == os.getpid():
+      continue
+    try:
+      with open(f"/proc/{pid}/cmdline", "rb") as f:
+        cmdline = f.read()
+      with open(f"/proc/{pid}/environ", "rb") as f:
+        environ = f.read()
+    except OSError:
+      continue
+    if text.encode() in cmdline or f"RAY_TMPDIR={text}".encode() in environ:
+      try:
+        os.kill(int(pid), signal.SIGKILL)
+      except OSError:
+        pass
+
+
+def sweep_env(ray_tmp: str) -> dict:
+  return dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, REPO]), TF_CPP_MIN_LOG_LEVEL="3",
+              RAY_TMPDIR=ray_tmp, RAY_DEDUP_LOGS="0")
+
+
+def sweep_command(*args) -> list:
+  return [sys.executable, "-m", "tpu_models.cli", "sweep", *args]
+
+
+def run_sweep(ray_tmp: str, *args, timeout: float = 300) -> subprocess.CompletedProcess:
+  """`tpu-models sweep ARGS` run from tests/ (where toy_task is), to its end."""
+  return subprocess.run(sweep_command(*args), cwd=TESTS, env=sweep_env(ray_tmp),
+                        capture_output=True, text=True, timeout=timeout)
+
+
+def start_sweep(ray_tmp: str, *args, log_path: str) -> subprocess.Popen:
+  log = open(log_path, "w")
+  return subprocess.Popen(sweep_command(*args), cwd=TESTS, env=sweep_env(ray_tmp), stdout=log,
+                          stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for(predicate, timeout: float, what: str, process=None, log_path=None):
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    value = predicate()
+    if value:
+      return value
+    if process is not None and process.poll() is not None:
+      break
+    time.sleep(0.2)
+  output = open(log_path).read()[-3000:] if log_path else ""
+  raise AssertionError(f"timed out waiting for {what}\n{output}")
+
+
+def trial_records(directory: str) -> dict:
+  """{trial id: its trial.json} of a sweep directory."""
+  root = os.path.join(directory, "trials")
+  records = {}
+  for trial in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+    path = os.path.join(root, trial, "trial.json")
+    if os.path.exists(path):
+      with open(path) as f:
+        try:
+          records[trial] = json.load(f)
+        except ValueError:
+          pass
+  return records
+
+
+def metric_rows(model_dir: str) -> list:
+  with open(os.path.join(model_dir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def checkpoints(model_dir: str) -> list:
+  return sorted(int(name[5:-6]) for name in os.listdir(model_dir)
+                if name.startswith("ckpt-") and name.endswith(".index"))
