@@ -147,6 +147,9 @@ def _init_ray(ray, address: Optional[str]) -> None:
     if address:
       ray.init(address=address, **common)
     else:
+      # Ray starts workers at niceness 15 so that its own daemons keep priority on a
+      # dedicated node; on a shared machine that starves the trials, which are the work.
+      os.environ.setdefault("RAY_worker_niceness", "0")
       ray.init(num_cpus=os.cpu_count(), include_dashboard=False,
                object_store_memory=LOCAL_OBJECT_STORE_BYTES, **common)
   except ConnectionError as e:
