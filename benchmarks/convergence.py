@@ -35,7 +35,6 @@ import dataclasses
 import datetime
 import fnmatch
 import glob
-import importlib
 import json
 import os
 import platform
@@ -119,18 +118,6 @@ def _matches(name: str, pattern: str) -> bool:
   if any(c in pattern for c in "*?["):
     return fnmatch.fnmatch(name, pattern)
   return pattern in name
-
-
-def import_modules(modules: List[str]) -> None:
-  """Imports `--import` modules as the CLI does (the current directory on the path)."""
-  if modules and os.getcwd() not in sys.path:
-    sys.path.insert(0, os.getcwd())
-  for module in modules:
-    try:
-      importlib.import_module(module)
-    except ImportError as e:
-      raise ValueError(f"--import {module}: {e}. Run from the directory that holds the module "
-                       f"or add it to PYTHONPATH.") from None
 
 
 def load_experiment(path: str, name: str, overrides: List[str], require_expect: bool) -> Experiment:
@@ -440,9 +427,10 @@ def main(argv=None) -> int:
     parser.error("give one of: CONFIG, --all, --list")
 
   sys.path.insert(0, REPO)
+  from tpu_models import registry
   from tpu_models.config import ConfigError
   try:
-    import_modules(args.imports)
+    registry.import_modules(args.imports)
     if args.config:
       experiments = [load_experiment(args.config, experiment_name(args.config), args.overrides,
                                      require_expect=False)]

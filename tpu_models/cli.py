@@ -42,12 +42,19 @@ def add_config_args(parser: argparse.ArgumentParser, model_dir_required: bool = 
   parser.add_argument("--model-dir", required=model_dir_required,
                       help="checkpoints, config.yaml, metrics.jsonl and TensorBoard summaries "
                            "(default: runs/<config name>)")
+  add_override_args(parser)
+
+
+def add_override_args(parser: argparse.ArgumentParser,
+                      set_help: str = "override a config value, e.g. --set "
+                                      "trainer.train_steps=100 (repeatable)",
+                      import_help: str = "") -> None:
+  """--set KEY=VALUE (into `args.overrides`) and --import MODULE (into `args.imports`)."""
   parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                      help="override a config value, e.g. --set trainer.train_steps=100 "
-                           "(repeatable)")
+                      help=set_help)
   parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                       help="import a module that registers your own models, tasks or datasets "
-                           "(repeatable; the current directory is on the path)")
+                           f"(repeatable; the current directory is on the path{import_help})")
 
 
 class _OptionRecorder:
@@ -169,12 +176,9 @@ def _parser() -> argparse.ArgumentParser:
                  help="with --export-best: the export directory (default SWEEP_DIR/best/FORMAT)")
   p.add_argument("--overwrite", action="store_true",
                  help="with --export-best: replace an existing --output")
-  p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                 help="override a key of every trial's experiment, or of the sweep section "
-                      "(sweep.trials=4); repeatable")
-  p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
-                 help="import a module that registers your own models, tasks or datasets "
-                      "(also in every trial; repeatable)")
+  add_override_args(p, set_help="override a key of every trial's experiment, or of the sweep "
+                                 "section (sweep.trials=4); repeatable",
+                    import_help="; every trial imports it too")
   p.set_defaults(run=_sweep, option_dests=[])
 
   p = sub.add_parser("convert", help="write TFRecords from other formats (sources: see "
@@ -242,15 +246,8 @@ def _version() -> str:
 def load_experiment(args):
   """(config, model_dir) of an experiment command's args, after its --import modules."""
   from tpu_models import config as config_lib
-  from tpu_models.errors import ConfigError
-  if args.imports and os.getcwd() not in sys.path:
-    sys.path.insert(0, os.getcwd())
-  for module in args.imports:
-    try:
-      importlib.import_module(module)
-    except ImportError as e:
-      raise ConfigError(f"--import {module}: {e}. Run from the directory that holds the module "
-                        f"or add it to PYTHONPATH.") from None
+  from tpu_models import registry
+  registry.import_modules(args.imports)
   config = config_lib.load_config(args.config, args.overrides)
   model_dir = args.model_dir or os.path.join(
       "runs", os.path.splitext(os.path.basename(args.config))[0])

@@ -41,7 +41,7 @@ import os
 import sys
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from tpu_models.errors import MissingExtraError, UnknownNameError
+from tpu_models.errors import ConfigError, MissingExtraError, UnknownNameError
 
 ENTRY_POINT_GROUP = "tpu_models.families"
 KINDS = ("model", "task", "dataset")
@@ -151,6 +151,20 @@ class Registry:
     except (UnknownNameError, MissingExtraError):
       return False
     return True
+
+
+def import_modules(modules: List[str], option: str = "--import") -> None:
+  """Imports modules that register models, tasks or datasets, the current directory first
+  on the path (as `--import` does); a module that cannot be imported is a ConfigError
+  naming `option`."""
+  if modules and os.getcwd() not in sys.path:
+    sys.path.insert(0, os.getcwd())
+  for module in modules:
+    try:
+      importlib.import_module(module)
+    except ImportError as e:
+      raise ConfigError(f"{option} {module}: {e}. Run from the directory that holds the "
+                        f"module or add it to PYTHONPATH.") from None
 
 
 def _describe(obj) -> str:

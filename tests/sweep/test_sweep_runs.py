@@ -30,6 +30,7 @@ def test_asha_stops_the_weak_trials_at_an_evaluation_with_their_checkpoint(tmp_p
     assert record["state"] == "stopped" and record["step"] == 10
     assert checkpoints(record["model_dir"]) == [10]  # Stopped after its checkpoint.
   assert "3 trials: 1 done, 2 stopped" in done.stdout
+  assert "Trial-steps trained: 60 of the 120" in done.stdout and "(50% saved" in done.stdout
   # The leaderboard's files: every trial a CSV row, stopped ones marked.
   csv_lines = open(os.path.join(directory, files.LEADERBOARD_CSV)).read().splitlines()
   assert len(csv_lines) == 4 and csv_lines[1].split(",")[2] == "done"

@@ -149,6 +149,13 @@ def leaderboard_text(rows: List[TrialRow], record: Dict[str, Any]) -> str:
   counts = {state: sum(row.state == state for row in rows) for state in STATES}
   out.write(f"{len(rows)} trials: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
             + f"; ranked by validation {metric} ({record['mode']}).\n")
+  train_steps = int(record.get("train_steps", 0))
+  if train_steps and counts["stopped"]:
+    trained = sum(min(row.step, train_steps) for row in rows)
+    full = train_steps * len(rows)
+    out.write(f"Trial-steps trained: {trained:,} of the {full:,} that running every trial to "
+              f"step {train_steps:,} would take ({1 - trained / full:.0%} saved by early "
+              f"stopping).\n")
   return out.getvalue()
 
 

@@ -37,6 +37,7 @@ import os
 from typing import Any, Dict, List, Optional, Tuple
 
 from tpu_models import config as config_lib
+from tpu_models import registry
 from tpu_models.errors import ConfigError
 
 # How a key's values are drawn: candidates (choice: sampled, grid: every one in every
@@ -182,7 +183,7 @@ def load_sweep(path: str, overrides: List[str] = (), extra_imports: List[str] = 
   _check_sweep_fields(sweep_config, path)
   sweep_config.imports = list(sweep_config.imports) + [
       m for m in extra_imports if m not in sweep_config.imports]
-  import_modules(sweep_config.imports)
+  registry.import_modules(sweep_config.imports, option="sweep.imports")
   experiment = config_lib.apply_overrides(data, experiment_overrides)
   base = config_lib.experiment_from_dict(experiment)  # The experiment itself must be valid.
   dimensions = [_dimension(key, spec, path) for key, spec in sweep_config.space.items()]
@@ -213,20 +214,6 @@ def load_sweep(path: str, overrides: List[str] = (), extra_imports: List[str] = 
   return Sweep(path=path, config=sweep_config, experiment=experiment, dimensions=dimensions,
                metric=metric, mode=mode, directory=directory.rstrip("/"),
                train_steps=base.trainer.train_steps, eval_every=base.trainer.eval_every)
-
-
-def import_modules(modules: List[str]) -> None:
-  """Imports modules that register models, tasks or datasets (the current directory first)."""
-  import importlib
-  import sys
-  if modules and os.getcwd() not in sys.path:
-    sys.path.insert(0, os.getcwd())
-  for module in modules:
-    try:
-      importlib.import_module(module)
-    except ImportError as e:
-      raise ConfigError(f"sweep.imports {module}: {e}. Run from the directory that holds the "
-                        f"module or add it to PYTHONPATH.") from None
 
 
 def _check_sweep_fields(config: SweepConfig, path: str) -> None:

@@ -93,7 +93,7 @@ def run_trial(params: Dict[str, Any], *, sweep_file: str, experiment: Dict[str, 
   record["started"] = record.get("started") or attempt_start
   report_seconds = [0.0]
 
-  from tpu_models.sweep import spec as spec_lib
+  from tpu_models import registry
   from tpu_models.training import model_dir as model_dir_lib
   from tpu_models.training.trainer import Trainer
   import tensorflow as tf
@@ -102,7 +102,7 @@ def run_trial(params: Dict[str, Any], *, sweep_file: str, experiment: Dict[str, 
   trainer = None
   outcome = "failed"
   try:
-    spec_lib.import_modules(imports)
+    registry.import_modules(imports, option="sweep.imports")
     config = _trial_config(sweep_file, experiment, params)
     lock = _wait_for_lock(model_dir)
     with tf.io.gfile.GFile(os.path.join(model_dir, LOG_FILE), "a") as log:
