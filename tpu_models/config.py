@@ -608,7 +608,12 @@ def experiment_from_dict(data: dict, overrides: Iterable[Override] = ()) -> Expe
 
 def load_config(path: str, overrides: Iterable[Override] = ()) -> ExperimentConfig:
   """Reads an experiment YAML (following `base:` includes) and applies overrides."""
-  return experiment_from_dict(read_experiment_data(path), overrides)
+  data = read_experiment_data(path)
+  if "sweep" in data:
+    raise ConfigError(f"{path} is a sweep file (it has a 'sweep:' section): run it with "
+                      f"`tpu-models sweep {path}`; to train one variant, use the experiment "
+                      f"it names as its base.")
+  return experiment_from_dict(data, overrides)
 
 
 def override(config: ExperimentConfig, overrides: Iterable[Override]) -> ExperimentConfig:

@@ -181,3 +181,9 @@ def test_free_slot_seconds_counts_only_slots_a_waiting_trial_could_use():
   assert results._free_slot_seconds(busy, 2, 0.0, 4.0) == pytest.approx(4.0)
   assert results._free_slot_seconds(busy, 1, 0.0, 4.0) == pytest.approx(0.0)
   assert results._free_slot_seconds([], 2, 0.0, 3.0) == pytest.approx(6.0)
+
+
+def test_training_a_sweep_file_says_to_run_it_as_a_sweep():
+  with pytest.raises(ConfigError, match="is a sweep file .* tpu-models sweep"):
+    from tpu_models import config as config_lib
+    config_lib.load_config(OFFICIAL)

@@ -86,7 +86,7 @@ def run_sweep(sweep: spec_lib.Sweep, *, address: Optional[str] = None,
       tuner.fit()
     finally:
       ray.shutdown()
-    run.update(ended=time.time(), fit_ended=time.time())
+    run.update(ended=time.time())
     files.update_last_run(directory, run)
     return run
   finally:
