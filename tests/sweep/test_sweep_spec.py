@@ -184,6 +184,6 @@ def test_free_slot_seconds_counts_only_slots_a_waiting_trial_could_use():
 
 
 def test_training_a_sweep_file_says_to_run_it_as_a_sweep():
-  with pytest.raises(ConfigError, match="is a sweep file .* tpu-models sweep"):
+  with pytest.raises(ConfigError, match="is a sweep file .*`tpu-models sweep "):
     from tpu_models import config as config_lib
     config_lib.load_config(OFFICIAL)
