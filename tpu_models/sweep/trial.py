@@ -91,45 +91,20 @@ def run_trial(params: Dict[str, Any], *, sweep_file: str, experiment: Dict[str, 
   record.setdefault("errors", [])
   record.setdefault("attempt_seconds", [])
   record["started"] = record.get("started") or attempt_start
-  report_seconds = [0.0]
 
   from tpu_models import registry
-  from tpu_models.training import model_dir as model_dir_lib
-  from tpu_models.training.trainer import Trainer
   import tensorflow as tf
   tf.io.gfile.makedirs(model_dir)
   write_trial_record(model_dir, record)
-  trainer = None
   outcome = "failed"
   try:
     registry.import_modules(imports, option="sweep.imports")
     config = _trial_config(sweep_file, experiment, params)
     lock = _wait_for_lock(model_dir)
-    with tf.io.gfile.GFile(os.path.join(model_dir, LOG_FILE), "a") as log:
-
-      def on_evaluation(step: int, split: str, metrics: Dict[str, float]) -> None:
-        if split != "eval":
-          return
-        if metric not in metrics:
-          from tpu_models.errors import ConfigError
-          raise ConfigError(f"{sweep_file}: the sweep's metric {metric!r} is not in this trial's "
-                            f"evaluation ({', '.join(metrics)}).")
-        record.update(step=step, result=metrics,
-                      training_seconds=round(trainer.training_seconds, 1))
-        write_trial_record(model_dir, record)
-        start = time.time()
-        try:
-          tune.report(dict(metrics, step=step, model_dir=model_dir,
-                           training_seconds=trainer.training_seconds))
-        finally:
-          report_seconds[0] += time.time() - start
-
-      trainer = Trainer(config, model_dir, stream=log, on_evaluation=on_evaluation)
-      try:
-        trainer.train_and_evaluate()
-      finally:
-        trainer.close()
-        lock.release()
+    try:
+      _train(config, model_dir, record, metric, sweep_file)
+    finally:
+      lock.release()
     outcome = "done"
   except SystemExit:  # Tune's scheduler stopped the trial (or it reached its last step).
     outcome = "done" if record.get("step", 0) >= config.trainer.train_steps else "stopped"
@@ -142,11 +117,43 @@ def run_trial(params: Dict[str, Any], *, sweep_file: str, experiment: Dict[str, 
   finally:
     record["state"] = outcome
     record["attempt_seconds"].append(round(time.time() - attempt_start, 2))
-    record["report_seconds"] = round(record.get("report_seconds", 0.0) + report_seconds[0], 3)
-    if trainer is not None:
-      record["training_seconds"] = round(trainer.training_seconds, 1)
     record["ended"] = time.time()
     write_trial_record(model_dir, record)
+
+
+def _train(config, model_dir: str, record: Dict[str, Any], metric: str, sweep_file: str) -> None:
+  """`Trainer.train_and_evaluate` in `model_dir`, reporting each validation to Tune.
+
+  Keeps `record` (the trial's trial.json) up to date: step, result, training and
+  reporting seconds.
+  """
+  import tensorflow as tf
+  from ray import tune
+  from tpu_models.errors import ConfigError
+  from tpu_models.training.trainer import Trainer
+
+  def on_evaluation(step: int, split: str, metrics: Dict[str, float]) -> None:
+    if split != "eval":
+      return
+    if metric not in metrics:
+      raise ConfigError(f"{sweep_file}: the sweep's metric {metric!r} is not in this trial's "
+                        f"evaluation ({', '.join(metrics)}).")
+    record.update(step=step, result=metrics, training_seconds=round(trainer.training_seconds, 1))
+    write_trial_record(model_dir, record)
+    start = time.time()
+    try:
+      tune.report(dict(metrics, step=step, model_dir=model_dir,
+                       training_seconds=trainer.training_seconds))
+    finally:
+      record["report_seconds"] = round(record.get("report_seconds", 0.0) + time.time() - start, 3)
+
+  with tf.io.gfile.GFile(os.path.join(model_dir, LOG_FILE), "a") as log:
+    trainer = Trainer(config, model_dir, stream=log, on_evaluation=on_evaluation)
+    try:
+      trainer.train_and_evaluate()
+    finally:
+      record["training_seconds"] = round(trainer.training_seconds, 1)
+      trainer.close()
 
 
 def _trial_config(sweep_file: str, experiment: Dict[str, Any], params: Dict[str, Any]):
