@@ -18,8 +18,9 @@ EXTRAS = {
     # and keras-hub presets (h5py comes with TensorFlow).
     "weights": ["safetensors>=0.4"],
     # `tpu-models sweep` (docs/sweeps.md): trials on Ray Tune, the curves PNG with matplotlib.
-    # Checked beside TensorFlow 2.21 on Python 3.11: ray 2.60.0, matplotlib 3.11.
-    "sweep": ["ray[tune]>=2.40", "matplotlib>=3.7"],
+    # Checked beside TensorFlow 2.21 on Python 3.11: ray 2.60.0, matplotlib 3.11, optuna 5.1.
+    # Optuna: `sweep.search: optuna` (Tune's OptunaSearch).
+    "sweep": ["ray[tune]>=2.40", "matplotlib>=3.7", "optuna>=3.0"],
     "dev": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "scikit-image>=0.22"],
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})

@@ -46,6 +46,22 @@ def test_asha_stops_the_weak_trials_at_an_evaluation_with_their_checkpoint(tmp_p
   assert report.returncode == 0 and "3 trials: 1 done, 2 stopped" in report.stdout
 
 
+def test_optuna_samples_the_space_through_tune(tmp_path):
+  directory = str(tmp_path / "sweep")
+  with ray_sandbox() as ray_tmp:
+    done = run_sweep(ray_tmp, TOY_SWEEP, "--set", f"sweep.directory={directory}",
+                     "--set", "sweep.search=optuna", "--set", "sweep.trials=2",
+                     "--set", "sweep.concurrency=1",
+                     "--set", "sweep.space.task.model.hidden={choice: [4, 8, 16]}")
+  assert done.returncode == 0, done.stdout + done.stderr
+  assert "search optuna" in done.stdout
+  records = trial_records(directory)
+  assert sorted(r["state"] for r in records.values()) == ["done", "done"]
+  for record in records.values():
+    lr = record["params"]["trainer.schedule.base_lr"]
+    assert 0.003 <= lr <= 0.3 and record["params"]["task.model.hidden"] in (4, 8, 16)
+
+
 def test_trials_run_on_both_nodes_of_a_two_node_ray_cluster(tmp_path, monkeypatch):
   from ray.cluster_utils import Cluster
   directory = str(tmp_path / "sweep")
