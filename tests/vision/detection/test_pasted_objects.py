@@ -100,6 +100,19 @@ def test_build_is_deterministic_and_coco_json_is_valid(fashion_mnist, tmp_path, 
   assert len(records) == 8
   assert sum(int(tf.size(r["classes"])) for r in records) == len(data["annotations"])
 
+  # Every annotation's segmentation is its item's silhouette: its extent is the box, and the
+  # records carry it as one PNG per box.
+  from pycocotools import mask as coco_mask
+  from tpu_models.vision.detection import masks as mask_ops
+  for ann in data["annotations"]:
+    silhouette = coco_mask.decode(ann["segmentation"])
+    x, y, w, h = ann["bbox"]
+    assert mask_ops.mask_extent(silhouette) == (x, y, x + w, y + h)
+    assert 0.2 * w * h < silhouette.sum() < w * h  # An item's outline, not its box.
+  assert first["splits"]["train"]["masks"] == first["splits"]["train"]["objects"]
+  for record in records:
+    assert record["mask_pngs"].shape == record["classes"].shape
+
   # Perfect detections from the JSON score AP 1.0 against the same JSON.
   from tpu_models.vision.detection.coco import COCOEvaluator
   evaluator = COCOEvaluator(annotation_file)

@@ -5,7 +5,10 @@ items of all 10 classes, cut out along their silhouette (not their black 28x28
 squares), tinted and pasted onto random crops of real photographs from
 scikit-image (astronaut, coffee, chelsea, rocket, ...), 1-6 per image at
 10-33% of the image side, with varied aspect ratios and limited overlap; every
-box is tight around the pasted item's pixels.
+box is tight around the pasted item's pixels, and every item's instance mask
+is its exact silhouette (the alpha > 0.5 pixels its box is tight around,
+including any part a later item covers: the box and the mask describe the same
+pixels).
 
 Items never cross splits: train takes Fashion-MNIST train[:55000], validation
 train[55000:] (the items the project's Fashion-MNIST classifier holds out, so
@@ -18,8 +21,9 @@ every split.
 writes
 
     images/{train,validation,test}/000001.jpg ...
-    annotations/{train,validation,test}.json     COCO instances, category ids 1..10
-    {train,validation,test}-0000i-of-0000n       TFRecords (detection.py schema)
+    annotations/{train,validation,test}.json     COCO instances, category ids 1..10,
+                                                  segmentation as compressed RLE
+    {train,validation,test}-0000i-of-0000n       TFRecords (inputs.py schema, with masks)
     label_map.json                                labels 0..9 -> category ids 1..10
 
 Every image is rendered from its own random generator seeded by
@@ -35,6 +39,8 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+
+from tpu_models.vision.detection import masks as mask_ops
 
 # Photos of scikit-image tried in order; those that are missing are skipped.
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry",
@@ -254,7 +260,8 @@ def build_pasted_objects(output_dir: str,
     object_size_range: an item's longer side over the image's shorter side.
     seed: everything is a function of it.
     jpeg_quality: JPEG quality of the images.
-    write_records: also convert every split to TFRecords (detection_convert).
+    write_records: also convert every split to TFRecords with masks
+      (detection_convert.convert_coco(include_masks=True)).
     num_shards: shards per split.
     fashion_mnist_path: where the Fashion-MNIST idx files are (default: search).
     progress: print a line per split.
@@ -295,20 +302,21 @@ def build_pasted_objects(output_dir: str,
     per_class = np.zeros(len(class_names), np.int64)
     for i in range(count):
       rng = np.random.default_rng([seed, _SPLIT_INDEX[split], i])
-      image, boxes, classes = render_image(
+      image, boxes, classes, alphas = render_image(
           rng, photos, items, labels, image_size_range=image_size_range,
           objects_per_image=objects_per_image, object_size_range=object_size_range,
-          cutter=cutter)
+          cutter=cutter, return_masks=True)
       image_id = i + 1
       file_name = f"{split}/{image_id:06d}.jpg"
       Image.fromarray(image).save(os.path.join(output_dir, "images", file_name), "JPEG",
                                   quality=jpeg_quality)
       images.append({"id": image_id, "file_name": file_name, "height": image.shape[0],
                      "width": image.shape[1]})
-      for (x0, y0, x1, y1), label in zip(boxes.tolist(), classes.tolist()):
+      for (x0, y0, x1, y1), label, alpha in zip(boxes.tolist(), classes.tolist(), alphas):
         annotations.append({"id": len(annotations) + 1, "image_id": image_id,
                             "category_id": label + 1, "bbox": [x0, y0, x1 - x0, y1 - y0],
-                            "area": (x1 - x0) * (y1 - y0), "iscrowd": 0})
+                            "area": (x1 - x0) * (y1 - y0), "iscrowd": 0,
+                            "segmentation": mask_ops.mask_to_rle(alpha > 0.5)})
         per_class[label] += 1
     annotation_file = os.path.join(output_dir, "annotations", f"{split}.json")
     os.makedirs(os.path.dirname(annotation_file), exist_ok=True)
@@ -324,11 +332,12 @@ def build_pasted_objects(output_dir: str,
 
       stats = detection_convert.convert_coco(
           annotation_file, os.path.join(output_dir, "images"), os.path.join(output_dir, split),
-          num_shards=num_shards, shuffle_seed=seed, progress=False)
+          num_shards=num_shards, shuffle_seed=seed, progress=False, include_masks=True)
       if stats["skipped"] or stats["invalid_boxes"]:
         raise RuntimeError(f"Converting the generated {split} split skipped images or boxes: "
                            f"{stats['skipped_files'][:3]} {stats['invalid_boxes']}")
       info["paths"] = stats["paths"]
+      info["masks"] = stats["masks"]
       result["label_map_file"] = stats["label_map_file"]
     result["splits"][split] = info
   result["seconds"] = time.time() - start
