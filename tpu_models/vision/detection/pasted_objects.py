@@ -13,8 +13,10 @@ pixels).
 Items never cross splits: train takes Fashion-MNIST train[:55000], validation
 train[55000:] (the items the project's Fashion-MNIST classifier holds out, so
 warm-starting from it stays fair), test the Fashion-MNIST test split, which
-nothing should ever be tuned on. Backgrounds are crops of the same photos in
-every split.
+nothing should ever be tuned on. Backgrounds do not cross into the test split
+either: its photos (HELD_OUT_PHOTOS: a cat, a motorcycle scene, gravel, a
+clock) appear in no training or validation image, which crop the other
+photos (PHOTO_SPLITS), so the test AP measures objects on unseen scenes.
 
     build_pasted_objects("data/pasted_objects", num_train=3000)
 
@@ -47,6 +49,11 @@ PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry",
           "hubble_deep_field", "stereo_motorcycle", "retina", "camera", "brick", "grass",
           "gravel", "coins", "moon", "clock", "colorwheel")
 SPLITS = ("train", "validation", "test")
+# The test split's backgrounds: two colour scenes and two grey ones, used by no other split.
+HELD_OUT_PHOTOS = ("chelsea", "stereo_motorcycle", "gravel", "clock")
+_SEEN_PHOTOS = tuple(name for name in PHOTOS if name not in HELD_OUT_PHOTOS)
+# The photos each split crops its backgrounds from.
+PHOTO_SPLITS = {"train": _SEEN_PHOTOS, "validation": _SEEN_PHOTOS, "test": HELD_OUT_PHOTOS}
 # Fashion-MNIST items each split pastes (sources.load_fashion_mnist slices).
 ITEM_SPLITS = {"train": "train[:55000]", "validation": "train[55000:]", "test": "test"}
 _SPLIT_INDEX = {name: i for i, name in enumerate(SPLITS)}
@@ -227,7 +234,7 @@ def _coco_json(split: str, images: List[Dict], annotations: List[Dict],
                class_names: Sequence[str], seed: int) -> Dict:
   return {
       "info": {"description": f"tpu_models pasted objects ({split}): Fashion-MNIST items "
-                              f"on scikit-image photos", "version": "1", "seed": seed},
+                              f"on scikit-image photos", "version": "2", "seed": seed},
       "images": images,
       "annotations": annotations,
       "categories": [{"id": i + 1, "name": name, "supercategory": "fashion"}
@@ -268,8 +275,8 @@ def build_pasted_objects(output_dir: str,
 
   Returns:
     {"splits": {split: {"images", "objects", "annotation_file", "paths"
-    (with write_records), "per_class": {name: count}}}, "seconds",
-    "label_map_file"}.
+    (with write_records), "per_class": {name: count}, "photos": [names of the
+    background photos]}}, "seconds", "label_map_file"}.
   """
   from PIL import Image
 
@@ -287,7 +294,6 @@ def build_pasted_objects(output_dir: str,
   if not 16 <= image_size_range[0] <= image_size_range[1]:
     raise ValueError(f"image_size_range must satisfy 16 <= min <= max, got {image_size_range}.")
   start = time.time()
-  photos = load_photos()
   class_names = sources.FASHION_MNIST_CLASSES
   result = {"splits": {}}
   for split in SPLITS:
@@ -296,6 +302,8 @@ def build_pasted_objects(output_dir: str,
       continue
     items, labels = sources.load_fashion_mnist(ITEM_SPLITS[split], fashion_mnist_path)
     cutter = _ItemCutter(items)
+    photo_names = [name for name in PHOTO_SPLITS[split] if name in PHOTOS]
+    photos = load_photos(photo_names)
     image_dir = os.path.join(output_dir, "images", split)
     os.makedirs(image_dir, exist_ok=True)
     images, annotations = [], []
@@ -323,7 +331,7 @@ def build_pasted_objects(output_dir: str,
     with open(annotation_file, "w") as f:
       json.dump(_coco_json(split, images, annotations, class_names, seed), f)
     info = {"images": count, "objects": len(annotations), "annotation_file": annotation_file,
-            "per_class": dict(zip(class_names, per_class.tolist()))}
+            "per_class": dict(zip(class_names, per_class.tolist())), "photos": photo_names}
     if progress:
       print(f"pasted objects {split}: {count} images, {len(annotations)} objects "
             f"({time.time() - start:.1f} s)", file=sys.stderr, flush=True)
