@@ -287,3 +287,57 @@ def crop_masks(masks: tf.Tensor, boxes: tf.Tensor, crop_size: int) -> tf.Tensor:
   crops = tf.image.crop_and_resize(masks[..., None], sample_boxes, tf.range(count),
                                    [crop_size, crop_size], extrapolation_value=0.0)
   return tf.reshape(crops, [-1, crop_size, crop_size])
+
+
+# ----------------------------------------------------------------------------
+# Evaluation side (numpy, on the host).
+
+
+def _interpolation_matrix(starts: float, ends: float, pixels: int, cells: int) -> np.ndarray:
+  """[pixels, cells]: bilinear weights of `cells` mask cells spread over [starts, ends).
+
+  Row p samples the mask at the centre of image pixel p (p + 0.5), whose place
+  in cell coordinates is (p + 0.5 - starts) / (ends - starts) * cells; cell c's
+  value sits at c + 0.5. Outside the box the row is 0.
+  """
+  centres = (np.arange(pixels) + 0.5 - starts) / max(ends - starts, 1e-6) * cells - 0.5
+  inside = (centres > -1.0) & (centres < cells)
+  clipped = np.clip(centres, 0.0, cells - 1.0)
+  low = np.floor(clipped).astype(np.int64)
+  high = np.minimum(low + 1, cells - 1)
+  frac = clipped - low
+  weights = np.zeros([pixels, cells])
+  rows = np.arange(pixels)
+  np.add.at(weights, (rows, low), (1.0 - frac) * inside)
+  np.add.at(weights, (rows, high), frac * inside)
+  return weights
+
+
+def paste_masks(masks: np.ndarray, boxes: np.ndarray, height: int, width: int,
+                threshold: float = 0.5) -> np.ndarray:
+  """Box-relative masks -> binary masks of the whole image (for COCO segm evaluation).
+
+  Mask n covers boxes[n]; it is resampled bilinearly at the centre of every
+  image pixel inside the box (`crop_masks`' inverse) and thresholded.
+
+  Args:
+    masks: float [D, m, m] in 0..1 (probabilities or crop fractions).
+    boxes: float [D, 4] [ymin, xmin, ymax, xmax] in the image's pixels.
+    height, width: the image size.
+    threshold: a pixel is inside when its value is >= threshold.
+
+  Returns:
+    uint8 [D, height, width], 1 inside.
+  """
+  masks = np.asarray(masks, np.float64)
+  boxes = np.asarray(boxes, np.float64).reshape(-1, 4)
+  out = np.zeros([len(boxes), int(height), int(width)], np.uint8)
+  for n, (mask, (ymin, xmin, ymax, xmax)) in enumerate(zip(masks, boxes)):
+    y0, x0 = max(int(np.floor(ymin)), 0), max(int(np.floor(xmin)), 0)
+    y1, x1 = min(int(np.ceil(ymax)), int(height)), min(int(np.ceil(xmax)), int(width))
+    if y1 <= y0 or x1 <= x0:
+      continue
+    rows = _interpolation_matrix(ymin - y0, ymax - y0, y1 - y0, mask.shape[0])
+    cols = _interpolation_matrix(xmin - x0, xmax - x0, x1 - x0, mask.shape[1])
+    out[n, y0:y1, x0:x1] = (rows @ mask @ cols.T) >= threshold
+  return out
