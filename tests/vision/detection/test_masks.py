@@ -206,6 +206,27 @@ def test_decode_fn_pads_masks_and_refuses_records_without_them():
     decode(tf.constant(_record_with_l_mask(with_masks=False)))
 
 
+def test_images_without_visible_boxes_decode_with_masks_without_error():
+  anchors = np.array([[0, 0, 32, 32]], np.float32)
+  decode = detection.build_decode_fn(64, anchors, training=True, max_instances=2,
+                                     with_masks=True, mask_crop_size=8)
+  empty = detection.detection_example(
+      tf.io.encode_png(np.zeros([HEIGHT, WIDTH, 3], np.uint8)).numpy(), height=HEIGHT,
+      width=WIDTH, boxes=np.zeros([0, 4]), classes=[], source_id="8", image_format="PNG",
+      masks=[]).SerializeToString()
+  _, labels = decode(tf.constant(empty))
+  assert int(labels["num_instances"]) == 0 and labels["masks"].shape == (2, 8, 8)
+  assert not labels["masks"].numpy().any()
+  # A zoomed-in window at the top-left corner cuts the L (rows 10-30, columns 12-36) away.
+  record = detection.parse_example(tf.constant(_record_with_l_mask()))
+  _, boxes, visible, info = detection.resize_and_pad(
+      record[detection.ENCODED], record["boxes"], 64, scale_factor=8.0,
+      offset_fraction=(0.0, 0.0))
+  assert not bool(visible[0])
+  crops = detection._visible_mask_crops(record, boxes, visible, info, False, 8)
+  assert crops.shape == (0, 8, 8)
+
+
 def test_record_with_a_mask_count_unlike_its_boxes_is_refused():
   with pytest.raises(ValueError, match="1 boxes but 1 classes, 2 masks"):
     detection.detection_example(b"x", height=2, width=2, boxes=[[0, 0, 1, 1]], classes=[0],

@@ -53,8 +53,8 @@ mask_head/{conv{i},upsample,mask_logits}/....
 """
 
 import dataclasses
-import math
-from typing import Any, Dict, List, Optional, Sequence, Union
+import inspect
+from typing import Any, Dict, List, Optional
 
 import keras
 import tensorflow as tf
@@ -442,8 +442,6 @@ def anchor_layout(**model_params) -> Dict[str, Any]:
     {"image_size", "min_level" (2), "max_level", "num_scales", "aspect_ratios",
     "anchor_size"}; missing params take `maskrcnn`'s defaults.
   """
-  import inspect
-
   defaults = inspect.signature(maskrcnn).parameters
   get = lambda key: model_params.get(key, defaults[key].default)
   image_size = get("image_size")

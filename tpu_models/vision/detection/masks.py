@@ -248,11 +248,18 @@ def decode_mask_pngs(pngs: tf.Tensor) -> tf.Tensor:
   """The PNG masks of one record -> float32 [M, H, W], 1.0 inside (pixel > 127).
 
   Args:
-    pngs: tf.string [M], one PNG per instance, all of the image's size.
+    pngs: tf.string [M], one PNG per instance, all of the image's size; M may
+      be 0 (an image without boxes, or whose boxes a crop window cut away):
+      then float32 [0, 1, 1].
   """
-  masks = tf.map_fn(lambda png: tf.io.decode_png(png, channels=1)[..., 0], pngs,
-                    fn_output_signature=tf.TensorSpec([None, None], tf.uint8))
-  return tf.cast(masks > 127, tf.float32)
+
+  def decode():
+    masks = tf.map_fn(lambda png: tf.io.decode_png(png, channels=1)[..., 0], pngs,
+                      fn_output_signature=tf.TensorSpec([None, None], tf.uint8))
+    return tf.cast(masks > 127, tf.float32)
+
+  # map_fn cannot stack an empty list of unknown-shaped elements.
+  return tf.cond(tf.size(pngs) > 0, decode, lambda: tf.zeros([0, 1, 1], tf.float32))
 
 
 def crop_masks(masks: tf.Tensor, boxes: tf.Tensor, crop_size: int) -> tf.Tensor:
