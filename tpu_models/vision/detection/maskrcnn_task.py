@@ -63,6 +63,13 @@ MASK_METRIC_PREFIX = "mask_"  # COCO segm metrics: mask_AP, mask_AP50, ...
 
 @dataclasses.dataclass
 class MaskRCNNConfig(DetectionConfig):
+  """DetectionConfig's data, augmentation, matcher and evaluation fields, plus the ones below.
+
+  RetinaNet's loss and post-processing fields (focal_*, huber_delta,
+  box_loss_weight, pre_nms_top_k*, clip_*, score_threshold, nms_*) do not
+  apply: Mask R-CNN's proposals and detections are model parameters
+  (maskrcnn.py). `max_detections` here caps what COCO evaluation keeps per image.
+  """
   name: str = "maskrcnn"
   model: ModelConfig = dataclasses.field(
       default_factory=lambda: ModelConfig("maskrcnn_resnet50_fpn"))
