@@ -100,6 +100,19 @@ def test_build_is_deterministic_and_coco_json_is_valid(fashion_mnist, tmp_path, 
   assert len(records) == 8
   assert sum(int(tf.size(r["classes"])) for r in records) == len(data["annotations"])
 
+  # Every annotation's segmentation is its item's silhouette: its extent is the box, and the
+  # records carry it as one PNG per box.
+  from pycocotools import mask as coco_mask
+  from tpu_models.vision.detection import masks as mask_ops
+  for ann in data["annotations"]:
+    silhouette = coco_mask.decode(ann["segmentation"])
+    x, y, w, h = ann["bbox"]
+    assert mask_ops.mask_extent(silhouette) == (x, y, x + w, y + h)
+    assert 0.2 * w * h < silhouette.sum() < w * h  # An item's outline, not its box.
+  assert first["splits"]["train"]["masks"] == first["splits"]["train"]["objects"]
+  for record in records:
+    assert record["mask_pngs"].shape == record["classes"].shape
+
   # Perfect detections from the JSON score AP 1.0 against the same JSON.
   from tpu_models.vision.detection.coco import COCOEvaluator
   evaluator = COCOEvaluator(annotation_file)
@@ -110,6 +123,40 @@ def test_build_is_deterministic_and_coco_json_is_valid(fashion_mnist, tmp_path, 
     evaluator.add_detections([image_id], boxes, np.ones([1, len(anns)]),
                              np.array([[a["category_id"] - 1 for a in anns]]))
   assert evaluator.evaluate(print_summary=False)["AP"] == pytest.approx(1.0)
+
+
+def test_test_split_backgrounds_are_photos_no_other_split_uses(fashion_mnist, tmp_path,
+                                                                monkeypatch):
+  seen = set(pasted_objects.PHOTO_SPLITS["train"]) | set(pasted_objects.PHOTO_SPLITS["validation"])
+  held_out = set(pasted_objects.PHOTO_SPLITS["test"])
+  assert held_out == set(pasted_objects.HELD_OUT_PHOTOS) and not held_out & seen
+  assert held_out | seen == set(pasted_objects.PHOTOS)
+  monkeypatch.setattr(pasted_objects, "ITEM_SPLITS",
+                      {"train": "test[:500]", "validation": "test[500:700]", "test": "test[700:900]"})
+  loaded = {}
+  load_photos = pasted_objects.load_photos
+
+  def recording_load_photos(names=pasted_objects.PHOTOS):
+    photos = load_photos(names)
+    for photo in photos:
+      loaded[id(photo)] = tuple(names)
+    return photos
+
+  used = []
+  background = pasted_objects._background
+
+  def recording_background(rng, photos, height, width):
+    used.append({loaded[id(p)] for p in photos})
+    return background(rng, photos, height, width)
+
+  monkeypatch.setattr(pasted_objects, "load_photos", recording_load_photos)
+  monkeypatch.setattr(pasted_objects, "_background", recording_background)
+  result = pasted_objects.build_pasted_objects(str(tmp_path), num_train=2, num_validation=2,
+                                               num_test=2, progress=False, write_records=False)
+  assert [set(result["splits"][s]["photos"]) for s in ("train", "validation", "test")] == [
+      seen, seen, held_out]
+  assert [u == {tuple(pasted_objects.PHOTO_SPLITS[s])}
+          for s, u in zip(["train"] * 2 + ["validation"] * 2 + ["test"] * 2, used)] == [True] * 6
 
 
 def test_item_pools_of_the_splits_are_disjoint():

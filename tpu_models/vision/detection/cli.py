@@ -39,6 +39,9 @@ def add_convert_sources(sources) -> None:
   common(c)
   c.add_argument("--no-crowd", action="store_true", help="drop iscrowd boxes instead of "
                                                          "writing them as ignored regions")
+  c.add_argument("--masks", action="store_true",
+                 help="also write each box's instance mask (from its segmentation: polygons "
+                      "or RLE); boxes with bad masks are skipped and counted")
   c = sources.add_parser("voc", help="Pascal VOC XML folder -> detection TFRecords")
   c.add_argument("annotations_dir", help="the *.xml files, e.g. VOC2012/Annotations")
   common(c)
@@ -78,7 +81,7 @@ def _convert_boxes(args: argparse.Namespace) -> int:
     classes = [name.strip() for name in classes.split(",") if name.strip()]
   if args.source == "coco":
     convert.convert_coco(args.annotation_file, args.image_dir, args.output_prefix,
-                         include_crowd=not args.no_crowd, **common)
+                         include_crowd=not args.no_crowd, include_masks=args.masks, **common)
   elif args.source == "voc":
     convert.convert_voc(args.annotations_dir, args.output_prefix, image_dir=args.image_dir,
                         image_set_file=args.image_set, class_names=classes,

@@ -1,4 +1,4 @@
-"""COCO detection metrics (AP, AP50, AP75, APs/m/l, AR) with pycocotools, on the host.
+"""COCO detection and instance-mask metrics (AP, AP50, AP75, APs/m/l, AR) with pycocotools.
 
 The evaluator takes numpy arrays as a detection task gathers them from the
 devices: fixed-size, padded, with valid counts. Boxes are
@@ -14,6 +14,10 @@ segment areas, crowd regions) or from the evaluation records themselves
       evaluator.add_ground_truth(ids, gt_boxes, gt_classes, num_instances, is_crowd=crowd)
       evaluator.add_detections(ids, boxes, scores, classes, num_detections)
     metrics = evaluator.evaluate()   # prints pycocotools' table; {"AP": 0.41, ...}
+
+With iou_type="segm" the same metrics score instance masks: every ground-truth
+row and detection then also carries its mask as COCO RLE over the original
+image (`segmentations=`; `masks.mask_to_rle`), and IoUs are mask IoUs.
 """
 
 import contextlib
@@ -27,6 +31,7 @@ from tpu_models.errors import DataError
 
 METRIC_NAMES = ("AP", "AP50", "AP75", "APs", "APm", "APl",
                 "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
+IOU_TYPES = ("bbox", "segm")
 
 
 _INSTANCES = ("a COCO instances JSON file: an object with 'images', 'annotations' and "
@@ -80,7 +85,8 @@ class COCOEvaluator:
                class_names: Optional[Sequence[str]] = None,
                class_agnostic: bool = False,
                per_class: bool = False,
-               max_detections: int = 100):
+               max_detections: int = 100,
+               iou_type: str = "bbox"):
     """Creates an evaluator.
 
     Args:
@@ -96,7 +102,12 @@ class COCOEvaluator:
         are found, whatever their class.
       per_class: also return "AP/<name>" (AP over IoU 0.5:0.95, all areas).
       max_detections: detections per image kept (by score), COCO's 100.
+      iou_type: "bbox" (box IoU) or "segm" (mask IoU: ground truth and
+        detections need `segmentations`; with a file, its segmentations).
     """
+    if iou_type not in IOU_TYPES:
+      raise ValueError(f"iou_type must be one of {', '.join(IOU_TYPES)}, got {iou_type!r}.")
+    self.iou_type = iou_type
     self.annotation_file = annotation_file
     self.class_agnostic = class_agnostic
     self.per_class = per_class
@@ -136,7 +147,8 @@ class COCOEvaluator:
                        *,
                        is_crowd: Optional[np.ndarray] = None,
                        image_sizes: Optional[np.ndarray] = None,
-                       mask: Optional[np.ndarray] = None) -> None:
+                       mask: Optional[np.ndarray] = None,
+                       segmentations: Optional[Sequence[Sequence[Dict]]] = None) -> None:
     """Adds a batch of ground truth (only without an annotation file).
 
     Args:
@@ -147,7 +159,11 @@ class COCOEvaluator:
       is_crowd: [B, K] 0/1; crowd boxes are ignored regions.
       image_sizes: [B, 2] (height, width), recorded in the images table.
       mask: [B], 0 for padding examples (skipped).
+      segmentations: per image, the valid rows' masks as COCO RLE (row k of
+        image b is segmentations[b][k]); required with iou_type "segm", whose
+        areas are then mask areas.
     """
+    self._check_segmentations(segmentations, "add_ground_truth")
     if self._file_dataset is not None:
       raise ValueError("This evaluator reads its ground truth from "
                        f"{self.annotation_file}; add_ground_truth is for evaluation without one.")
@@ -170,10 +186,11 @@ class COCOEvaluator:
         if classes[b, k] < 0:
           continue
         x, y, w, h = _xywh(boxes[b, k])
-        self._ground_truth.append({
+        self._ground_truth.append(dict({
             "id": len(self._ground_truth) + 1, "image_id": image_id,
             "category_id": self._category(int(classes[b, k])), "bbox": [x, y, w, h],
-            "area": w * h, "iscrowd": int(is_crowd[b, k]) if is_crowd is not None else 0})
+            "area": w * h, "iscrowd": int(is_crowd[b, k]) if is_crowd is not None else 0},
+            **self._segmentation(segmentations, b, k)))
 
   def add_detections(self,
                      source_ids: np.ndarray,
@@ -182,7 +199,8 @@ class COCOEvaluator:
                      classes: np.ndarray,
                      num_detections: Optional[np.ndarray] = None,
                      *,
-                     mask: Optional[np.ndarray] = None) -> None:
+                     mask: Optional[np.ndarray] = None,
+                     segmentations: Optional[Sequence[Sequence[Dict]]] = None) -> None:
     """Adds a batch of (padded) detections.
 
     Args:
@@ -192,7 +210,10 @@ class COCOEvaluator:
       classes: int [B, D] labels, -1 in padding rows.
       num_detections: int [B] valid rows; default: rows with class >= 0.
       mask: [B], 0 for padding examples (skipped).
+      segmentations: per image, the valid rows' masks as COCO RLE; required
+        with iou_type "segm".
     """
+    self._check_segmentations(segmentations, "add_detections")
     source_ids, boxes = np.asarray(source_ids), np.asarray(boxes)
     scores, classes = np.asarray(scores), np.asarray(classes)
     if (boxes.shape[:2] != classes.shape or scores.shape != classes.shape
@@ -209,9 +230,26 @@ class COCOEvaluator:
       rows = sorted(rows, key=lambda k: -float(scores[b, k]))[:self.max_detections]
       for k in rows:
         x, y, w, h = _xywh(boxes[b, k])
-        self._detections.append({
+        self._detections.append(dict({
             "image_id": image_id, "category_id": self._category(int(classes[b, k])),
-            "bbox": [x, y, w, h], "area": w * h, "score": float(scores[b, k]), "iscrowd": 0})
+            "bbox": [x, y, w, h], "area": w * h, "score": float(scores[b, k]), "iscrowd": 0},
+            **self._segmentation(segmentations, b, k)))
+
+  def _check_segmentations(self, segmentations, method: str) -> None:
+    if self.iou_type == "segm" and segmentations is None:
+      raise ValueError(f"This evaluator scores masks (iou_type 'segm'): {method} needs "
+                       f"segmentations, one COCO RLE per valid row.")
+
+  def _segmentation(self, segmentations, b: int, k: int) -> Dict:
+    """{"segmentation", "area" (the mask's)} of row k of image b, or {} for box evaluation."""
+    if self.iou_type != "segm":
+      return {}
+    from pycocotools import mask as coco_mask
+
+    rle = segmentations[b][k]
+    encoded = dict(rle, counts=rle["counts"].encode("ascii")) if isinstance(
+        rle["counts"], str) else rle
+    return {"segmentation": rle, "area": float(coco_mask.area(encoded))}
 
   def _coco_objects(self):
     from pycocotools.coco import COCO  # Heavy optional import, only when evaluating.
@@ -259,7 +297,7 @@ class COCOEvaluator:
     if not self._seen and not self._images:
       raise ValueError("Nothing to evaluate: no ground truth or detections were added.")
     ground_truth, results, image_ids = self._coco_objects()
-    evaluator = COCOeval(ground_truth, results, iouType="bbox")
+    evaluator = COCOeval(ground_truth, results, iouType=self.iou_type)
     evaluator.params.imgIds = image_ids
     evaluator.params.useCats = 0 if self.class_agnostic else 1
     with contextlib.redirect_stdout(io.StringIO()):  # "Running per image evaluation..."

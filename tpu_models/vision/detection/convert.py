@@ -20,7 +20,15 @@ checked: non-finite coordinates ("nan"), no area ("zero_area"), no area left
 inside the image ("outside_image"), a class missing from the label map
 ("unknown_class"), or an unreadable line or annotation ("malformed") skip the
 box, counted per reason (the first few of each are printed); boxes that only
-stick out of the image are clipped ("clipped", kept). Crowd boxes (COCO
+stick out of the image are clipped ("clipped", kept).
+
+With masks (`convert_coco(include_masks=True)`, `--masks`), every box also
+gets its instance mask from the COCO `segmentation` (polygons or RLE), written
+as one PNG per box (`masks.py`); a box whose mask is missing, malformed, a
+polygon of fewer than 3 points, of another size than the image, outside it,
+empty, or far from the box (IoU of the box and the mask's extent below
+`masks.MIN_MASK_BOX_IOU`) is skipped and counted under that reason
+(`masks.MASK_INVALID_REASONS`), like a bad box. Crowd boxes (COCO
 `iscrowd`, VOC `difficult` by default) are written with `is_crowd` = 1: the
 input pipeline ignores them in matching and COCO evaluation ignores them too.
 
@@ -39,7 +47,7 @@ import os
 import random
 import sys
 import xml.etree.ElementTree as ElementTree
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -48,13 +56,15 @@ from tpu_models.vision.classification import convert as convert_lib
 from tpu_models.vision import image as image_lib
 from tpu_models.vision.detection import coco as coco_lib
 from tpu_models.vision.detection import inputs as detection
+from tpu_models.vision.detection import masks as mask_ops
 from tpu_models.data import records
 from tpu_models.errors import DataError
 
 LABEL_MAP_FILE = "label_map.json"
 _LABEL_MAP_FORMAT = ('a JSON list of {"label", "name", "category_id"} objects with labels 0, 1, '
                      '2, ... in order')
-INVALID_REASONS = ("nan", "zero_area", "outside_image", "unknown_class", "malformed")
+INVALID_REASONS = ("nan", "zero_area", "outside_image", "unknown_class", "malformed",
+                   *mask_ops.MASK_INVALID_REASONS)
 _EXAMPLES_PER_REASON = 5  # Invalid boxes printed per reason; the rest are only counted.
 
 
@@ -67,6 +77,7 @@ class _Box:
   label: int  # -1 = not in the label map.
   is_crowd: bool = False
   where: str = ""  # For messages: "file.xml object 3", "annotations.csv:17".
+  segmentation: Any = None  # COCO polygons or RLE, when masks are converted.
 
 
 @dataclasses.dataclass
@@ -242,9 +253,15 @@ def _load_image(image: _Image, max_pixels: int):
   return image, encoded, height, width, reencoded
 
 
-def _valid_boxes(image: _Image, height: int, width: int, report: _Report, stats: Dict):
-  """Checks, clips and normalises one image's boxes -> (boxes [M,4] yxyx, labels, crowd)."""
-  boxes, labels, crowd = [], [], []
+def _valid_boxes(image: _Image, height: int, width: int, report: _Report, stats: Dict,
+                 include_masks: bool = False):
+  """Checks, clips and normalises one image's boxes (and masks).
+
+  Returns:
+    (boxes float32 [M, 4] normalised yxyx, labels [M], crowd [M], mask PNGs [M]
+    or None without include_masks).
+  """
+  boxes, labels, crowd, pngs = [], [], [], []
   for box in image.boxes:
     coords = (box.xmin, box.ymin, box.xmax, box.ymax)
     detail = f"[x {box.xmin}..{box.xmax}, y {box.ymin}..{box.ymax}] in {width}x{height}"
@@ -260,11 +277,20 @@ def _valid_boxes(image: _Image, height: int, width: int, report: _Report, stats:
       if xmax <= xmin or ymax <= ymin:
         report.invalid_box("outside_image", box.where, detail)
         continue
+      if include_masks:
+        try:
+          mask = mask_ops.rasterize_segmentation(box.segmentation, height, width)
+          mask_ops.check_mask_box(mask, (xmin, ymin, xmax, ymax))
+        except mask_ops.BadMask as bad:
+          report.invalid_box(bad.reason, box.where, bad.detail)
+          continue
+        pngs.append(mask_ops.encode_mask_png(mask))
       stats["clipped_boxes"] += (xmin, ymin, xmax, ymax) != coords
       boxes.append((ymin / height, xmin / width, ymax / height, xmax / width))
       labels.append(box.label)
       crowd.append(int(box.is_crowd))
-  return np.asarray(boxes, np.float32).reshape(-1, 4), labels, crowd
+  return (np.asarray(boxes, np.float32).reshape(-1, 4), labels, crowd,
+          pngs if include_masks else None)
 
 
 def _write_records(images: List[_Image],
@@ -277,7 +303,8 @@ def _write_records(images: List[_Image],
                    description: str,
                    num_workers: Optional[int],
                    max_image_pixels: int,
-                   invalid: Optional[collections.Counter] = None) -> Dict:
+                   invalid: Optional[collections.Counter] = None,
+                   include_masks: bool = False) -> Dict:
   """Validates and writes `images`; returns the stats every converter reports."""
   if not images:  # The converters refuse sources that list none; this is --skip-empty's doing.
     raise DataError(f"{description}: no image left to write: none of the listed images has a "
@@ -310,7 +337,8 @@ def _write_records(images: List[_Image],
             continue
           _, encoded, height, width, was_reencoded = loaded
           reencoded += was_reencoded
-          boxes, labels, crowd = _valid_boxes(image, height, width, report, stats)
+          boxes, labels, crowd, pngs = _valid_boxes(image, height, width, report, stats,
+                                                    include_masks)
           boxes_written += len(labels)
           crowd_written += sum(crowd)
           empty += not labels
@@ -318,7 +346,8 @@ def _write_records(images: List[_Image],
           writer.write(detection.detection_example(
               encoded, height=height, width=width, boxes=boxes, classes=labels,
               is_crowd=crowd, class_texts=[names[label] for label in labels],
-              source_id=image.source_id, filename=image.filename).SerializeToString())
+              source_id=image.source_id, filename=image.filename,
+              masks=pngs).SerializeToString())
           bar.update(len(skipped_files))
   finally:
     bar.close()
@@ -326,7 +355,8 @@ def _write_records(images: List[_Image],
   invalid_counts = {reason: report.invalid[reason] for reason in INVALID_REASONS
                     if report.invalid[reason]}
   invalid_text = ", ".join(f"{n} {reason}" for reason, n in invalid_counts.items()) or "none"
-  print(f"Wrote {writer.num_written} images with {boxes_written} boxes ({crowd_written} crowd, "
+  print(f"Wrote {writer.num_written} images with {boxes_written} boxes"
+        f"{' and masks' if include_masks else ''} ({crowd_written} crowd, "
         f"{stats['clipped_boxes']} clipped to the image) of {len(label_map)} classes to "
         f"{num_shards} shards {output_prefix}-*-of-{num_shards:05d}; skipped "
         f"{len(skipped_files)} unreadable, refused or inconsistent image(s) ({too_large} over "
@@ -339,6 +369,7 @@ def _write_records(images: List[_Image],
       "too_large": too_large,
       "reencoded": reencoded,
       "boxes": boxes_written,
+      "masks": boxes_written if include_masks else 0,
       "crowd_boxes": crowd_written,
       "clipped_boxes": stats["clipped_boxes"],
       "images_without_boxes": empty,
@@ -365,7 +396,8 @@ def convert_coco(annotation_file: str,
                  progress: bool = True,
                  num_workers: Optional[int] = None,
                  allow_outside_paths: bool = False,
-                 max_image_pixels: int = image_lib.DEFAULT_MAX_IMAGE_PIXELS) -> Dict:
+                 max_image_pixels: int = image_lib.DEFAULT_MAX_IMAGE_PIXELS,
+                 include_masks: bool = False) -> Dict:
   """COCO instances JSON + its image folder -> sharded detection TFRecords.
 
   Args:
@@ -386,10 +418,13 @@ def convert_coco(annotation_file: str,
     max_image_pixels: images whose header says more pixels (height x width)
       are skipped without being decoded, and counted in "too_large"; 0 = no
       limit.
+    include_masks: also write each box's instance mask from its
+      `segmentation` (polygons or RLE) as a PNG (`image/object/mask`); a box
+      with a bad mask is skipped and counted (module docstring).
 
   Returns:
     Stats: {"written", "skipped", "skipped_files": [(path, reason)], "too_large", "reencoded",
-    "boxes", "crowd_boxes", "clipped_boxes", "images_without_boxes",
+    "boxes", "masks" (written; 0 without include_masks), "crowd_boxes", "clipped_boxes", "images_without_boxes",
     "invalid_boxes": {reason: count}, "class_counts", "num_classes", "paths",
     "label_map_file"}.
 
@@ -452,7 +487,8 @@ def convert_coco(annotation_file: str,
     except (TypeError, ValueError):
       x = y = w = h = float("nan")
     image.boxes.append(_Box(x, y, x + w, y + h, label_of.get(ann.get("category_id"), -1),
-                            is_crowd=bool(ann.get("iscrowd")), where=where))
+                            is_crowd=bool(ann.get("iscrowd")), where=where,
+                            segmentation=ann.get("segmentation")))
   if dropped_crowd:
     print(f"Dropped {dropped_crowd} crowd annotations (include_crowd=False).", flush=True)
   selected = [image for image in images.values()
@@ -461,7 +497,7 @@ def convert_coco(annotation_file: str,
                         shuffle_seed=shuffle_seed, progress=progress, num_workers=num_workers,
                         max_image_pixels=max_image_pixels,
                         description=f"convert {os.path.basename(annotation_file)}",
-                        invalid=invalid)
+                        invalid=invalid, include_masks=include_masks)
 
 
 # ----------------------------------------------------------------------------

@@ -6,7 +6,9 @@ FAMILY = Family(
     "detection",
     modules=(
         Module("tpu_models.vision.detection.retinanet", models=("retinanet*",)),
+        Module("tpu_models.vision.detection.maskrcnn", models=("maskrcnn*",)),
         Module("tpu_models.vision.detection.task", tasks=("detection",)),
+        Module("tpu_models.vision.detection.maskrcnn_task", tasks=("maskrcnn",)),
     ),
     cli="tpu_models.vision.detection.cli",
     extra="coco", extra_packages=("pycocotools",),

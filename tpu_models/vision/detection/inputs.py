@@ -15,6 +15,8 @@ their COCO shards read unchanged):
     image/object/class/label      int64[]  0..K-1 (tpu_models converters; see label_map.json)
     image/object/class/text       bytes[]  optional, the class names
     image/object/is_crowd         int64[]  optional, 1 = a crowd region (ignored)
+    image/object/mask             bytes[]  optional, one PNG per box: the instance over the
+                                           whole image, 0 outside, 255 inside (masks.py)
 
 One training example goes
 
@@ -22,7 +24,11 @@ One training example goes
       (aspect kept, random scale) -> normalise -> random flip -> pad to [S, S, 3]
       -> boxes in output pixels -> pad to max_instances -> label_anchors
 
-and leaves with static shapes only. Boxes inside the pipeline are
+and leaves with static shapes only. With `with_masks`, each kept box also
+carries its instance mask cropped to the (augmented) box and resized to
+[m, m] (`instance_mask_targets`), padded with the boxes.
+
+Boxes inside the pipeline are
 [ymin, xmin, ymax, xmax] in absolute pixels of the resized, padded image;
 `image_info` records the geometry so `to_original_pixels` maps detections back.
 
@@ -47,6 +53,7 @@ import tensorflow as tf
 
 from tpu_models.vision import image as image_lib
 from tpu_models.vision.detection import anchors as anchors_lib
+from tpu_models.vision.detection import masks as mask_ops
 
 ENCODED = "image/encoded"
 FORMAT = "image/format"
@@ -61,6 +68,7 @@ YMAX = "image/object/bbox/ymax"
 CLASS_LABEL = "image/object/class/label"
 CLASS_TEXT = "image/object/class/text"
 IS_CROWD = "image/object/is_crowd"
+MASK = "image/object/mask"
 
 PADDING_CLASS = -1  # Class id of the padding rows of the ground truth.
 IGNORE = anchors_lib.IGNORE  # class_targets of anchors that are neither positive nor negative.
@@ -99,7 +107,8 @@ def detection_example(encoded: bytes,
                       is_crowd: Optional[Sequence[int]] = None,
                       class_texts: Optional[Sequence[str]] = None,
                       filename: str = "",
-                      image_format: str = "JPEG") -> tf.train.Example:
+                      image_format: str = "JPEG",
+                      masks: Optional[Sequence[bytes]] = None) -> tf.train.Example:
   """One image and its boxes as a COCO-style record (see the module docstring).
 
   Args:
@@ -112,15 +121,19 @@ def detection_example(encoded: bytes,
     class_texts: [M] class names, optional.
     filename: where the image came from.
     image_format: "JPEG" or "PNG".
+    masks: optional [M] PNG bytes, one instance mask per box over the whole
+      image (`masks.encode_mask_png`); None writes none.
 
   Returns:
     A `tf.train.Example`.
   """
   boxes = np.asarray(boxes, np.float32).reshape(-1, 4)
   num = len(boxes)
-  if len(classes) != num or (is_crowd is not None and len(is_crowd) != num):
+  if (len(classes) != num or (is_crowd is not None and len(is_crowd) != num)
+      or (masks is not None and len(masks) != num)):
     raise ValueError(f"Image {source_id!r}: {num} boxes but {len(classes)} classes"
-                     + (f" and {len(is_crowd)} is_crowd flags" if is_crowd is not None else "")
+                     + (f", {len(is_crowd)} is_crowd flags" if is_crowd is not None else "")
+                     + (f", {len(masks)} masks" if masks is not None else "")
                      + "; expected one of each per box.")
   feature = {
       ENCODED: _bytes_list([encoded]),
@@ -138,6 +151,8 @@ def detection_example(encoded: bytes,
   }
   if class_texts is not None:
     feature[CLASS_TEXT] = _bytes_list(class_texts)
+  if masks is not None:
+    feature[MASK] = _bytes_list(masks)
   return tf.train.Example(features=tf.train.Features(feature=feature))
 
 
@@ -165,7 +180,8 @@ def parse_example(serialized: tf.Tensor) -> Dict[str, tf.Tensor]:
      "source_id": int32 [] (the numeric image id; non-numeric ids are hashed),
      "height", "width": int32 [] as recorded (0 if absent),
      "boxes": float32 [M, 4] normalised [ymin, xmin, ymax, xmax],
-     "classes": int32 [M], "is_crowd": bool [M]}.
+     "classes": int32 [M], "is_crowd": bool [M],
+     "mask_pngs": tf.string [M] (or [0] for a record without masks)}.
     A record whose per-object lists differ in length fails with an error
     naming the keys.
   """
@@ -180,11 +196,13 @@ def parse_example(serialized: tf.Tensor) -> Dict[str, tf.Tensor]:
       XMAX: tf.io.VarLenFeature(tf.float32),
       CLASS_LABEL: tf.io.VarLenFeature(tf.int64),
       IS_CROWD: tf.io.VarLenFeature(tf.int64),
+      MASK: tf.io.VarLenFeature(tf.string),
   }
   parsed = tf.io.parse_single_example(serialized, features)
   coords = [tf.sparse.to_dense(parsed[k]) for k in (YMIN, XMIN, YMAX, XMAX)]
   classes = tf.sparse.to_dense(parsed[CLASS_LABEL])
   is_crowd = tf.sparse.to_dense(parsed[IS_CROWD])
+  mask_pngs = tf.sparse.to_dense(parsed[MASK])
   num = tf.shape(classes)[0]
   checks = [
       tf.debugging.assert_equal(
@@ -194,6 +212,9 @@ def parse_example(serialized: tf.Tensor) -> Dict[str, tf.Tensor]:
       tf.debugging.assert_equal(
           tf.logical_or(tf.equal(tf.shape(is_crowd)[0], 0), tf.equal(tf.shape(is_crowd)[0], num)),
           True, message=f"{IS_CROWD} must be absent or have one value per object"),
+      tf.debugging.assert_equal(
+          tf.logical_or(tf.equal(tf.shape(mask_pngs)[0], 0), tf.equal(tf.shape(mask_pngs)[0], num)),
+          True, message=f"{MASK} must be absent or have one PNG per object"),
   ]
   with tf.control_dependencies(checks):
     boxes = tf.stack(coords, axis=-1)
@@ -207,6 +228,7 @@ def parse_example(serialized: tf.Tensor) -> Dict[str, tf.Tensor]:
       "boxes": tf.reshape(boxes, [-1, 4]),
       "classes": tf.cast(classes, tf.int32),
       "is_crowd": is_crowd,
+      "mask_pngs": mask_pngs,
   }
 
 
@@ -373,23 +395,57 @@ def to_original_pixels(boxes, image_info):
   return minimum(maximum(result, 0.0), original)
 
 
+def instance_mask_targets(masks: tf.Tensor, boxes: tf.Tensor, image_info: tf.Tensor,
+                          flip, crop_size: int) -> tf.Tensor:
+  """Each instance's mask inside its `resize_and_pad` box, as a fixed [m, m] crop.
+
+  The box in output pixels is mapped back to the original image (undoing the
+  flip, the resize and the crop window); the original mask is sampled there
+  (`masks.crop_masks`) and the crop mirrored when the image was. So scale
+  jitter, crops that cut an object and flips all move the crop with its box:
+  cell (i, j) of the crop is the mask at cell (i, j) of the output box.
+
+  Args:
+    masks: float32 [M, H, W] in 0..1 over the original image (`masks.decode_mask_pngs`).
+    boxes: float32 [M, 4] output pixels, as `resize_and_pad` returns them.
+    image_info: float32 [4, 2] of that `resize_and_pad` call.
+    flip: bool [], the flip that call made.
+    crop_size: m.
+
+  Returns:
+    float32 [M, m, m] in 0..1.
+  """
+  boxes = tf.reshape(tf.cast(boxes, tf.float32), [-1, 4])
+  content_width = image_info[INFO_CONTENT_SIZE, 1]
+  ymin, xmin, ymax, xmax = tf.unstack(boxes, axis=-1)
+  unflipped = tf.stack([ymin, content_width - xmax, ymax, content_width - xmin], axis=-1)
+  flip = tf.convert_to_tensor(flip, tf.bool)
+  boxes = tf.where(flip, unflipped, boxes)
+  scale = tf.tile(image_info[INFO_SCALE], [2])
+  original_boxes = boxes / tf.where(scale > 0, scale, 1.0) + tf.tile(image_info[INFO_OFFSET], [2])
+  crops = mask_ops.crop_masks(masks, original_boxes, crop_size)
+  return tf.cond(flip, lambda: tf.reverse(crops, [2]), lambda: crops)
+
+
 # ----------------------------------------------------------------------------
 # Ground truth of fixed size, and anchor targets.
 
 
 def pad_instances(boxes: tf.Tensor, classes: tf.Tensor, is_crowd: tf.Tensor,
-                  max_instances: int) -> Dict[str, tf.Tensor]:
+                  max_instances: int, masks: Optional[tf.Tensor] = None) -> Dict[str, tf.Tensor]:
   """Pads (or truncates) the ground truth to exactly `max_instances` rows.
 
   Args:
     boxes: float32 [M, 4]; classes: int32 [M]; is_crowd: bool [M].
     max_instances: K.
+    masks: optional float32 [M, m, m] box crops (`instance_mask_targets`).
 
   Returns:
     {"boxes": float32 [K, 4] (zeros in padding rows),
      "classes": int32 [K] (PADDING_CLASS = -1 in padding rows),
      "is_crowd": int32 [K] 0/1, "num_instances": int32 [] = min(M, K),
-     "num_truncated": int32 [] = max(M - K, 0), the rows dropped from the end}.
+     "num_truncated": int32 [] = max(M - K, 0), the rows dropped from the end,
+     and with masks "masks": float32 [K, m, m] (zeros in padding rows)}.
   """
   num = tf.shape(classes)[0]
   kept = tf.minimum(num, max_instances)
@@ -410,6 +466,10 @@ def pad_instances(boxes: tf.Tensor, classes: tf.Tensor, is_crowd: tf.Tensor,
   result["boxes"].set_shape([max_instances, 4])
   result["classes"].set_shape([max_instances])
   result["is_crowd"].set_shape([max_instances])
+  if masks is not None:
+    crop_size = masks.shape[-1]
+    result["masks"] = fit(tf.reshape(tf.cast(masks, tf.float32), [-1, crop_size, crop_size]), 0.0)
+    result["masks"].set_shape([max_instances, crop_size, crop_size])
   return result
 
 
@@ -490,6 +550,8 @@ def build_decode_fn(image_size: int,
                     method: str = "bilinear",
                     antialias: bool = False,
                     with_anchor_targets: bool = True,
+                    with_masks: bool = False,
+                    mask_crop_size: int = 56,
                     seed: Optional[int] = None) -> Callable:
   """serialized record -> (features, labels) with static shapes, for `build_dataset`.
 
@@ -511,6 +573,10 @@ def build_decode_fn(image_size: int,
     method, antialias: resizing.
     with_anchor_targets: False leaves out the per-anchor targets (an
       evaluation that needs no loss saves the matching).
+    with_masks: also the instance masks (`image/object/mask`), each cropped to
+      its box at [mask_crop_size, mask_crop_size] (`instance_mask_targets`).
+      A record without masks is then an error naming its source id.
+    mask_crop_size: m, the side of the mask crops.
     seed: op seed of the augmentation draws.
 
   Returns:
@@ -519,9 +585,12 @@ def build_decode_fn(image_size: int,
                 "source_id": int32 []}
       labels {"boxes": float32 [K, 4] output pixels, "classes": int32 [K]
               (-1 padding), "is_crowd": int32 [K], "num_instances": int32 [],
+              with_masks: "masks": float32 [K, m, m] in 0..1 (zeros in padding rows),
               and with_anchor_targets: "class_targets": int32 [N],
               "box_targets": float32 [N, 4], "num_positives": float32 []}.
   """
+  if with_masks and mask_crop_size < 1:
+    raise ValueError(f"mask_crop_size must be >= 1, got {mask_crop_size}.")
   anchors = tf.constant(np.asarray(anchors, np.float32))  # A constant of the map function.
   if len(anchors.shape) != 2 or anchors.shape[-1] != 4:
     raise ValueError(f"anchors must be float32 [N, 4], got shape {anchors.shape}.")
@@ -539,9 +608,14 @@ def build_decode_fn(image_size: int,
     image, boxes, visible, image_info = resize_and_pad(
         record[ENCODED], record["boxes"], image_size, mean=mean, std=std, method=method,
         antialias=antialias, **geometry)
+    mask_crops = None
+    if with_masks:
+      mask_crops = _visible_mask_crops(record, boxes, visible, image_info,
+                                       geometry.get("flip", False), mask_crop_size)
     ground_truth = pad_instances(tf.boolean_mask(boxes, visible),
                                  tf.boolean_mask(record["classes"], visible),
-                                 tf.boolean_mask(record["is_crowd"], visible), max_instances)
+                                 tf.boolean_mask(record["is_crowd"], visible), max_instances,
+                                 masks=mask_crops)
     truncated = ground_truth.pop("num_truncated")
 
     def warn():
@@ -562,6 +636,22 @@ def build_decode_fn(image_size: int,
     return features, labels
 
   return decode_fn
+
+
+def _visible_mask_crops(record, boxes, visible, image_info, flip, crop_size):
+  """float32 [M', m, m]: the mask crops of the boxes still visible after the crop."""
+  num_boxes = tf.shape(record["classes"])[0]
+  has_masks = tf.logical_or(tf.equal(num_boxes, 0),
+                            tf.equal(tf.shape(record["mask_pngs"])[0], num_boxes))
+  check = tf.debugging.Assert(has_masks, [
+      f"A detection record has boxes but no instance masks ({MASK}); this task needs them: "
+      f"convert with masks (tpu-models convert coco ... --masks). image/source_id",
+      record["source_id"]])
+  with tf.control_dependencies([check]):
+    pngs = tf.boolean_mask(record["mask_pngs"], visible)
+  masks = mask_ops.decode_mask_pngs(pngs)
+  return instance_mask_targets(masks, tf.boolean_mask(boxes, visible), image_info, flip,
+                               crop_size)
 
 
 def decode_image_and_boxes(serialized: tf.Tensor) -> Dict[str, tf.Tensor]:

@@ -5,21 +5,27 @@ items of all 10 classes, cut out along their silhouette (not their black 28x28
 squares), tinted and pasted onto random crops of real photographs from
 scikit-image (astronaut, coffee, chelsea, rocket, ...), 1-6 per image at
 10-33% of the image side, with varied aspect ratios and limited overlap; every
-box is tight around the pasted item's pixels.
+box is tight around the pasted item's pixels, and every item's instance mask
+is its exact silhouette (the alpha > 0.5 pixels its box is tight around,
+including any part a later item covers: the box and the mask describe the same
+pixels).
 
 Items never cross splits: train takes Fashion-MNIST train[:55000], validation
 train[55000:] (the items the project's Fashion-MNIST classifier holds out, so
 warm-starting from it stays fair), test the Fashion-MNIST test split, which
-nothing should ever be tuned on. Backgrounds are crops of the same photos in
-every split.
+nothing should ever be tuned on. Backgrounds do not cross into the test split
+either: its photos (HELD_OUT_PHOTOS: a cat, a motorcycle scene, gravel, a
+clock) appear in no training or validation image, which crop the other
+photos (PHOTO_SPLITS), so the test AP measures objects on unseen scenes.
 
     build_pasted_objects("data/pasted_objects", num_train=3000)
 
 writes
 
     images/{train,validation,test}/000001.jpg ...
-    annotations/{train,validation,test}.json     COCO instances, category ids 1..10
-    {train,validation,test}-0000i-of-0000n       TFRecords (detection.py schema)
+    annotations/{train,validation,test}.json     COCO instances, category ids 1..10,
+                                                  segmentation as compressed RLE
+    {train,validation,test}-0000i-of-0000n       TFRecords (inputs.py schema, with masks)
     label_map.json                                labels 0..9 -> category ids 1..10
 
 Every image is rendered from its own random generator seeded by
@@ -36,11 +42,18 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from tpu_models.vision.detection import masks as mask_ops
+
 # Photos of scikit-image tried in order; those that are missing are skipped.
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry",
           "hubble_deep_field", "stereo_motorcycle", "retina", "camera", "brick", "grass",
           "gravel", "coins", "moon", "clock", "colorwheel")
 SPLITS = ("train", "validation", "test")
+# The test split's backgrounds: two colour scenes and two grey ones, used by no other split.
+HELD_OUT_PHOTOS = ("chelsea", "stereo_motorcycle", "gravel", "clock")
+_SEEN_PHOTOS = tuple(name for name in PHOTOS if name not in HELD_OUT_PHOTOS)
+# The photos each split crops its backgrounds from.
+PHOTO_SPLITS = {"train": _SEEN_PHOTOS, "validation": _SEEN_PHOTOS, "test": HELD_OUT_PHOTOS}
 # Fashion-MNIST items each split pastes (sources.load_fashion_mnist slices).
 ITEM_SPLITS = {"train": "train[:55000]", "validation": "train[55000:]", "test": "test"}
 _SPLIT_INDEX = {name: i for i, name in enumerate(SPLITS)}
@@ -221,7 +234,7 @@ def _coco_json(split: str, images: List[Dict], annotations: List[Dict],
                class_names: Sequence[str], seed: int) -> Dict:
   return {
       "info": {"description": f"tpu_models pasted objects ({split}): Fashion-MNIST items "
-                              f"on scikit-image photos", "version": "1", "seed": seed},
+                              f"on scikit-image photos", "version": "2", "seed": seed},
       "images": images,
       "annotations": annotations,
       "categories": [{"id": i + 1, "name": name, "supercategory": "fashion"}
@@ -254,15 +267,16 @@ def build_pasted_objects(output_dir: str,
     object_size_range: an item's longer side over the image's shorter side.
     seed: everything is a function of it.
     jpeg_quality: JPEG quality of the images.
-    write_records: also convert every split to TFRecords (detection_convert).
+    write_records: also convert every split to TFRecords with masks
+      (detection_convert.convert_coco(include_masks=True)).
     num_shards: shards per split.
     fashion_mnist_path: where the Fashion-MNIST idx files are (default: search).
     progress: print a line per split.
 
   Returns:
     {"splits": {split: {"images", "objects", "annotation_file", "paths"
-    (with write_records), "per_class": {name: count}}}, "seconds",
-    "label_map_file"}.
+    (with write_records), "per_class": {name: count}, "photos": [names of the
+    background photos]}}, "seconds", "label_map_file"}.
   """
   from PIL import Image
 
@@ -280,7 +294,6 @@ def build_pasted_objects(output_dir: str,
   if not 16 <= image_size_range[0] <= image_size_range[1]:
     raise ValueError(f"image_size_range must satisfy 16 <= min <= max, got {image_size_range}.")
   start = time.time()
-  photos = load_photos()
   class_names = sources.FASHION_MNIST_CLASSES
   result = {"splits": {}}
   for split in SPLITS:
@@ -289,33 +302,36 @@ def build_pasted_objects(output_dir: str,
       continue
     items, labels = sources.load_fashion_mnist(ITEM_SPLITS[split], fashion_mnist_path)
     cutter = _ItemCutter(items)
+    photo_names = [name for name in PHOTO_SPLITS[split] if name in PHOTOS]
+    photos = load_photos(photo_names)
     image_dir = os.path.join(output_dir, "images", split)
     os.makedirs(image_dir, exist_ok=True)
     images, annotations = [], []
     per_class = np.zeros(len(class_names), np.int64)
     for i in range(count):
       rng = np.random.default_rng([seed, _SPLIT_INDEX[split], i])
-      image, boxes, classes = render_image(
+      image, boxes, classes, alphas = render_image(
           rng, photos, items, labels, image_size_range=image_size_range,
           objects_per_image=objects_per_image, object_size_range=object_size_range,
-          cutter=cutter)
+          cutter=cutter, return_masks=True)
       image_id = i + 1
       file_name = f"{split}/{image_id:06d}.jpg"
       Image.fromarray(image).save(os.path.join(output_dir, "images", file_name), "JPEG",
                                   quality=jpeg_quality)
       images.append({"id": image_id, "file_name": file_name, "height": image.shape[0],
                      "width": image.shape[1]})
-      for (x0, y0, x1, y1), label in zip(boxes.tolist(), classes.tolist()):
+      for (x0, y0, x1, y1), label, alpha in zip(boxes.tolist(), classes.tolist(), alphas):
         annotations.append({"id": len(annotations) + 1, "image_id": image_id,
                             "category_id": label + 1, "bbox": [x0, y0, x1 - x0, y1 - y0],
-                            "area": (x1 - x0) * (y1 - y0), "iscrowd": 0})
+                            "area": (x1 - x0) * (y1 - y0), "iscrowd": 0,
+                            "segmentation": mask_ops.mask_to_rle(alpha > 0.5)})
         per_class[label] += 1
     annotation_file = os.path.join(output_dir, "annotations", f"{split}.json")
     os.makedirs(os.path.dirname(annotation_file), exist_ok=True)
     with open(annotation_file, "w") as f:
       json.dump(_coco_json(split, images, annotations, class_names, seed), f)
     info = {"images": count, "objects": len(annotations), "annotation_file": annotation_file,
-            "per_class": dict(zip(class_names, per_class.tolist()))}
+            "per_class": dict(zip(class_names, per_class.tolist())), "photos": photo_names}
     if progress:
       print(f"pasted objects {split}: {count} images, {len(annotations)} objects "
             f"({time.time() - start:.1f} s)", file=sys.stderr, flush=True)
@@ -324,11 +340,12 @@ def build_pasted_objects(output_dir: str,
 
       stats = detection_convert.convert_coco(
           annotation_file, os.path.join(output_dir, "images"), os.path.join(output_dir, split),
-          num_shards=num_shards, shuffle_seed=seed, progress=False)
+          num_shards=num_shards, shuffle_seed=seed, progress=False, include_masks=True)
       if stats["skipped"] or stats["invalid_boxes"]:
         raise RuntimeError(f"Converting the generated {split} split skipped images or boxes: "
                            f"{stats['skipped_files'][:3]} {stats['invalid_boxes']}")
       info["paths"] = stats["paths"]
+      info["masks"] = stats["masks"]
       result["label_map_file"] = stats["label_map_file"]
     result["splits"][split] = info
   result["seconds"] = time.time() - start

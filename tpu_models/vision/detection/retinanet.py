@@ -205,6 +205,61 @@ def retinanet(*,
   head_channels = head_channels or fpn_channels
 
   inputs = keras.Input(shape=(height, width, 3), name="image")
+  pyramid, batch_norm = resnet_fpn(
+      inputs, backbone_depth=backbone_depth, min_level=min_level, max_level=max_level,
+      fpn_channels=fpn_channels, p67_input=p67_input, p67_padding=p67_padding,
+      use_batch_norm=use_batch_norm, bn_momentum=bn_momentum, bn_epsilon=bn_epsilon,
+      fused_bn=fused_bn, backbone_stem=backbone_stem, backbone_width=backbone_width,
+      backbone_stage_widths=backbone_stage_widths, backbone_padding=backbone_padding,
+      backbone_bn_epsilon=backbone_bn_epsilon, backbone_trainable=backbone_trainable,
+      backbone_frozen_bn=backbone_frozen_bn,
+      backbone_pointwise_matmul=backbone_pointwise_matmul,
+      backbone_project_first_shortcut=backbone_project_first_shortcut)
+  with keras.name_scope("head"):
+    class_outputs = _subnet(pyramid, "class", head_convs, head_channels, per_location,
+                            num_classes, use_batch_norm, batch_norm,
+                            bias=-math.log((1.0 - prior_probability) / prior_probability))
+    box_outputs = _subnet(pyramid, "box", head_convs, head_channels, per_location, 4,
+                          use_batch_norm, batch_norm)
+  # The flat outputs and everything after them (losses, NMS) are float32.
+  outputs = {
+      "class_logits": keras.layers.Concatenate(axis=1, name="class_logits_all",
+                                               dtype="float32")(class_outputs),
+      "box_deltas": keras.layers.Concatenate(axis=1, name="box_deltas_all",
+                                             dtype="float32")(box_outputs),
+  }
+  model = keras.Model(inputs, outputs, name=name or "retinanet")
+  return model
+
+
+def resnet_fpn(inputs: keras.KerasTensor, *, backbone_depth: int, min_level: int,
+               max_level: int, fpn_channels: int, p67_input: str = "p5",
+               p67_padding: str = "same", use_batch_norm: bool = True,
+               bn_momentum: float = 0.99, bn_epsilon: float = 1e-3, fused_bn: bool = True,
+               backbone_stem: str = "imagenet", backbone_width: int = 64,
+               backbone_stage_widths: Optional[List[int]] = None,
+               backbone_padding: str = "same", backbone_bn_epsilon: Optional[float] = None,
+               backbone_trainable: bool = True, backbone_frozen_bn: bool = False,
+               backbone_pointwise_matmul: Optional[bool] = None,
+               backbone_project_first_shortcut: bool = False):
+  """The detection family's ResNet backbone and FPN on a functional input (RetinaNet, Mask R-CNN).
+
+  Builds the ResNet (`backbone/...` variables) and the FPN (`fpn/...`) as
+  described in the module docstring; the arguments are `retinanet`'s
+  (validated there or by the caller).
+
+  Args:
+    inputs: keras.Input [B, H, W, 3] (static H, W).
+    min_level: 2..5 (C_min_level from the backbone); max_level >= min_level.
+
+  Returns:
+    ({level: KerasTensor [B, H / 2^l, W / 2^l, fpn_channels]} for
+    min_level..max_level, batch_norm(name) -> a BN layer of the model's
+    kind, momentum and epsilon, for the heads).
+  """
+  height, width = inputs.shape[1], inputs.shape[2]
+  if backbone_bn_epsilon is None:
+    backbone_bn_epsilon = bn_epsilon
   with keras.name_scope("backbone"):
     backbone = resnet_lib.resnet(
         depth=backbone_depth, include_top=False, input_shape=[height, width, 3],
@@ -228,21 +283,7 @@ def retinanet(*,
   with keras.name_scope("fpn"):
     pyramid = _fpn(stages, min_level, max_level, fpn_channels, p67_input, use_batch_norm,
                    batch_norm, p67_padding)
-  with keras.name_scope("head"):
-    class_outputs = _subnet(pyramid, "class", head_convs, head_channels, per_location,
-                            num_classes, use_batch_norm, batch_norm,
-                            bias=-math.log((1.0 - prior_probability) / prior_probability))
-    box_outputs = _subnet(pyramid, "box", head_convs, head_channels, per_location, 4,
-                          use_batch_norm, batch_norm)
-  # The flat outputs and everything after them (losses, NMS) are float32.
-  outputs = {
-      "class_logits": keras.layers.Concatenate(axis=1, name="class_logits_all",
-                                               dtype="float32")(class_outputs),
-      "box_deltas": keras.layers.Concatenate(axis=1, name="box_deltas_all",
-                                             dtype="float32")(box_outputs),
-  }
-  model = keras.Model(inputs, outputs, name=name or "retinanet")
-  return model
+  return pyramid, batch_norm
 
 
 def _fpn(stages: Dict[str, keras.KerasTensor], min_level: int, max_level: int,

@@ -129,16 +129,20 @@ class DetectionConfig(TaskConfig):
   eval_image_min_score: float = 0.3
 
 
-@register_task("detection")
-class DetectionTask(Task, Servable, FilePredictor, DataReporter, Deployable):
-  """RetinaNet-style detection over `num_classes` (from the model config)."""
+class DetectionTaskBase(Task, DataReporter):
+  """What every detector of the family shares: config checks, inputs, COCO evaluation, pictures.
+
+  `DetectionTask` (RetinaNet) adds serving, deployment and `predict`; other
+  detectors of the family (maskrcnn.py's task) derive from this base and add
+  the capabilities they implement.
+  """
 
   config_class = DetectionConfig
 
   def __init__(self, config: DetectionConfig):
     super().__init__(config)
     self.model_params = _model_params(config)
-    self.layout = retinanet_lib.anchor_layout(**self.model_params)
+    self.layout = self.anchor_layout(self.model_params)
     self.image_size = self.layout["image_size"]
     self.num_classes = int(self.model_params.get("num_classes", 0))
     if self.num_classes < 1:
@@ -163,6 +167,10 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter, Deployable):
                         "task.pre_nms_top_k_per_level: false.")
     self.anchors = anchors_lib.multilevel_anchors(**self.layout).numpy()  # [N, 4]
     self._label_map = None  # Read on first use: [{"label", "name", "category_id"}] or [].
+
+  def anchor_layout(self, model_params: Dict[str, Any]) -> Dict[str, Any]:
+    """The model's anchor layout (`anchors.multilevel_anchors` arguments) from its params."""
+    return retinanet_lib.anchor_layout(**model_params)
 
   # Model.
 
@@ -392,7 +400,7 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter, Deployable):
     names = [entry["name"] for entry in self.label_map()]
     return names or [f"class_{i}" for i in range(self.num_classes)]
 
-  def _new_evaluator(self, split: str):
+  def _new_evaluator(self, split: str, iou_type: str = "bbox"):
     from tpu_models.vision.detection import coco
 
     cfg = self.config
@@ -404,7 +412,8 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter, Deployable):
     return coco.COCOEvaluator(
         annotation_file,
         category_ids=[e["category_id"] for e in entries] if entries else None,
-        class_names=names, per_class=cfg.per_class_ap, max_detections=cfg.max_detections)
+        class_names=names, per_class=cfg.per_class_ap, max_detections=cfg.max_detections,
+        iou_type=iou_type)
 
   def aggregate(self, state, step_outputs, *, split):
     """Adds one step's real examples (boxes mapped back to original pixels) to the evaluator.
@@ -493,7 +502,7 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter, Deployable):
         return [str(c.get("name", c.get("id"))) for c in sorted(categories, key=lambda c: c["id"])]
     return None
 
-  # Pictures: evaluation artifacts and `tpu-models predict`.
+  # Pictures of each reported evaluation.
 
   def write_eval_artifacts(self, state, *, model_dir: str, step: int, split: str,
                            tensorboard: bool = True) -> List[str]:
@@ -534,6 +543,52 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter, Deployable):
           tf.summary.image(f"{split}_images/{source_id}", picture[None], step=int(step))
       writer.close()
     return written
+
+
+
+  # Data checks.
+
+  def data_report(self) -> List[Tuple[str, str]]:
+    """`check`'s findings about the training data: anchors that do not fit its boxes.
+
+    One ("warning", the coverage table with suggestions) when a size bucket of
+    the training boxes has fewer than 90% with an anchor at IoU >=
+    matched_threshold (`anchor_coverage`); nothing when all fit or the records
+    are not on this machine.
+    """
+    report = self.anchor_coverage()
+    if report is None or report.ok:
+      return []
+    return [("warning", report.format())]
+
+  def anchor_coverage(self, max_images: Optional[int] = 5000):
+    """The anchor coverage of the training records (`inputs.anchor_coverage`).
+
+    Returns:
+      A `CoverageReport` (`print(report)` for the table by size bucket and
+      class, `report.ok`), or None when the training data is not TFRecords on
+      this machine.
+    """
+    data = self.config.train_data
+    if data.source != "tfrecord" or not data.path:
+      return None
+    try:
+      if not pipeline.match_files(data.path):
+        return None
+    except FileNotFoundError:
+      return None
+    layout = dict(self.layout)
+    image_size = layout.pop("image_size")
+    return detection_data.anchor_coverage(
+        data.path, image_size, **layout, matched_threshold=self.config.matched_threshold,
+        max_images=max_images, class_names=self.class_names() if self.label_map() else None)
+
+
+@register_task("detection")
+class DetectionTask(DetectionTaskBase, Servable, FilePredictor, Deployable):
+  """RetinaNet-style detection over `num_classes` (from the model config)."""
+
+  # Pictures of `tpu-models predict`.
 
   def _detect_pixels_fn(self, model: keras.Model):
     """uint8 [H, W, 3] -> (boxes [D, 4] in its pixels, scores [D], classes [D], count [])."""
@@ -601,45 +656,6 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter, Deployable):
       say(f"{path}: {len(lines)} detection{'s' if len(lines) != 1 else ''}"
           f"{': ' + '; '.join(lines) if lines else ''} -> {out}")
     return failed
-
-  # Data checks.
-
-  def data_report(self) -> List[Tuple[str, str]]:
-    """`check`'s findings about the training data: anchors that do not fit its boxes.
-
-    One ("warning", the coverage table with suggestions) when a size bucket of
-    the training boxes has fewer than 90% with an anchor at IoU >=
-    matched_threshold (`anchor_coverage`); nothing when all fit or the records
-    are not on this machine.
-    """
-    report = self.anchor_coverage()
-    if report is None or report.ok:
-      return []
-    return [("warning", report.format())]
-
-  def anchor_coverage(self, max_images: Optional[int] = 5000):
-    """The anchor coverage of the training records (`inputs.anchor_coverage`).
-
-    Returns:
-      A `CoverageReport` (`print(report)` for the table by size bucket and
-      class, `report.ok`), or None when the training data is not TFRecords on
-      this machine.
-    """
-    data = self.config.train_data
-    if data.source != "tfrecord" or not data.path:
-      return None
-    try:
-      if not pipeline.match_files(data.path):
-        return None
-    except FileNotFoundError:
-      return None
-    layout = dict(self.layout)
-    image_size = layout.pop("image_size")
-    return detection_data.anchor_coverage(
-        data.path, image_size, **layout, matched_threshold=self.config.matched_threshold,
-        max_images=max_images, class_names=self.class_names() if self.label_map() else None)
-
-  # Serving.
 
   def serving_signatures(self, model: keras.Model):
     """Encoded bytes or uint8 pixels in; detections in the input image's pixels out.
@@ -719,8 +735,6 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter, Deployable):
 
     return {"serving_default": serving_default.get_concrete_function(),
             "serve_images": serve_images.get_concrete_function()}
-
-  # Deployment (LiteRT, ONNX: tpu_models/deploy.py).
 
   def deploy_functions(self, model: keras.Model) -> Dict[str, DeployFunction]:
     """`serve_resized`: pixels already resized and padded to the model's size in; detections out.

@@ -1,0 +1,210 @@
+"""Mask R-CNN: the model's fixed shapes and targets, mask AP, XLA compilation, a short training."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tpu_models import cli
+from tpu_models import config as config_lib
+from tpu_models.registry import create_model
+from tpu_models.task import create_task
+from tpu_models.training.trainer import Trainer
+from tpu_models.vision.detection import coco
+from tpu_models.vision.detection import maskrcnn
+from tpu_models.vision.detection import masks as mask_ops
+
+from conftest import REPO
+from test_detection_task import tiny_pasted_objects
+
+coco_mask = pytest.importorskip("pycocotools.mask")
+
+TINY_MODEL = {"name": "maskrcnn", "backbone_depth": 18, "backbone_width": 8, "fpn_channels": 16,
+              "num_classes": 10, "image_size": 64, "anchor_size": 4, "rpn_pre_nms_top_k": 300,
+              "train_proposals": 64, "eval_proposals": 32, "num_sampled_rois": 32,
+              "box_head_dims": 32, "mask_head_convs": 1, "mask_head_channels": 8,
+              "mask_roi_size": 7, "max_detections": 8, "detection_pre_nms_top_k": 64}
+
+
+def _tiny_model(**overrides):
+  params = dict(TINY_MODEL, **overrides)
+  return create_model(params.pop("name"), **params)
+
+
+def _ground_truth():
+  """Two images: one box (+ a padding row), two boxes; full masks (all ones) in each box."""
+  boxes = tf.constant([[[4.0, 4.0, 30.0, 40.0], [0, 0, 0, 0]],
+                       [[10.0, 10.0, 60.0, 50.0], [20.0, 5.0, 40.0, 25.0]]])
+  classes = tf.constant([[1, -1], [0, 9]])
+  return {"image": tf.random.stateless_normal([2, 64, 64, 3], [0, 1]), "gt_boxes": boxes,
+          "gt_classes": classes, "gt_masks": tf.ones([2, 2, 14, 14])}
+
+
+def test_training_outputs_have_fixed_shapes_and_the_targets_of_the_ground_truth():
+  model = _tiny_model()
+  assert isinstance(model, maskrcnn.MaskRCNN) and model.settings.max_positive_rois == 8
+  groups = ("backbone/", "fpn/", "rpn/", "box_head/", "mask_head/")
+  assert all(v.path.startswith(groups) for v in model.variables)
+  assert {v.path.split("/")[0] for v in model.variables} == {g[:-1] for g in groups}
+  ground_truth = _ground_truth()
+  out = model(ground_truth, training=True)
+  anchors = 3 * (16**2 + 8**2 + 4**2 + 2**2 + 1)  # P2-P6 at 64 px, 3 anchors per position.
+  expected = {"rpn_class_logits": (2, anchors, 1), "rpn_box_deltas": (2, anchors, 4),
+              "roi_class_logits": (2, 32, 11), "roi_box_deltas": (2, 32, 4),
+              "roi_class_targets": (2, 32), "roi_box_targets": (2, 32, 4), "roi_valid": (2, 32),
+              "mask_logits": (2, 8, 14, 14), "mask_targets": (2, 8, 14, 14), "mask_valid": (2, 8)}
+  assert {k: tuple(v.shape) for k, v in out.items()} == expected
+  targets, valid = out["roi_class_targets"].numpy(), out["roi_valid"].numpy()
+  # The ground truth is among the candidates: every image has positives, of its classes only.
+  assert set(targets[0][targets[0] > 0]) == {2} and set(targets[1][targets[1] > 0]) <= {1, 10}
+  assert (targets[1] > 0).sum() >= 2 and valid.sum() == 64  # Enough candidates: all valid.
+  # Positives come first and are exactly the mask head's valid slots.
+  np.testing.assert_array_equal(out["mask_valid"].numpy(), (targets[:, :8] > 0).astype(float))
+  # Masks of all ones in the ground-truth boxes: a positive RoI's target is 1 where the RoI
+  # overlaps its box, so a RoI inside its box (the box itself) is all ones.
+  mask_targets = out["mask_targets"].numpy()
+  for b in range(2):
+    for slot in range(8):
+      if out["mask_valid"][b, slot]:
+        assert mask_targets[b, slot].mean() > 0.25
+  assert set(np.unique(mask_targets)) <= {0.0, 1.0}
+  # The box targets of a positive are the coder's encoding; background rows are 0.
+  assert not out["roi_box_targets"].numpy()[targets == 0].any()
+
+
+def test_inference_returns_a_fixed_number_of_detections_with_masks():
+  model = _tiny_model()
+  out = model(_ground_truth()["image"], training=False)
+  assert out["detection_boxes"].shape == (2, 8, 4) and out["detection_masks"].shape == (2, 8, 14, 14)
+  assert out["detection_classes"].dtype == tf.int32 and out["num_detections"].shape == (2,)
+  count = out["num_detections"].numpy()
+  classes = out["detection_classes"].numpy()
+  for b in range(2):
+    assert (classes[b, :count[b]] >= 0).all() and (classes[b, count[b]:] == -1).all()
+  masks = out["detection_masks"].numpy()
+  assert masks.min() >= 0.0 and masks.max() <= 1.0
+  boxes = out["detection_boxes"].numpy()
+  assert boxes.min() >= 0.0 and boxes.max() <= 64.0
+
+
+def test_bad_model_configs_fail_clearly():
+  with pytest.raises(config_lib.ConfigError, match="multiple of 32"):
+    _tiny_model(image_size=72)
+  with pytest.raises(config_lib.ConfigError, match="num_sampled_rois"):
+    _tiny_model(num_sampled_rois=128)
+
+
+def test_pasted_masks_invert_the_pipeline_crops():
+  rng = np.random.default_rng(0)
+  height, width = 50, 70
+  mask = np.zeros([height, width], np.uint8)
+  mask[12:40, 20:30] = 1
+  mask[30:40, 20:60] = 1
+  mask[(rng.random([height, width]) < 0.02)] = 0  # A few holes.
+  box = np.array([[12.0, 20.0, 40.0, 60.0]])
+  crop = mask_ops.crop_masks(mask[None].astype(np.float32), box, 56).numpy()
+  pasted = mask_ops.paste_masks(crop, box, height, width)[0]
+  intersection = (pasted & mask).sum()
+  assert intersection / (pasted | mask).sum() > 0.9
+  assert not pasted[:12].any() and not pasted[:, 60:].any()  # Nothing outside the box.
+
+
+def test_mask_ap_scores_masks_where_box_ap_cannot_tell():
+  height, width = 40, 40
+  l_mask = np.zeros([height, width], np.uint8)
+  l_mask[5:35, 5:12] = 1
+  l_mask[28:35, 5:35] = 1
+  box = np.array([[[5.0, 5.0, 35.0, 35.0]]])
+  gt = [[mask_ops.mask_to_rle(l_mask)]]
+  inverted = np.zeros_like(l_mask)
+  inverted[5:35, 5:35] = 1 - l_mask[5:35, 5:35]  # Same box, the other pixels.
+  results = {}
+  for name, detection in (("right", l_mask), ("inverted", inverted)):
+    boxes_eval = coco.COCOEvaluator(category_ids=[1])
+    masks_eval = coco.COCOEvaluator(category_ids=[1], iou_type="segm")
+    for evaluator in (boxes_eval, masks_eval):
+      evaluator.add_ground_truth([1], box, [[0]], [1], image_sizes=[[height, width]],
+                                 segmentations=gt)
+      evaluator.add_detections([1], box, [[0.9]], [[0]], [1],
+                               segmentations=[[mask_ops.mask_to_rle(detection)]])
+    results[name] = (boxes_eval.evaluate(print_summary=False)["AP"],
+                     masks_eval.evaluate(print_summary=False)["AP"])
+  assert results["right"] == (pytest.approx(1.0), pytest.approx(1.0))
+  assert results["inverted"] == (pytest.approx(1.0), 0.0)
+  with pytest.raises(ValueError, match="segmentations"):
+    coco.COCOEvaluator(iou_type="segm").add_detections([1], box, [[0.9]], [[0]], [1])
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  """12 training and 4 validation images (64-96 px, 1-2 large objects with masks)."""
+  return tiny_pasted_objects(tmp_path_factory, 12, 4)
+
+
+def _config(data_dir, overrides=()):
+  base = {
+      "task": {"name": "maskrcnn", "model": dict(TINY_MODEL),
+               "train_data": {"path": f"{data_dir}/train-*", "global_batch_size": 2},
+               "eval_data": {"path": f"{data_dir}/validation-*", "global_batch_size": 2},
+               "eval_annotation_file": f"{data_dir}/annotations/validation.json",
+               "scale_range": [1.0, 1.0], "flip": False, "max_instances": 4,
+               "mask_crop_size": 28, "rpn_batch_size": 64, "eval_images": 0},
+      "trainer": {"train_steps": 24, "steps_per_loop": 8, "checkpoint_every": 24,
+                  "eval_every": 0, "optimizer": {"name": "adamw"},
+                  "schedule": {"name": "constant", "base_lr": 0.003},
+                  "tensorboard": False},
+      "runtime": {"strategy": "cpu"}}
+  return config_lib.override(config_lib.experiment_from_dict(base), list(overrides))
+
+
+def test_task_trains_end_to_end_its_loss_falls_and_it_reports_box_and_mask_ap(data_dir,
+                                                                                 tmp_path):
+  model_dir = str(tmp_path / "model")
+  trainer = Trainer(_config(data_dir), model_dir)
+  metrics = trainer.train_and_evaluate()
+  trainer.close()
+  lines = [json.loads(line) for line in open(os.path.join(model_dir, "metrics.jsonl"))]
+  train = [line for line in lines if line.get("split") == "train"]
+  assert [line["step"] for line in train] == [8, 16, 24]
+  assert train[-1]["loss"] < 0.8 * train[0]["loss"], [line["loss"] for line in train]
+  for name in ("rpn_class_loss", "roi_class_loss", "mask_loss"):
+    assert train[-1][name] < train[0][name], (name, [line[name] for line in train])
+  assert metrics["examples"] == 4
+  for name in ("AP", "AP50", "mask_AP", "mask_AP50", "rpn_class_loss", "loss"):
+    assert np.isfinite(metrics[name]) and name in create_task(
+        _config(data_dir).task).eval_metric_names()
+  assert 0.0 <= metrics["AP"] <= 1.0 and 0.0 <= metrics["mask_AP"] <= 1.0
+  # A new Trainer restores the checkpoint: the same evaluation, the same detections and masks.
+  restored = Trainer(_config(data_dir), model_dir)
+  again = restored.evaluate_and_report("eval")
+  restored.close()
+  for name in ("loss", "rpn_class_loss", "AP", "mask_AP"):
+    assert again[name] == pytest.approx(metrics[name], abs=1e-6), name
+  images = next(iter(restored.task.build_inputs("eval")))[0]
+  trained_out, restored_out = trainer.model(images), restored.model(images)
+  for name in ("detection_boxes", "detection_scores", "detection_masks"):
+    np.testing.assert_allclose(restored_out[name], trained_out[name], atol=1e-5, err_msg=name)
+
+
+def test_records_without_masks_are_refused_by_name(data_dir, tmp_path):
+  from tpu_models.vision.detection import convert as detection_convert
+  paths = detection_convert.convert_coco(
+      f"{data_dir}/annotations/train.json", f"{data_dir}/images", str(tmp_path / "train"),
+      num_shards=1, progress=False)["paths"]
+  task = create_task(_config(data_dir, [f"task.train_data.path={paths[0]}"]).task)
+  with pytest.raises(tf.errors.InvalidArgumentError, match="no instance masks"):
+    next(iter(task.build_inputs("train")))
+
+
+def test_official_recipe_compiles_its_train_and_eval_steps_with_xla_and_passes_check(capsys):
+  # `check` compiles the Trainer's whole train and eval steps with jit_compile=True on the CPU
+  # (the records when they are here, else the task's synthetic batches of the same shapes).
+  path = os.path.join(REPO, "official", "maskrcnn", "pasted_objects_maskrcnn.yaml")
+  code = cli.main(["check", path])
+  out = capsys.readouterr().out
+  assert code == 0, out
+  assert "OK: the train step compiled with XLA (jit_compile=True)." in out
+  assert "OK: the eval step compiled with XLA (jit_compile=True)." in out
+  assert "TPU-ready." in out and "ERROR" not in out

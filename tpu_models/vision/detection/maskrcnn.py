@@ -1,0 +1,460 @@
+"""Mask R-CNN (He et al. 2017) on the detection family's ResNet-FPN, with static shapes only.
+
+Registered builders: `maskrcnn` (any registered ResNet depth through
+`backbone_depth`) and `maskrcnn_resnet50_fpn`. Their keyword arguments are the
+model config:
+
+    model = create_model("maskrcnn_resnet50_fpn", num_classes=80, image_size=1024)
+    detections = model(images)                          # inference: a float tensor in
+    outputs = model({"image": images, "gt_boxes": ..., "gt_classes": ...,
+                     "gt_masks": ...}, training=True)   # training: the ground truth in too
+
+Stages (every shape fixed by the config, nothing data-dependent):
+  backbone  ResNet v1.5 C2-C5 and the FPN P2-P6 of `retinanet.resnet_fpn`
+            (P6 a stride-2 conv of P5, as Model Garden's FPN), no BN on the FPN
+            by default.
+  rpn       one 3x3 conv + ReLU shared by all levels, then 1x1 convs for A
+            objectness logits and 4A box deltas per position; anchors of
+            `anchors.multilevel_anchors` over P2-P6 (1 scale, ratios 0.5/1/2,
+            side 8 * stride: 32-512 px), in its flat order.
+  proposals the pre_nms_top_k best anchors decoded, clipped and NMS'd
+            class-agnostically (`nms.postprocess`) into exactly
+            `train_proposals` / `eval_proposals` boxes (padded, with a count).
+  sampling  (training) proposals + ground-truth boxes matched by IoU;
+            `num_sampled_rois` of them drawn with at most
+            `roi_positive_fraction` positives (`roi_ops.sample_fixed`).
+  box head  multilevel RoIAlign 7x7 on P2-P5 (`roi_ops.multilevel_roi_align`),
+            two fully connected layers, K + 1 softmax logits (0 = background)
+            and class-specific deltas (coder weights 10, 10, 5, 5).
+  mask head RoIAlign 14x14, mask_head_convs 3x3 convs, a 2x2 stride-2
+            transposed conv, a 1x1 conv: K (or 1, class-agnostic) 28x28 logits.
+            Training: on the sampled positives only (the first slots of the
+            sample); inference: on the final detections.
+  detection (inference) class-specific boxes decoded, the pre-NMS top-k
+            (RoI, class) pairs, per-class NMS (`nms.batched_nms`) into
+            max_detections, then their masks.
+
+Training outputs (all float32 unless said):
+  rpn_class_logits [B, N, 1], rpn_box_deltas [B, N, 4]   (N anchors; targets come
+      from the input pipeline, `anchors.label_anchors`)
+  roi_class_logits [B, S, K + 1], roi_box_deltas [B, S, 4] (of the target class),
+  roi_class_targets int32 [B, S] (0 background, 1..K), roi_box_targets [B, S, 4],
+  roi_valid [B, S] (0 for padding samples),
+  mask_logits [B, P, 28, 28] (of the target class), mask_targets [B, P, 28, 28]
+      (0/1), mask_valid [B, P]   (P = the sample's positive slots).
+Inference outputs:
+  detection_boxes [B, D, 4] (model-input pixels), detection_scores [B, D],
+  detection_classes int32 [B, D] (0..K-1, -1 padding), num_detections int32 [B],
+  detection_masks [B, D, 28, 28] (probabilities over each box), plus the RPN outputs.
+
+Variable paths: backbone/... and fpn/... as RetinaNet's (`retinanet.py`),
+rpn/{conv,class_logits,box_deltas}/..., box_head/{fc1,fc2,class_logits,box_deltas}/...,
+mask_head/{conv{i},upsample,mask_logits}/....
+"""
+
+import dataclasses
+import inspect
+from typing import Any, Dict, List, Optional
+
+import keras
+import tensorflow as tf
+
+from tpu_models.builders import preset
+from tpu_models.errors import ConfigError
+from tpu_models.registry import register_model
+from tpu_models.vision.detection import anchors as anchor_ops
+from tpu_models.vision.detection import boxes as box_ops
+from tpu_models.vision.detection import nms as nms_lib
+from tpu_models.vision.detection import retinanet as retinanet_lib
+from tpu_models.vision.detection import roi_ops
+from tpu_models.vision.layers import EigenConv2D
+
+# Faster R-CNN's second-stage box coder (Detectron, Model Garden, torchvision).
+ROI_BOX_WEIGHTS = (10.0, 10.0, 5.0, 5.0)
+MASK_SIZE_FACTOR = 2  # The mask head upsamples its RoI features 2x: 14 -> 28.
+_ROI_MAX_LEVEL = 5  # RoIs pool from P2-P5; P6 only serves the RPN.
+
+
+@dataclasses.dataclass(frozen=True)
+class TwoStageSettings:
+  """The fixed sizes and thresholds of proposal generation, sampling and detection."""
+  num_classes: int
+  image_size: int
+  rpn_pre_nms_top_k: int
+  rpn_nms_iou: float
+  train_proposals: int
+  eval_proposals: int
+  num_sampled_rois: int
+  roi_positive_fraction: float
+  roi_positive_iou: float
+  box_roi_size: int
+  mask_roi_size: int
+  roi_sampling_ratio: int
+  roi_min_level: int
+  roi_max_level: int
+  class_agnostic_masks: bool
+  detection_pre_nms_top_k: int
+  detection_score_threshold: float
+  detection_nms_iou: float
+  max_detections: int
+
+  @property
+  def max_positive_rois(self) -> int:
+    """P: the sample's positive slots (the mask head's training RoIs)."""
+    return max(1, int(round(self.num_sampled_rois * self.roi_positive_fraction)))
+
+  @property
+  def mask_size(self) -> int:
+    return self.mask_roi_size * MASK_SIZE_FACTOR
+
+
+def _conv(filters: int, kernel_size: int, name: str, **kwargs) -> keras.layers.Layer:
+  return EigenConv2D(filters, kernel_size, padding="same", name=name,
+                     kernel_initializer=keras.initializers.RandomNormal(stddev=0.01), **kwargs)
+
+
+def _rpn_outputs(pyramid: Dict[int, keras.KerasTensor], channels: int, per_location: int):
+  """The RPN head on every level: (logits [B, N, 1], deltas [B, N, 4]) in the anchor order."""
+  with keras.name_scope("rpn"):
+    shared = _conv(channels, 3, "conv", activation="relu")
+    objectness = _conv(per_location, 1, "class_logits")
+    deltas = _conv(per_location * 4, 1, "box_deltas")
+    logits, boxes = [], []
+    for level, x in pyramid.items():
+      x = shared(x)
+      h, w = x.shape[1], x.shape[2]
+      logits.append(keras.layers.Reshape((h * w * per_location, 1),
+                                         name=f"rpn_class_logits_p{level}")(objectness(x)))
+      boxes.append(keras.layers.Reshape((h * w * per_location, 4),
+                                        name=f"rpn_box_deltas_p{level}")(deltas(x)))
+  return (keras.layers.Concatenate(axis=1, name="rpn_class_logits", dtype="float32")(logits),
+          keras.layers.Concatenate(axis=1, name="rpn_box_deltas", dtype="float32")(boxes))
+
+
+def _box_head(roi_size: int, channels: int, fc_dims: int, num_classes: int) -> keras.Model:
+  """[R, s, s, C] RoI features -> (class logits [R, K + 1], class-specific deltas [R, 4K])."""
+  with keras.name_scope("box_head"):
+    features = keras.Input((roi_size, roi_size, channels), name="roi_features")
+    x = keras.layers.Flatten(name="flatten")(features)
+    x = keras.layers.Dense(fc_dims, activation="relu", name="fc1")(x)
+    x = keras.layers.Dense(fc_dims, activation="relu", name="fc2")(x)
+    logits = keras.layers.Dense(num_classes + 1, name="class_logits", dtype="float32",
+                                kernel_initializer=keras.initializers.RandomNormal(stddev=0.01))(x)
+    deltas = keras.layers.Dense(4 * num_classes, name="box_deltas", dtype="float32",
+                                kernel_initializer=keras.initializers.RandomNormal(
+                                    stddev=0.001))(x)
+  return keras.Model(features, [logits, deltas], name="box_head")
+
+
+def _mask_head(roi_size: int, channels: int, num_convs: int, head_channels: int,
+               mask_classes: int) -> keras.Model:
+  """[R, s, s, C] RoI features -> mask logits [R, 2s, 2s, mask_classes] (float32)."""
+  with keras.name_scope("mask_head"):
+    features = keras.Input((roi_size, roi_size, channels), name="mask_roi_features")
+    x = features
+    for i in range(num_convs):
+      x = EigenConv2D(head_channels, 3, padding="same", activation="relu", name=f"conv{i}",
+                      kernel_initializer=keras.initializers.VarianceScaling(2.0))(x)
+    x = keras.layers.Conv2DTranspose(head_channels, MASK_SIZE_FACTOR, strides=MASK_SIZE_FACTOR,
+                                     activation="relu", name="upsample",
+                                     kernel_initializer=keras.initializers.VarianceScaling(2.0))(x)
+    logits = keras.layers.Conv2D(mask_classes, 1, name="mask_logits", dtype="float32",
+                                 kernel_initializer=keras.initializers.VarianceScaling(2.0))(x)
+  return keras.Model(features, logits, name="mask_head")
+
+
+class MaskRCNN(keras.Model):
+  """The two-stage model; see the module docstring for its inputs and outputs."""
+
+  def __init__(self, pyramid: keras.Model, box_head: keras.Model, mask_head: keras.Model,
+               anchors: tf.Tensor, settings: TwoStageSettings, **kwargs):
+    super().__init__(**kwargs)
+    self.pyramid = pyramid
+    self.box_head = box_head
+    self.mask_head = mask_head
+    self.settings = settings
+    self._anchors = anchors
+    self.built = True  # Every variable exists already (the parts are built functional models).
+
+  def call(self, inputs, training=False):
+    ground_truth = None
+    if isinstance(inputs, dict):
+      images = inputs["image"]
+      if "gt_boxes" in inputs:
+        ground_truth = inputs
+    else:
+      images = inputs
+    features = self.pyramid(images, training=training)
+    rpn = {"rpn_class_logits": features["rpn_class_logits"],
+           "rpn_box_deltas": features["rpn_box_deltas"]}
+    s = self.settings
+    roi_pyramid = {level: features[f"p{level}"]
+                   for level in range(s.roi_min_level, s.roi_max_level + 1)}
+    count = s.train_proposals if ground_truth is not None else s.eval_proposals
+    proposals, proposal_valid = self.proposals(rpn["rpn_class_logits"], rpn["rpn_box_deltas"],
+                                               count)
+    if ground_truth is not None:
+      return dict(rpn, **self._training_heads(roi_pyramid, proposals, proposal_valid,
+                                              ground_truth, training))
+    return dict(rpn, **self.detect(roi_pyramid, proposals, proposal_valid))
+
+  def proposals(self, rpn_class_logits, rpn_box_deltas, count: int):
+    """The RPN's `count` best boxes after NMS: (boxes float32 [B, count, 4], valid bool [B, count])."""
+    s = self.settings
+    found = nms_lib.postprocess(
+        tf.stop_gradient(rpn_class_logits), tf.stop_gradient(rpn_box_deltas), self._anchors,
+        pre_nms_top_k=s.rpn_pre_nms_top_k, score_threshold=0.0, iou_threshold=s.rpn_nms_iou,
+        max_detections=count, image_size=s.image_size)
+    valid = tf.range(count)[None, :] < found["num_detections"][:, None]
+    return found["boxes"], valid
+
+  def _box_head_outputs(self, roi_pyramid, rois, training):
+    """(class logits [B, R, K + 1], deltas [B, R, K, 4]) of boxes [B, R, 4]."""
+    s = self.settings
+    crops = roi_ops.multilevel_roi_align(roi_pyramid, rois, output_size=s.box_roi_size,
+                                         sampling_ratio=s.roi_sampling_ratio)
+    batch, regions = tf.shape(rois)[0], rois.shape[1]
+    flat = tf.reshape(crops, [-1, s.box_roi_size, s.box_roi_size, crops.shape[-1]])
+    logits, deltas = self.box_head(flat, training=training)
+    return (tf.reshape(logits, [batch, regions, s.num_classes + 1]),
+            tf.reshape(deltas, [batch, regions, s.num_classes, 4]))
+
+  def _mask_logits(self, roi_pyramid, rois, classes, training):
+    """Mask logits [B, R, 28, 28] of boxes [B, R, 4] for their classes int32 [B, R] (0..K-1)."""
+    s = self.settings
+    crops = roi_ops.multilevel_roi_align(roi_pyramid, rois, output_size=s.mask_roi_size,
+                                         sampling_ratio=s.roi_sampling_ratio)
+    batch, regions = tf.shape(rois)[0], rois.shape[1]
+    flat = tf.reshape(crops, [-1, s.mask_roi_size, s.mask_roi_size, crops.shape[-1]])
+    logits = self.mask_head(flat, training=training)
+    logits = tf.reshape(logits, [batch, regions, s.mask_size, s.mask_size, -1])
+    if s.class_agnostic_masks:
+      return logits[..., 0]
+    picked = tf.one_hot(tf.maximum(classes, 0), s.num_classes, dtype=logits.dtype)
+    return tf.einsum("brhwk,brk->brhw", logits, picked)
+
+  def _training_heads(self, roi_pyramid, proposals, proposal_valid, ground_truth, training):
+    s = self.settings
+    gt_boxes = tf.cast(ground_truth["gt_boxes"], tf.float32)  # [B, K, 4]
+    gt_classes = tf.cast(ground_truth["gt_classes"], tf.int32)  # [B, K], -1 = not an object
+    gt_real = gt_classes >= 0
+    candidates = tf.concat([proposals, gt_boxes], axis=1)  # The ground truth is a proposal too.
+    candidate_valid = tf.concat([proposal_valid, gt_real], axis=1)
+    overlaps = tf.where(gt_real[:, None, :], box_ops.iou(candidates, gt_boxes), -1.0)
+    best_iou = tf.reduce_max(overlaps, axis=-1)
+    matched = tf.argmax(overlaps, axis=-1, output_type=tf.int32)
+    positive = candidate_valid & (best_iou >= s.roi_positive_iou)
+    negative = candidate_valid & (best_iou < s.roi_positive_iou)
+    index, is_positive, valid = roi_ops.sample_fixed(positive, negative, s.num_sampled_rois,
+                                                     s.roi_positive_fraction)
+    rois = tf.stop_gradient(tf.gather(candidates, index, batch_dims=1))
+    matched = tf.gather(matched, index, batch_dims=1)
+    matched_boxes = tf.gather(gt_boxes, matched, batch_dims=1)
+    matched_classes = tf.gather(gt_classes, matched, batch_dims=1)
+    class_targets = tf.where(is_positive, matched_classes + 1, 0)
+    box_targets = tf.where(is_positive[..., None],
+                           box_ops.encode_boxes(matched_boxes, rois, ROI_BOX_WEIGHTS), 0.0)
+
+    class_logits, deltas = self._box_head_outputs(roi_pyramid, rois, training)
+    target_deltas = tf.gather(deltas, tf.maximum(class_targets - 1, 0), batch_dims=2)
+
+    p = s.max_positive_rois  # Positives fill the first slots of the sample.
+    mask_rois = rois[:, :p]
+    mask_logits = self._mask_logits(roi_pyramid, mask_rois, class_targets[:, :p] - 1, training)
+    gt_masks = tf.gather(tf.cast(ground_truth["gt_masks"], tf.float32), matched[:, :p],
+                         batch_dims=1)
+    mask_targets = roi_ops.crop_and_resample(gt_masks, matched_boxes[:, :p], mask_rois,
+                                             s.mask_size)
+    return {
+        "roi_class_logits": class_logits,
+        "roi_box_deltas": target_deltas,
+        "roi_class_targets": class_targets,
+        "roi_box_targets": tf.stop_gradient(box_targets),
+        "roi_valid": tf.cast(valid, tf.float32),
+        "mask_logits": mask_logits,
+        "mask_targets": tf.stop_gradient(tf.cast(mask_targets >= 0.5, tf.float32)),
+        "mask_valid": tf.cast(is_positive[:, :p], tf.float32),
+    }
+
+  def detect(self, roi_pyramid, proposals, proposal_valid) -> Dict[str, tf.Tensor]:
+    """Final detections and their masks from the proposals (inference; see the module doc)."""
+    s = self.settings
+    class_logits, deltas = self._box_head_outputs(roi_pyramid, proposals, training=False)
+    scores = tf.nn.softmax(class_logits, axis=-1)[..., 1:]  # [B, R, K]
+    scores = tf.where(proposal_valid[..., None], scores, 0.0)
+    boxes = box_ops.decode_boxes(deltas, proposals[:, :, None, :], ROI_BOX_WEIGHTS)
+    boxes = box_ops.clip_boxes(boxes, s.image_size)  # [B, R, K, 4]
+    batch, pairs = tf.shape(boxes)[0], proposals.shape[1] * s.num_classes
+    flat_scores = tf.reshape(scores, [batch, pairs])
+    top_scores, top = tf.math.top_k(flat_scores, k=min(s.detection_pre_nms_top_k, pairs))
+    top_boxes = tf.gather(tf.reshape(boxes, [batch, pairs, 4]), top, batch_dims=1)
+    found = nms_lib.batched_nms(top_boxes, top_scores, top % s.num_classes,
+                                iou_threshold=s.detection_nms_iou,
+                                score_threshold=s.detection_score_threshold,
+                                max_detections=s.max_detections)
+    mask_logits = self._mask_logits(roi_pyramid, found["boxes"], found["classes"], False)
+    return {
+        "detection_boxes": found["boxes"],
+        "detection_scores": found["scores"],
+        "detection_classes": found["classes"],
+        "num_detections": found["num_detections"],
+        "detection_masks": tf.sigmoid(mask_logits),
+    }
+
+
+@register_model("maskrcnn")
+def maskrcnn(*,
+             backbone_depth: int = 50,
+             num_classes: int = 80,
+             image_size: int = 1024,
+             max_level: int = 6,
+             num_scales: int = 1,
+             aspect_ratios: List[float] = (0.5, 1.0, 2.0),
+             anchor_size: float = 8.0,
+             fpn_channels: int = 256,
+             rpn_channels: Optional[int] = None,
+             rpn_pre_nms_top_k: int = 2000,
+             rpn_nms_iou: float = 0.7,
+             train_proposals: int = 1000,
+             eval_proposals: int = 1000,
+             num_sampled_rois: int = 512,
+             roi_positive_fraction: float = 0.25,
+             roi_positive_iou: float = 0.5,
+             roi_sampling_ratio: int = 2,
+             box_roi_size: int = 7,
+             box_head_dims: int = 1024,
+             mask_roi_size: int = 14,
+             mask_head_convs: int = 4,
+             mask_head_channels: int = 256,
+             class_agnostic_masks: bool = False,
+             detection_pre_nms_top_k: int = 1000,
+             detection_score_threshold: float = 0.05,
+             detection_nms_iou: float = 0.5,
+             max_detections: int = 100,
+             use_batch_norm: bool = False,
+             bn_momentum: float = 0.99,
+             bn_epsilon: float = 1e-3,
+             fused_bn: bool = True,
+             backbone_stem: str = "imagenet",
+             backbone_width: int = 64,
+             backbone_stage_widths: Optional[List[int]] = None,
+             backbone_padding: str = "same",
+             backbone_bn_epsilon: Optional[float] = None,
+             backbone_trainable: bool = True,
+             backbone_frozen_bn: bool = False,
+             backbone_pointwise_matmul: Optional[bool] = None,
+             name: Optional[str] = None) -> MaskRCNN:
+  """Builds a Mask R-CNN with a ResNet-FPN backbone (P2-P6).
+
+  Args:
+    backbone_depth: a registered ResNet depth (18, 34, 50, ...).
+    num_classes: K real classes (the box head adds a background logit).
+    image_size: S, the square model input side; a multiple of 32.
+    max_level: the RPN's coarsest level (6: P6 from a stride-2 conv of P5).
+    num_scales, aspect_ratios, anchor_size: the RPN anchors
+      (`anchors.multilevel_anchors` from level 2).
+    fpn_channels: channels of every pyramid level.
+    rpn_channels: of the RPN's 3x3 conv; None = fpn_channels.
+    rpn_pre_nms_top_k, rpn_nms_iou: proposal generation.
+    train_proposals, eval_proposals: the fixed number of proposals.
+    num_sampled_rois, roi_positive_fraction, roi_positive_iou: the box head's
+      training sample: S RoIs per image, at most that fraction positive (IoU >=
+      roi_positive_iou with a ground-truth box), the rest background.
+    roi_sampling_ratio: RoIAlign samples per bin per side.
+    box_roi_size, box_head_dims: the box head's RoIAlign side and FC width.
+    mask_roi_size, mask_head_convs, mask_head_channels: the mask head (masks
+      of 2 x mask_roi_size).
+    class_agnostic_masks: one mask per RoI instead of one per class.
+    detection_pre_nms_top_k, detection_score_threshold, detection_nms_iou,
+      max_detections: inference post-processing (D = max_detections).
+    use_batch_norm: BN after each FPN output (RetinaNet's; off as in Detectron).
+    bn_momentum, bn_epsilon, fused_bn, backbone_*: as `retinanet`.
+    name: model name, default "maskrcnn".
+
+  Returns:
+    A `MaskRCNN` (keras.Model) with all variables built.
+  """
+  if isinstance(image_size, (list, tuple)):
+    if len(image_size) != 2 or image_size[0] != image_size[1]:
+      raise ConfigError(f"Mask R-CNN inputs are square: image_size must be one int, got "
+                        f"{image_size!r}.")
+    image_size = int(image_size[0])
+  image_size = int(image_size)
+  if image_size <= 0 or image_size % 32:
+    raise ConfigError(f"Mask R-CNN image_size must be a positive multiple of 32, got "
+                      f"{image_size}.")
+  if not _ROI_MAX_LEVEL <= max_level <= 6:
+    raise ConfigError(f"Mask R-CNN max_level must be 5 or 6, got {max_level}.")
+  if num_classes < 1 or not 0.0 < roi_positive_fraction <= 1.0 or min(
+      train_proposals, eval_proposals, num_sampled_rois, max_detections, box_roi_size,
+      mask_roi_size, roi_sampling_ratio, rpn_pre_nms_top_k, detection_pre_nms_top_k) < 1:
+    raise ConfigError(
+        f"Mask R-CNN needs num_classes >= 1, 0 < roi_positive_fraction <= 1 and positive "
+        f"proposal, sample, detection and RoI sizes; got num_classes={num_classes}, "
+        f"roi_positive_fraction={roi_positive_fraction}, train/eval_proposals="
+        f"{train_proposals}/{eval_proposals}, num_sampled_rois={num_sampled_rois}, "
+        f"max_detections={max_detections}.")
+  layout = dict(image_size=image_size, min_level=2, max_level=max_level, num_scales=num_scales,
+                aspect_ratios=tuple(float(r) for r in aspect_ratios), anchor_size=anchor_size)
+  anchors = anchor_ops.multilevel_anchors(**layout)
+  if num_sampled_rois > train_proposals:
+    raise ConfigError(f"num_sampled_rois ({num_sampled_rois}) must be <= train_proposals "
+                      f"({train_proposals}).")
+  per_location = anchor_ops.anchors_per_location(num_scales, aspect_ratios)
+  settings = TwoStageSettings(
+      num_classes=int(num_classes), image_size=image_size,
+      rpn_pre_nms_top_k=min(int(rpn_pre_nms_top_k), int(anchors.shape[0])),
+      rpn_nms_iou=float(rpn_nms_iou), train_proposals=int(train_proposals),
+      eval_proposals=int(eval_proposals), num_sampled_rois=int(num_sampled_rois),
+      roi_positive_fraction=float(roi_positive_fraction),
+      roi_positive_iou=float(roi_positive_iou), box_roi_size=int(box_roi_size),
+      mask_roi_size=int(mask_roi_size), roi_sampling_ratio=int(roi_sampling_ratio),
+      roi_min_level=2, roi_max_level=_ROI_MAX_LEVEL,
+      class_agnostic_masks=bool(class_agnostic_masks),
+      detection_pre_nms_top_k=int(detection_pre_nms_top_k),
+      detection_score_threshold=float(detection_score_threshold),
+      detection_nms_iou=float(detection_nms_iou), max_detections=int(max_detections))
+
+  images = keras.Input(shape=(image_size, image_size, 3), name="image")
+  pyramid, _ = retinanet_lib.resnet_fpn(
+      images, backbone_depth=backbone_depth, min_level=2, max_level=max_level,
+      fpn_channels=fpn_channels, use_batch_norm=use_batch_norm, bn_momentum=bn_momentum,
+      bn_epsilon=bn_epsilon, fused_bn=fused_bn, backbone_stem=backbone_stem,
+      backbone_width=backbone_width, backbone_stage_widths=backbone_stage_widths,
+      backbone_padding=backbone_padding, backbone_bn_epsilon=backbone_bn_epsilon,
+      backbone_trainable=backbone_trainable, backbone_frozen_bn=backbone_frozen_bn,
+      backbone_pointwise_matmul=backbone_pointwise_matmul)
+  rpn_logits, rpn_deltas = _rpn_outputs(pyramid, rpn_channels or fpn_channels, per_location)
+  outputs = {f"p{level}": x for level, x in pyramid.items()}
+  outputs.update(rpn_class_logits=rpn_logits, rpn_box_deltas=rpn_deltas)
+  pyramid_model = keras.Model(images, outputs, name="pyramid")
+  box_head = _box_head(box_roi_size, fpn_channels, box_head_dims, num_classes)
+  mask_head = _mask_head(mask_roi_size, fpn_channels, mask_head_convs, mask_head_channels,
+                         1 if class_agnostic_masks else num_classes)
+  return MaskRCNN(pyramid_model, box_head, mask_head, anchors, settings,
+                  name=name or "maskrcnn")
+
+
+def anchor_layout(**model_params) -> Dict[str, Any]:
+  """The RPN's anchor layout of a Mask R-CNN config (`anchors.multilevel_anchors` arguments).
+
+  Returns:
+    {"image_size", "min_level" (2), "max_level", "num_scales", "aspect_ratios",
+    "anchor_size"}; missing params take `maskrcnn`'s defaults.
+  """
+  defaults = inspect.signature(maskrcnn).parameters
+  get = lambda key: model_params.get(key, defaults[key].default)
+  image_size = get("image_size")
+  if isinstance(image_size, (list, tuple)):
+    image_size = int(image_size[0])
+  return {"image_size": int(image_size), "min_level": 2, "max_level": int(get("max_level")),
+          "num_scales": int(get("num_scales")),
+          "aspect_ratios": tuple(float(r) for r in get("aspect_ratios")),
+          "anchor_size": float(get("anchor_size"))}
+
+
+maskrcnn_resnet50_fpn = register_model("maskrcnn_resnet50_fpn")(preset(
+    maskrcnn, "maskrcnn_resnet50_fpn", fixed={"backbone_depth": 50},
+    defaults={"name": "maskrcnn_resnet50_fpn"},
+    doc="Builds Mask R-CNN with a ResNet-50-FPN backbone; arguments as `maskrcnn` (without "
+        "`backbone_depth`)."))
