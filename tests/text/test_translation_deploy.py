@@ -40,6 +40,9 @@ def test_litert_steps_decode_as_the_keras_model(corpus, trained, tmp_path, beam_
   assert record["builtin_ops_only"] and record["select_tf_ops"] == [], record["ops"]
   assert set(record["signatures"]) == {"encode", "decode_step"}
   assert any("SentencePiece" in line for line in record["outside_graph"])
+  # The export's check: its searched tokens equal the unconverted steps' on every sentence.
+  assert record["agreement"]["unit"] == "sentences' tokens of eval"
+  assert record["agreement"]["fraction"] == 1.0 and record["agreement"]["total"] == 7
   runner = deploy.ExportRunner(output)
   assert runner.runtime.startswith(deploy.litert_runtime())
 

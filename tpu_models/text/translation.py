@@ -59,7 +59,7 @@ from tpu_models.text import inputs as text_lib
 from tpu_models.errors import ConfigError
 from tpu_models.registry import register_task
 from tpu_models.errors import DataError
-from tpu_models.task import HIGHER, Deployable, DeployFunction, Sampler, Servable
+from tpu_models.task import HIGHER, Agreement, Deployable, DeployFunction, Sampler, Servable
 from tpu_models.text.task import TextTask, model_param, token_sums
 
 
@@ -452,6 +452,26 @@ class TranslationTask(TextTask, Servable, Sampler, Deployable):
     if not examples:
       raise DataError(f"task.{split}_data yielded no examples to evaluate.")
     return dict(self.finalize(state, split=split), examples=float(examples))
+
+  def deployed_agreement(self, reference, exported, examples: int,
+                         split: str = "eval") -> Agreement:
+    """Sentences of `split` whose searched token ids are the same through both.
+
+    The task's own search (`_deployed_search`) drives `encode` / `decode_step` of each;
+    the reference runs the unconverted functions in TensorFlow (the SavedModel holds
+    the whole search under serving_default, not these steps).
+    """
+    agreeing = total = 0
+    for features, _, mask in pipeline.until_padding(self.build_inputs(split)):
+      for row in features["inputs"].numpy()[mask.numpy() > 0][:examples - total]:
+        ours, theirs = self._deployed_search(exported, row), self._deployed_search(reference, row)
+        agreeing += int(np.array_equal(ours, theirs))
+        total += 1
+      if total >= examples:
+        break
+    if not total:
+      raise DataError(f"task.{split}_data yielded no sentences to compare the export on.")
+    return Agreement(agreeing, total, f"sentences' tokens of {split}")
 
   def _evaluate_serving(self, run, split: str, say) -> Dict[str, float]:
     """BLEU and chrF of `split` through `run("serving_default", {"sentences": ...})`."""
