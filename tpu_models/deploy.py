@@ -39,6 +39,8 @@ The output directory is replaced as a SavedModel export is: written beside it fi
 put in place complete (export.py).
 """
 
+import contextlib
+import hashlib
 import json
 import os
 import re
@@ -173,6 +175,10 @@ def export_deployment(config: config_lib.ExperimentConfig, model_dir: str, outpu
                                  "source": "task.train_data (the training input pipeline)"}
       record.update(_write_litert(functions, frozen, staging, calibration, say))
     config_lib.dump_config(config, os.path.join(staging, CONFIG_FILE))
+    # Checked by ExportRunner: a file damaged after export is one line, not a crash.
+    record["sha256"] = {name: _sha256(os.path.join(staging, name))
+                        for name in sorted(os.listdir(staging))
+                        if name.endswith((".tflite", ".onnx"))}
     _write_record(staging, record)
     floor = (min_agreement if min_agreement is not None else
              task.int8_agreement_floor if format_name == "litert-int8" else
@@ -211,6 +217,14 @@ def export_deployment(config: config_lib.ExperimentConfig, model_dir: str, outpu
   say(f"Exported checkpoint {checkpoint} (step {step}) as {format_name} to {output} "
       f"(signatures: {', '.join(sorted(functions))}; {_size_text(output)}).")
   return output
+
+
+def _sha256(path: str) -> str:
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      digest.update(block)
+  return digest.hexdigest()
 
 
 def _write_record(directory: str, record: Mapping[str, Any]) -> None:
@@ -615,8 +629,15 @@ def read_export(path: str) -> Dict[str, Any]:
   for candidate in (os.path.join(path, EXPORT_JSON),
                     os.path.join(path, "assets.extra", EXPORT_JSON)):
     if os.path.exists(candidate):
-      with open(candidate) as f:
-        record = json.load(f)
+      try:
+        with open(candidate, encoding="utf-8") as f:
+          record = json.load(f)
+      except (ValueError, UnicodeDecodeError) as e:
+        raise DataError(f"{candidate} is not valid JSON ({e}): the export's record is "
+                        f"damaged; export it again (tpu-models export ... --overwrite).") from None
+      if not isinstance(record, dict):
+        raise DataError(f"{candidate} holds a JSON {type(record).__name__}, not the export's "
+                        f"record (an object); export it again.")
       record.setdefault("format", "saved_model")
       return record
   raise FileNotFoundError(f"{path!r} is not an export (no {EXPORT_JSON}): write one with "
@@ -656,8 +677,9 @@ class ExportRunner:
       self.runtime = f"TensorFlow {tf.__version__}"
     elif self.format in ("litert", "litert-int8"):
       select_tf = bool(self.record.get("select_tf_ops"))
-      self._interpreter = _litert_interpreter(os.path.join(path, self.record["file"]),
-                                              threads=threads, select_tf=select_tf)
+      file = self._checked_file(self.record["file"], "LiteRT")
+      with self._loading(file, "LiteRT"):
+        self._interpreter = _litert_interpreter(file, threads=threads, select_tf=select_tf)
       self.runtime = litert_runtime_label(select_tf)
       self._runners = {}
     elif self.format == "onnx":
@@ -669,14 +691,44 @@ class ExportRunner:
       options = onnxruntime.SessionOptions()
       if threads:
         options.intra_op_num_threads = threads
-      self._sessions = {
-          name: onnxruntime.InferenceSession(os.path.join(path, file), options,
-                                             providers=["CPUExecutionProvider"])
-          for name, file in self.record["files"].items()}
+      self._sessions = {}
+      for name, file in self.record["files"].items():
+        file = self._checked_file(file, "ONNX")
+        with self._loading(file, "ONNX"):
+          self._sessions[name] = onnxruntime.InferenceSession(
+              file, options, providers=["CPUExecutionProvider"])
       self.runtime = f"onnxruntime {onnxruntime.__version__}"
     else:
       raise ConfigError(f"{path}: export.json names format {self.format!r}; expected one of "
                         f"{', '.join(FORMATS)}.")
+
+  def _checked_file(self, name: str, kind: str) -> str:
+    """The path of the export's file `name`; a DataError (one line) when it is missing,
+    empty, or its sha256 is not the one export.json recorded (damaged after export)."""
+    path = os.path.join(self.path, name)
+    again = "export it again (tpu-models export ... --overwrite)"
+    if not os.path.isfile(path):
+      raise DataError(f"{path} is missing: export.json names it as the {kind} model; {again}.")
+    if not os.path.getsize(path):
+      raise DataError(f"{path} is empty (0 bytes), not a {kind} model: cut short by a full "
+                      f"disk or a copy; {again}.")
+    recorded = self.record.get("sha256", {}).get(name)
+    if recorded and _sha256(path) != recorded:
+      raise DataError(f"{path} is damaged: its sha256 is not the one export.json recorded "
+                      f"when it was written ({os.path.getsize(path)} bytes now); {again}.")
+    return path
+
+  @contextlib.contextmanager
+  def _loading(self, path: str, kind: str):
+    """Turns the runtime's refusal of a file into one line (exports without a sha256)."""
+    try:
+      yield
+    except Exception as e:  # pylint: disable=broad-except
+      # ai_edge_litert: ValueError "... not a valid Flatbuffer buffer"; onnxruntime:
+      # InvalidProtobuf, Fail, ... (its own exception classes).
+      why = " ".join(str(e).split())[:300] or type(e).__name__
+      raise DataError(f"{path} is not a readable {kind} model ({type(e).__name__}: {why}); "
+                      f"export it again (tpu-models export ... --overwrite).") from None
 
   def signatures(self) -> List[str]:
     if self.format == "saved_model":

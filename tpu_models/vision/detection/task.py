@@ -579,10 +579,19 @@ class DetectionTask(Task, Servable, FilePredictor, DataReporter, Deployable):
     names = self.display_names()
     detect = self._detect_pixels_fn(model)
     failed, used = [], set()
+    max_pixels = image_lib.check_max_image_pixels(self.config.max_image_pixels)
     for path in paths:
       try:
         with tf.io.gfile.GFile(path, "rb") as f:
-          pixels = tf.io.decode_image(f.read(), channels=3, expand_animations=False)
+          data = f.read()
+        # The serving path's header check: a decompression bomb is never decoded.
+        refused = image_lib.check_image_header(tf.constant(data), max_pixels).numpy().decode()
+        if refused:
+          say(f"{path}: error: not decoded: {refused}; skipped (task.max_image_pixels "
+              f"{max_pixels}; 0 = no limit).")
+          failed.append(path)
+          continue
+        pixels = tf.io.decode_image(data, channels=3, expand_animations=False)
       except (tf.errors.OpError, OSError) as e:
         reason = e.message if isinstance(e, tf.errors.OpError) else str(e)
         say(f"{path}: error: not a readable JPEG/PNG image "
