@@ -1,10 +1,11 @@
 """Reliability round 3 (issue 28): each fault injected into a real `tpu-models` process.
 
-Rows 29-33 of docs/reliability.md: a decompression bomb through the detector's
+Rows 29-34 of docs/reliability.md: a decompression bomb through the detector's
 `predict`; damaged or empty LiteRT / ONNX files through `evaluate-export`; refused
 conversions, weights imports and fine-tunes that used to leave files behind; a run
 refused by the model_dir lock that first said it had resumed; a weights directory
-with two candidate files; a frozen-backbone fine-tune's banner.
+with two candidate files; a frozen-backbone fine-tune's banner; an export whose graph
+answers otherwise than the SavedModel.
 """
 
 import json
@@ -94,19 +95,37 @@ def exported(tmp_path_factory):
       "name": "resnet18", "num_classes": 4, "stem": "small", "width": 4,
       "input_shape": [16, 16, 3]})
   formats = ["litert"] + (["onnx"] if _has("tf2onnx") and _has("onnxruntime") else [])
+  export = lambda name: ["export", config, "--model-dir", tmp / "run", "--output", tmp / name,
+                         "--format", name]
   results = run_batch(tmp, [["train", config, "--model-dir", tmp / "run", "--mode", "train"]] + [
-      ["export", config, "--model-dir", tmp / "run", "--output", tmp / name, "--format", name]
-      for name in formats])
-  for result in results:
+      export(name) for name in formats] + [
+      # Row 34: a graph that normalises wrongly, over the export of the line above.
+      {"argv": export(formats[-1]) + ["--overwrite"],
+       "env": {"FAULT_EXPORT": "wrong-normalisation"}}])
+  for result in results[:-1]:
     assert result["code"] == 0, result["stderr"][-2000:] + result["traceback"]
-  return tmp, {name: tmp / name for name in formats}
+  return tmp, {name: tmp / name for name in formats}, results[-1]
+
+
+def test_an_export_that_answers_otherwise_is_refused_and_the_old_one_kept(exported):
+  """Row 34: the agreement check of `export` in a real process: exit 2, one line with the
+  figure and the floor; the export written before is still there, unchanged."""
+  tmp, exports, refused = exported
+  name = list(exports)[-1]
+  assert refused["code"] == 2, refused["stderr"][-2000:] + refused["traceback"]
+  line = error_line(refused)
+  assert f"The {name} export agrees with the SavedModel path on " in line, line
+  assert "below the floor of 99.5%" in line and f"{exports[name]} is unchanged" in line
+  record = json.loads((exports[name] / "export.json").read_text())
+  assert record["agreement"]["fraction"] >= 0.995  # The first export's, still in place.
+  assert not [p for p in os.listdir(tmp) if ".partial-" in p]
 
 
 def test_damaged_or_empty_export_files_are_one_line_naming_the_file(exported):
   """Truncated, bit-flipped and zero-byte model files, and a damaged one of an export
   written before the sha256 was recorded: exit 2, one line naming the file; a good
   export evaluates."""
-  tmp, exports = exported
+  tmp, exports, _ = exported
   cases, expected = [], []
   for name, source in exports.items():
     model = json.loads((source / "export.json").read_text())
@@ -154,7 +173,7 @@ def test_refused_conversions_imports_and_fine_tunes_write_nothing(exported, tmp_
   import of a file that is not safetensors, a fine-tune refused by its labels: exit 2 and
   no output folder. Beside them: a weights directory with two candidate files is one line
   naming both, and a frozen-backbone fine-tune's banner counts its head, not 0.00M."""
-  tmp, _ = exported
+  tmp, _, _ = exported
   images = tmp_path / "images"
   images.mkdir()
   (images / "x.jpg").write_bytes(tf.io.encode_jpeg(np.zeros((16, 16, 3), np.uint8)).numpy())
