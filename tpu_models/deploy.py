@@ -35,6 +35,15 @@ converter only calibrates, and `mlir_quantize` quantizes with those ops denylist
 `export.json` lists each scope's float ops and why under `float_scopes`. ONNX:
 `tf2onnx` (the `deploy` extra), checked by loading it in `onnxruntime`.
 
+One contract: a signature name means in every format what the SavedModel's signature of
+that name means (same inputs, same preprocessing inside, at the function's fixed shapes).
+Before the new directory is put in place, the file is run in its own runtime next to the
+SavedModel path of the same weights (`SavedModelPath`) on the task's evaluation examples
+(`Deployable.deployed_agreement`); below FLOAT_AGREEMENT_FLOOR (int8: the task's
+`int8_agreement_floor`; `--min-agreement`) the export is an ExportMismatchError and the
+previous one stays. `export.json` records the figure and each model file's sha256, which
+`ExportRunner` checks before loading (a damaged file is one line, a DataError).
+
 The output directory is replaced as a SavedModel export is: written beside it first,
 put in place complete (export.py).
 """

@@ -131,6 +131,10 @@ def encode_batch(vocab: text_lib.SentencePieceVocab, texts: tf.Tensor, length: i
 # The task.
 
 
+# The export's agreement check compares at most this many sentences (`deployed_agreement`).
+MAX_AGREEMENT_SENTENCES = 50
+
+
 @register_task("translation")
 class TranslationTask(TextTask, Servable, Sampler, Deployable):
   """Sequence-to-sequence translation with a `transformer*` model; see the module docstring."""
@@ -459,8 +463,10 @@ class TranslationTask(TextTask, Servable, Sampler, Deployable):
 
     The task's own search (`_deployed_search`) drives `encode` / `decode_step` of each;
     the reference runs the unconverted functions in TensorFlow (the SavedModel holds
-    the whole search under serving_default, not these steps).
+    the whole search under serving_default, not these steps). At most
+    MAX_AGREEMENT_SENTENCES: each sentence is a whole search through each runtime.
     """
+    examples = min(examples, MAX_AGREEMENT_SENTENCES)
     agreeing = total = 0
     for features, _, mask in pipeline.until_padding(self.build_inputs(split)):
       for row in features["inputs"].numpy()[mask.numpy() > 0][:examples - total]:
