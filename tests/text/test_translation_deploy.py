@@ -95,6 +95,10 @@ def test_onnx_steps_decode_as_the_keras_model(corpus, trained, tmp_path):
 
 
 def test_int8_is_refused_naming_float32(corpus, trained, tmp_path):
-  with pytest.raises(ConfigError, match="float32 only"):
+  """Issue 28 item 3: int8 of the translator is refused in one line with the reason,
+  before anything is converted or written."""
+  with pytest.raises(ConfigError, match=r"float32 only: an int8 decode_step .* is not built\. "
+                                        r"Export --format litert \(float32\) or onnx") as error:
     deploy.export_deployment(make_config(corpus, STEPS), trained, str(tmp_path / "int8"),
                              format_name="litert-int8")
+  assert "\n" not in str(error.value) and not os.path.exists(tmp_path / "int8")

@@ -400,7 +400,9 @@ class TranslationTask(TextTask, Servable, Sampler, Deployable):
                f"position 0 with a zero cache, feeding each step's new_cache_* back as "
                f"cache_* (reordered with the beams)",
                "detokenization: SentencePiece on the host")
-    no_int8 = "the translator is exported in float32 only (no int8 calibration of its steps)"
+    no_int8 = ("the translator is exported in float32 only: an int8 decode_step (its key/value "
+               "cache fed back and re-quantized at every step, the position encoding's SIN/COS) "
+               "is not built")
     cross_text = {name: f"float32 {memory_shape}" for name in cross_names}
     cross_text["cross_bias"] = f"float32 [1, 1, 1, {length}]: 0 on tokens, -1e9 on padding"
     return {
