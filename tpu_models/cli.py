@@ -116,6 +116,13 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--calibration-examples", type=int, default=256,
                  help="litert-int8: training examples calibrating the int8 ranges "
                       "(default 256)")
+  p.add_argument("--min-agreement", type=float, default=None,
+                 help="litert/litert-int8/onnx: the least share (0..1) of evaluation examples "
+                      "on which the new file must answer as the SavedModel path does, or the "
+                      "export is refused and the previous one kept (default: 0.995 for float "
+                      "formats, the task's int8 floor for litert-int8)")
+  p.add_argument("--agreement-examples", type=int, default=200,
+                 help="how many evaluation examples that check compares (default 200)")
 
   p = sub.add_parser(
       "evaluate-export", help="the task's own metrics of an export (--format any) through "
@@ -397,7 +404,9 @@ def _export(args) -> int:
   from tpu_models import deploy
   deploy.export_deployment(config, model_dir, args.output, format_name=args.export_format,
                            calibration_examples=args.calibration_examples,
-                           overwrite=args.overwrite, say=lambda line: print(line, flush=True))
+                           overwrite=args.overwrite, agreement_examples=args.agreement_examples,
+                           min_agreement=args.min_agreement,
+                           say=lambda line: print(line, flush=True))
   return 0
 
 
@@ -413,6 +422,8 @@ def _evaluate_export(args) -> int:
                       for k, v in result["metrics"].items())
   print(f"{args.split} through {result['runtime']} ({result['format']}): {metrics} "
         f"({result['seconds']} s)", flush=True)
+  if result.get("agreement"):
+    print(result["agreement"]["text"], flush=True)
   if args.json_output:
     with open(args.json_output, "w") as f:
       json.dump(result, f, indent=1)

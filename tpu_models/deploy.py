@@ -35,10 +35,21 @@ converter only calibrates, and `mlir_quantize` quantizes with those ops denylist
 `export.json` lists each scope's float ops and why under `float_scopes`. ONNX:
 `tf2onnx` (the `deploy` extra), checked by loading it in `onnxruntime`.
 
+One contract: a signature name means in every format what the SavedModel's signature of
+that name means (same inputs, same preprocessing inside, at the function's fixed shapes).
+Before the new directory is put in place, the file is run in its own runtime next to the
+SavedModel path of the same weights (`SavedModelPath`) on the task's evaluation examples
+(`Deployable.deployed_agreement`); below FLOAT_AGREEMENT_FLOOR (int8: the task's
+`int8_agreement_floor`; `--min-agreement`) the export is an ExportMismatchError and the
+previous one stays. `export.json` records the figure and each model file's sha256, which
+`ExportRunner` checks before loading (a damaged file is one line, a DataError).
+
 The output directory is replaced as a SavedModel export is: written beside it first,
 put in place complete (export.py).
 """
 
+import contextlib
+import hashlib
 import json
 import os
 import re
@@ -51,8 +62,8 @@ import tensorflow as tf
 
 from tpu_models import config as config_lib
 from tpu_models import export as export_lib
-from tpu_models.errors import ConfigError, DataError, MissingExtraError
-from tpu_models.task import Deployable, DeployFunction, require
+from tpu_models.errors import ConfigError, DataError, ExportMismatchError, MissingExtraError
+from tpu_models.task import Deployable, DeployFunction, Servable, require
 from tpu_models.training import checkpoints
 
 FORMATS = ("saved_model", "litert", "litert-int8", "onnx")
@@ -61,7 +72,16 @@ CONFIG_FILE = "config.yaml"
 LITERT_FILE = "model.tflite"
 ONNX_OPSET = 17
 DEFAULT_CALIBRATION_EXAMPLES = 256
+# The agreement check (`export_deployment`): the share of examples on which a float export
+# must give the SavedModel path's answer; int8: the task's `int8_agreement_floor`.
+FLOAT_AGREEMENT_FLOOR = 0.995
+DEFAULT_AGREEMENT_EXAMPLES = 200
 _INSTALL_DEPLOY = "pip install 'tpu-models[deploy]'"
+_NO_ONNXRUNTIME = f"onnxruntime is not installed ({_INSTALL_DEPLOY})."
+
+
+class NoRuntimeError(ConfigError):
+  """This Python has no runtime able to run an export (e.g. its Select-TF ops)."""
 
 
 def check_format(format_name: str) -> None:
@@ -84,8 +104,16 @@ def export_deployment(config: config_lib.ExperimentConfig, model_dir: str, outpu
                       format_name: str,
                       calibration_examples: int = DEFAULT_CALIBRATION_EXAMPLES,
                       overwrite: bool = False,
+                      agreement_examples: int = DEFAULT_AGREEMENT_EXAMPLES,
+                      min_agreement: Optional[float] = None,
                       say: Optional[Callable[[str], None]] = None) -> str:
   """Writes `output` (a directory: the artefact, export.json, config.yaml) in `format_name`.
+
+  The new file is then run in its own runtime next to the SavedModel path on up to
+  `agreement_examples` of the task's evaluation examples (`deployed_agreement`); below
+  the floor (`min_agreement`, default FLOAT_AGREEMENT_FLOOR, or the task's
+  `int8_agreement_floor` for litert-int8) it is an ExportMismatchError and `output`
+  is left as it was.
 
   Args:
     config: the experiment the model_dir was trained with.
@@ -94,6 +122,8 @@ def export_deployment(config: config_lib.ExperimentConfig, model_dir: str, outpu
     format_name: "litert", "litert-int8" or "onnx".
     calibration_examples: int8 only: examples calibrating the activation ranges.
     overwrite: replace an existing non-empty `output` (else a ConfigError).
+    agreement_examples: how many evaluation examples the agreement check compares.
+    min_agreement: the floor of that check, 0..1 (None: the format's).
     say: receives one line per event.
 
   Returns:
@@ -101,6 +131,10 @@ def export_deployment(config: config_lib.ExperimentConfig, model_dir: str, outpu
   """
   say = say or (lambda text: None)
   check_format(format_name)
+  if min_agreement is not None and not 0.0 <= min_agreement <= 1.0:
+    raise ConfigError(f"--min-agreement must be between 0 and 1; got {min_agreement}.")
+  if agreement_examples < 1:
+    raise ConfigError(f"--agreement-examples must be >= 1; got {agreement_examples}.")
   if format_name == "saved_model":
     raise ConfigError("export_deployment writes LiteRT and ONNX; a SavedModel is "
                       "export.export_saved_model.")
@@ -129,6 +163,7 @@ def export_deployment(config: config_lib.ExperimentConfig, model_dir: str, outpu
                             f"{config.task.name!r} cannot be quantized: {fn.no_int8}. Export "
                             f"--format litert (float32) or onnx instead.")
     frozen = {name: _frozen(fn) for name, fn in functions.items()}
+    reference = SavedModelPath(task, model, functions)
   record = {
       "format": format_name, "checkpoint": checkpoint, "step": step, "model_dir": model_dir,
       "weights": ("moving average" if export_lib.uses_average(config, checkpoint)
@@ -149,13 +184,91 @@ def export_deployment(config: config_lib.ExperimentConfig, model_dir: str, outpu
                                  "source": "task.train_data (the training input pipeline)"}
       record.update(_write_litert(functions, frozen, staging, calibration, say))
     config_lib.dump_config(config, os.path.join(staging, CONFIG_FILE))
-    with open(os.path.join(staging, EXPORT_JSON), "w") as f:
-      json.dump(record, f, indent=1)
+    # Checked by ExportRunner: a file damaged after export is one line, not a crash.
+    record["sha256"] = {name: _sha256(os.path.join(staging, name))
+                        for name in sorted(os.listdir(staging))
+                        if name.endswith((".tflite", ".onnx"))}
+    _write_record(staging, record)
+    floor = (min_agreement if min_agreement is not None else
+             task.int8_agreement_floor if format_name == "litert-int8" else
+             FLOAT_AGREEMENT_FLOOR)
+    agreement, unchecked = None, ""
+    try:
+      exported = ExportRunner(staging)
+      agreement = task.deployed_agreement(reference, exported, agreement_examples)
+    except MissingExtraError:
+      unchecked = _NO_ONNXRUNTIME
+    except NoRuntimeError as e:
+      unchecked = str(e)
+    except (DataError, FileNotFoundError, tf.errors.NotFoundError) as e:
+      unchecked = f"the evaluation data cannot be read ({str(e).splitlines()[0]})"
+    if agreement is None:
+      record["agreement"] = {"checked": False, "why": unchecked}
+      _write_record(staging, record)
+      say(f"Agreement with the SavedModel path NOT checked: {unchecked}")
+    else:
+      record["agreement"] = {"agreeing": agreement.agreeing, "total": agreement.total,
+                             "fraction": round(agreement.fraction, 4), "unit": agreement.unit,
+                             "floor": floor}
+      _write_record(staging, record)
+      kept = (f"{output} is unchanged" if os.path.exists(output)
+              else f"nothing was written to {output}")
+      if agreement.fraction < floor:
+        raise ExportMismatchError(
+            f"The {format_name} export agrees with the SavedModel path on {agreement}, below "
+            f"the floor of {100 * floor:g}%: not exported, {kept}. Its graph computes "
+            f"something else than the SavedModel's (preprocessing, a converter's op); "
+            f"export --format saved_model, or pass --min-agreement to accept it.")
+      say(f"Agreement with the SavedModel path ({exported.runtime} vs {reference.runtime}): "
+          f"{agreement} (floor {100 * floor:g}%).")
   for line in record["outside_graph"]:
-    say(f"Outside the graph: {line}")
+    say(f"Outside the graph (the caller's): {line}")
   say(f"Exported checkpoint {checkpoint} (step {step}) as {format_name} to {output} "
       f"(signatures: {', '.join(sorted(functions))}; {_size_text(output)}).")
   return output
+
+
+def _sha256(path: str) -> str:
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def _write_record(directory: str, record: Mapping[str, Any]) -> None:
+  with open(os.path.join(directory, EXPORT_JSON), "w") as f:
+    json.dump(record, f, indent=1)
+
+
+class SavedModelPath:
+  """The SavedModel path of a model in this process, as a `run(signature, inputs)` callable.
+
+  A signature the SavedModel has (`task.serving_signatures`) runs as the SavedModel
+  runs it; a deploy function the SavedModel has no signature of runs unconverted in
+  TensorFlow (integer inputs cast to its float32). The reference of the agreement check.
+  """
+
+  def __init__(self, task, model, functions: Mapping[str, DeployFunction]):
+    serving = task.serving_signatures(model) if isinstance(task, Servable) else {}
+    self._functions = {name: serving[name] for name in functions if name in serving}
+    self._unconverted = {name: fn.function for name, fn in functions.items()
+                         if name not in serving}
+    self.format = "saved_model"
+    self.runtime = f"TensorFlow {tf.__version__}"
+
+  def signatures(self) -> List[str]:
+    return sorted(set(self._functions) | set(self._unconverted))
+
+  def __call__(self, signature: str, inputs: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    if signature in self._functions:
+      outputs = self._functions[signature](**{k: tf.constant(v) for k, v in inputs.items()})
+    else:
+      function = self._unconverted[signature]
+      dtypes = {spec.name: spec.dtype for spec in tf.nest.flatten(
+          function.structured_input_signature)}
+      outputs = function(**{k: tf.cast(tf.constant(v), dtypes[k]) for k, v in inputs.items()})
+    return {key: value.numpy() for key, value in outputs.items()}
 
 
 def _contract_inputs(fn: DeployFunction) -> Dict[str, str]:
@@ -525,8 +638,15 @@ def read_export(path: str) -> Dict[str, Any]:
   for candidate in (os.path.join(path, EXPORT_JSON),
                     os.path.join(path, "assets.extra", EXPORT_JSON)):
     if os.path.exists(candidate):
-      with open(candidate) as f:
-        record = json.load(f)
+      try:
+        with open(candidate, encoding="utf-8") as f:
+          record = json.load(f)
+      except (ValueError, UnicodeDecodeError) as e:
+        raise DataError(f"{candidate} is not valid JSON ({e}): the export's record is "
+                        f"damaged; export it again (tpu-models export ... --overwrite).") from None
+      if not isinstance(record, dict):
+        raise DataError(f"{candidate} holds a JSON {type(record).__name__}, not the export's "
+                        f"record (an object); export it again.")
       record.setdefault("format", "saved_model")
       return record
   raise FileNotFoundError(f"{path!r} is not an export (no {EXPORT_JSON}): write one with "
@@ -566,8 +686,9 @@ class ExportRunner:
       self.runtime = f"TensorFlow {tf.__version__}"
     elif self.format in ("litert", "litert-int8"):
       select_tf = bool(self.record.get("select_tf_ops"))
-      self._interpreter = _litert_interpreter(os.path.join(path, self.record["file"]),
-                                              threads=threads, select_tf=select_tf)
+      file = self._checked_file(self.record["file"], "LiteRT")
+      with self._loading(file, "LiteRT"):
+        self._interpreter = _litert_interpreter(file, threads=threads, select_tf=select_tf)
       self.runtime = litert_runtime_label(select_tf)
       self._runners = {}
     elif self.format == "onnx":
@@ -579,14 +700,44 @@ class ExportRunner:
       options = onnxruntime.SessionOptions()
       if threads:
         options.intra_op_num_threads = threads
-      self._sessions = {
-          name: onnxruntime.InferenceSession(os.path.join(path, file), options,
-                                             providers=["CPUExecutionProvider"])
-          for name, file in self.record["files"].items()}
+      self._sessions = {}
+      for name, file in self.record["files"].items():
+        file = self._checked_file(file, "ONNX")
+        with self._loading(file, "ONNX"):
+          self._sessions[name] = onnxruntime.InferenceSession(
+              file, options, providers=["CPUExecutionProvider"])
       self.runtime = f"onnxruntime {onnxruntime.__version__}"
     else:
       raise ConfigError(f"{path}: export.json names format {self.format!r}; expected one of "
                         f"{', '.join(FORMATS)}.")
+
+  def _checked_file(self, name: str, kind: str) -> str:
+    """The path of the export's file `name`; a DataError (one line) when it is missing,
+    empty, or its sha256 is not the one export.json recorded (damaged after export)."""
+    path = os.path.join(self.path, name)
+    again = "export it again (tpu-models export ... --overwrite)"
+    if not os.path.isfile(path):
+      raise DataError(f"{path} is missing: export.json names it as the {kind} model; {again}.")
+    if not os.path.getsize(path):
+      raise DataError(f"{path} is empty (0 bytes), not a {kind} model: cut short by a full "
+                      f"disk or a copy; {again}.")
+    recorded = self.record.get("sha256", {}).get(name)
+    if recorded and _sha256(path) != recorded:
+      raise DataError(f"{path} is damaged: its sha256 is not the one export.json recorded "
+                      f"when it was written ({os.path.getsize(path)} bytes now); {again}.")
+    return path
+
+  @contextlib.contextmanager
+  def _loading(self, path: str, kind: str):
+    """Turns the runtime's refusal of a file into one line (exports without a sha256)."""
+    try:
+      yield
+    except Exception as e:  # pylint: disable=broad-except
+      # ai_edge_litert: ValueError "... not a valid Flatbuffer buffer"; onnxruntime:
+      # InvalidProtobuf, Fail, ... (its own exception classes).
+      why = " ".join(str(e).split())[:300] or type(e).__name__
+      raise DataError(f"{path} is not a readable {kind} model ({type(e).__name__}: {why}); "
+                      f"export it again (tpu-models export ... --overwrite).") from None
 
   def signatures(self) -> List[str]:
     if self.format == "saved_model":
@@ -616,7 +767,7 @@ class ExportRunner:
     except RuntimeError as e:
       if "Flex delegate" not in str(e):
         raise
-      raise ConfigError(
+      raise NoRuntimeError(
           f"{self.path} holds Select-TF ops ({', '.join(self.record['select_tf_ops'])}), "
           f"which this Python's LiteRT interpreter ({self.runtime}) cannot run (no Flex "
           f"delegate linked); run it where one is (Android: tensorflow-lite-select-tf-ops) "
@@ -658,8 +809,12 @@ def evaluate_export(path: str, config: config_lib.ExperimentConfig, split: str =
                     say: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
   """The task's own metrics of `split` through the export's runtime.
 
+  Also how often the export answers as the SavedModel path of its checkpoint does on
+  `split` (`agreement`; what `export` checked, on `split` here).
+
   Returns:
-    {"format", "runtime", "split", "seconds", "metrics": {name: value}}.
+    {"format", "runtime", "split", "seconds", "metrics": {name: value}, "agreement":
+    {...} (not for a SavedModel)}.
   """
   say = say or (lambda text: None)
   if split not in ("train", "eval", "test"):
@@ -672,5 +827,37 @@ def evaluate_export(path: str, config: config_lib.ExperimentConfig, split: str =
   say(f"Evaluating {path} ({runner.format}, {runner.runtime}) on split {split!r}.")
   start = time.perf_counter()
   metrics = task.evaluate_deployed(runner, split, say=say)
-  return {"format": runner.format, "runtime": runner.runtime, "split": split,
-          "seconds": round(time.perf_counter() - start, 1), "metrics": metrics}
+  result = {"format": runner.format, "runtime": runner.runtime, "split": split,
+            "seconds": round(time.perf_counter() - start, 1), "metrics": metrics}
+  if runner.format != "saved_model":
+    result["agreement"] = _agreement_of(runner, task, config, split)
+  return result
+
+
+def _agreement_of(runner: "ExportRunner", task, config: config_lib.ExperimentConfig,
+                  split: str) -> Dict[str, Any]:
+  """The export's agreement with the SavedModel path of its checkpoint on `split`, as the
+  export check computes it; when that checkpoint cannot be read here, the figure recorded
+  at export time. {"fraction", "agreeing", "total", "unit", "split", "text"}."""
+  from tpu_models.training.trainer import precision_policy
+  record = runner.record
+  try:
+    with precision_policy("float32"):
+      _, model = export_lib.load_model(config, record["model_dir"], record["checkpoint"])
+      functions = task.deploy_functions(model)
+      agreement = task.deployed_agreement(SavedModelPath(task, model, functions), runner,
+                                          DEFAULT_AGREEMENT_EXAMPLES, split)
+  except (KeyError, FileNotFoundError, DataError, ConfigError, tf.errors.OpError) as e:
+    why = str(e).splitlines()[0] if str(e) else type(e).__name__
+    recorded = record.get("agreement") or {}
+    if "fraction" not in recorded:
+      return {"text": f"Agreement with the SavedModel path: not known (the checkpoint cannot "
+                      f"be read here: {why}; none recorded at export)."}
+    return dict(recorded, split="eval", text=(
+        f"Agreement with the SavedModel path, recorded at export on eval: "
+        f"{100 * recorded['fraction']:.1f}% ({recorded['agreeing']} of {recorded['total']} "
+        f"{recorded['unit']}); not re-checked: the checkpoint cannot be read here ({why})."))
+  return {"fraction": round(agreement.fraction, 4), "agreeing": agreement.agreeing,
+          "total": agreement.total, "unit": agreement.unit, "split": split,
+          "text": f"Agreement with the SavedModel path ({record['checkpoint']}) on {split}: "
+                  f"{agreement}."}

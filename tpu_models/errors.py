@@ -8,6 +8,7 @@ its traceback.
     MissingExtraError   an optional dependency is not installed (names the pip command)
     UnknownNameError    no registered model/task/dataset has this name (lists close matches)
     DiskFullError       a write failed for lack of space (names the path and the free space)
+    ExportMismatchError an export answers otherwise than the SavedModel path (names how often)
 """
 
 
@@ -38,5 +39,10 @@ class DiskFullError(OSError):
     return str(self.args[0]) if self.args else ""
 
 
+class ExportMismatchError(ValueError):
+  """A converted export gives other answers than the SavedModel path on the task's own
+  examples; names how often they agree, the floor, and that the old export was kept."""
+
+
 USER_ERRORS = (ConfigError, DataError, MissingExtraError, UnknownNameError, FileNotFoundError,
-               DiskFullError)
+               DiskFullError, ExportMismatchError)

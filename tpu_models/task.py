@@ -309,13 +309,40 @@ class DeployFunction:
   float_scopes: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
+@dataclasses.dataclass(frozen=True)
+class Agreement:
+  """How often an export gives the SavedModel path's answer (`Deployable.deployed_agreement`).
+
+  Attributes:
+    agreeing: examples whose answer is the reference's (the task's `unit` says what was
+      compared).
+    total: examples compared.
+    unit: what was compared, in words, e.g. "outputs of eval examples".
+  """
+  agreeing: int
+  total: int
+  unit: str
+
+  @property
+  def fraction(self) -> float:
+    return self.agreeing / self.total if self.total else 0.0
+
+  def __str__(self) -> str:
+    return f"{100 * self.fraction:.1f}% ({self.agreeing} of {self.total} {self.unit})"
+
+
 class Deployable(Capability):
   """`tpu-models export --format litert|litert-int8|onnx` and `tpu-models evaluate-export`.
 
   The task hands over the functions to convert, the calibration examples of an int8
-  export and its own metric of an export's runtime; the core converts, writes and runs.
+  export, its own metric of an export's runtime and how often an export agrees with
+  the SavedModel path; the core converts, checks, writes and runs.
+
+  `int8_agreement_floor`: the least `Agreement.fraction` an int8 export of the task
+  must reach against the SavedModel path (float formats: deploy.FLOAT_AGREEMENT_FLOOR).
   """
   command = "export --format"
+  int8_agreement_floor: float = 0.95
 
   @abc.abstractmethod
   def deploy_functions(self, model: keras.Model) -> Dict[str, DeployFunction]:
@@ -346,6 +373,19 @@ class Deployable(Capability):
         one call of the export's runtime (integer inputs given as uint8).
       split: "eval" or "test": the split whose data config is read.
       say: receives progress lines.
+    """
+
+  @abc.abstractmethod
+  def deployed_agreement(self, reference: Callable[[str, Mapping[str, Any]], Mapping[str, Any]],
+                         exported: Callable[[str, Mapping[str, Any]], Mapping[str, Any]],
+                         examples: int, split: str = "eval") -> Agreement:
+    """How often `exported` answers as `reference` on up to `examples` of `split`.
+
+    Both are `run` callables as in `evaluate_deployed`, given the same inputs of the
+    export's signatures (e.g. the split's images as uint8 pixels at the export's input
+    shape). `reference` runs the SavedModel path in TensorFlow: the SavedModel's
+    signature of that name, or the unconverted deploy function where the SavedModel has
+    none.
     """
 
 

@@ -40,6 +40,9 @@ FAULT_CPU_FLAGS="avx2 fma ..." (in the environment, or a case's env) replaces th
 CPU feature flags `runtime.mixed_precision: auto` reads from /proc/cpuinfo, so
 its decision is tested without depending on the machine's CPU.
 
+FAULT_EXPORT=wrong-normalisation (in a case's env) makes the classifier's deploy
+functions (LiteRT/ONNX) normalise with mean 0 and std 1 instead of the task's: a
+converted graph that answers otherwise than the SavedModel.
 FAULT_EXPORT=fail-saving (in a case's env) makes tf.saved_model.save raise
 (OSError ENOSPC, "No space left on device") after it wrote the SavedModel: an
 export that fails with its partial directory half made.
@@ -194,6 +197,21 @@ def _fake_export_failures() -> None:
 
   save_then_fail.fault_hook = True
   tf.saved_model.save = save_then_fail
+
+  import copy
+  import dataclasses
+  from tpu_models.vision.classification.task import ClassificationTask
+  deploy_functions = ClassificationTask.deploy_functions
+
+  def maybe_wrongly_normalised(self, model):
+    if os.environ.get("FAULT_EXPORT") != "wrong-normalisation":
+      return deploy_functions(self, model)
+    wrong = copy.copy(self)  # The SavedModel path keeps the task's own normalisation.
+    channels = self.config.channels
+    wrong.config = dataclasses.replace(self.config, mean=[0.0] * channels, std=[1.0] * channels)
+    return deploy_functions(wrong, model)
+
+  ClassificationTask.deploy_functions = maybe_wrongly_normalised
 
 
 @contextlib.contextmanager

@@ -40,6 +40,9 @@ def test_litert_steps_decode_as_the_keras_model(corpus, trained, tmp_path, beam_
   assert record["builtin_ops_only"] and record["select_tf_ops"] == [], record["ops"]
   assert set(record["signatures"]) == {"encode", "decode_step"}
   assert any("SentencePiece" in line for line in record["outside_graph"])
+  # The export's check: its searched tokens equal the unconverted steps' on every sentence.
+  assert record["agreement"]["unit"] == "sentences' tokens of eval"
+  assert record["agreement"]["fraction"] == 1.0 and record["agreement"]["total"] == 7
   runner = deploy.ExportRunner(output)
   assert runner.runtime.startswith(deploy.litert_runtime())
 
@@ -70,7 +73,32 @@ def test_litert_steps_decode_as_the_keras_model(corpus, trained, tmp_path, beam_
     assert by_saved["metrics"] == pytest.approx(result["metrics"], abs=1e-6)
 
 
+def test_onnx_steps_decode_as_the_keras_model(corpus, trained, tmp_path):
+  """ONNX (tf2onnx, onnxruntime): one file per signature, the search on the host."""
+  pytest.importorskip("tf2onnx")
+  pytest.importorskip("onnxruntime")
+  config = make_config(corpus, STEPS + ["task.beam_size=2"])
+  output = str(tmp_path / "onnx")
+  deploy.export_deployment(config, trained, output, format_name="onnx")
+  with open(os.path.join(output, deploy.EXPORT_JSON)) as f:
+    record = json.load(f)
+  assert record["files"] == {"encode": "encode.onnx", "decode_step": "decode_step.onnx"}
+  assert record["agreement"]["fraction"] == 1.0 and record["agreement"]["total"] == 7
+  runner = deploy.ExportRunner(output)
+  task, model = export.load_model(config, trained)
+  sentences = [de for de, _ in corpus["validation"][:3]]
+  inputs = translation.encode_batch(task.vocab, tf.constant(sentences), task.eval_input_length)
+  expected = model.translate(inputs, beam_size=2, alpha=config.task.alpha,
+                             max_decode_length=task.max_decode_length)["ids"].numpy()
+  deployed = np.stack([task._deployed_search(runner, row) for row in inputs.numpy()])  # pylint: disable=protected-access
+  np.testing.assert_array_equal(deployed, expected)
+
+
 def test_int8_is_refused_naming_float32(corpus, trained, tmp_path):
-  with pytest.raises(ConfigError, match="float32 only"):
+  """Issue 28 item 3: int8 of the translator is refused in one line with the reason,
+  before anything is converted or written."""
+  with pytest.raises(ConfigError, match=r"float32 only: an int8 decode_step .* is not built\. "
+                                        r"Export --format litert \(float32\) or onnx") as error:
     deploy.export_deployment(make_config(corpus, STEPS), trained, str(tmp_path / "int8"),
                              format_name="litert-int8")
+  assert "\n" not in str(error.value) and not os.path.exists(tmp_path / "int8")

@@ -170,12 +170,14 @@ class ShardedRecordWriter:
     self._say = say or (lambda text: print(text, file=sys.stderr, flush=True))
     self._writers = None
     self._next = 0
+    self._made_directory = None
 
   def open(self) -> "ShardedRecordWriter":
     if self._writers is None:
       directory = os.path.dirname(self.output_prefix)
-      if directory:
+      if directory and not tf.io.gfile.exists(directory):
         tf.io.gfile.makedirs(directory)  # gfile: the prefix may be a gs:// path.
+        self._made_directory = directory  # Removed again by `discard` while empty.
       # Left by a killed writer of this prefix; ours to replace.
       for path in _glob(_escape_glob(self.output_prefix) + "-*-of-*" + PARTIAL_SUFFIX):
         tf.io.gfile.remove(path)
@@ -210,6 +212,9 @@ class ShardedRecordWriter:
     for path in self.partial_paths:
       if tf.io.gfile.exists(path):
         tf.io.gfile.remove(path)
+    made = self._made_directory
+    if made and tf.io.gfile.isdir(made) and not tf.io.gfile.listdir(made):
+      tf.io.gfile.rmtree(made)  # This writer created it: nothing is left of a failed write.
 
   def close(self) -> None:
     """Closes the shards and puts them in place: renamed, stale sets removed, marker written."""

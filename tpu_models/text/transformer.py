@@ -108,7 +108,8 @@ def sinusoidal_position_encoding(positions: tf.Tensor, hidden_size: int,
   log_increment = math.log(max_timescale / min_timescale) / max(num_timescales - 1, 1)
   inverse_timescales = min_timescale * tf.exp(
       tf.range(num_timescales, dtype=tf.float32) * -log_increment)
-  scaled_time = tf.cast(positions, tf.float32)[..., tf.newaxis] * inverse_timescales
+  # expand_dims, not [..., tf.newaxis]: tf2onnx cannot convert that slice of a scalar.
+  scaled_time = tf.expand_dims(tf.cast(positions, tf.float32), -1) * inverse_timescales
   signal = tf.concat([tf.sin(scaled_time), tf.cos(scaled_time)], axis=-1)
   if hidden_size % 2:
     signal = tf.pad(signal, [[0, 0]] * (signal.shape.rank - 1) + [[0, 1]])

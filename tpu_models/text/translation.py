@@ -59,7 +59,7 @@ from tpu_models.text import inputs as text_lib
 from tpu_models.errors import ConfigError
 from tpu_models.registry import register_task
 from tpu_models.errors import DataError
-from tpu_models.task import HIGHER, Deployable, DeployFunction, Sampler, Servable
+from tpu_models.task import HIGHER, Agreement, Deployable, DeployFunction, Sampler, Servable
 from tpu_models.text.task import TextTask, model_param, token_sums
 
 
@@ -129,6 +129,10 @@ def encode_batch(vocab: text_lib.SentencePieceVocab, texts: tf.Tensor, length: i
 
 # ----------------------------------------------------------------------------
 # The task.
+
+
+# The export's agreement check compares at most this many sentences (`deployed_agreement`).
+MAX_AGREEMENT_SENTENCES = 50
 
 
 @register_task("translation")
@@ -396,7 +400,9 @@ class TranslationTask(TextTask, Servable, Sampler, Deployable):
                f"position 0 with a zero cache, feeding each step's new_cache_* back as "
                f"cache_* (reordered with the beams)",
                "detokenization: SentencePiece on the host")
-    no_int8 = "the translator is exported in float32 only (no int8 calibration of its steps)"
+    no_int8 = ("the translator is exported in float32 only: an int8 decode_step (its key/value "
+               "cache fed back and re-quantized at every step, the position encoding's SIN/COS) "
+               "is not built")
     cross_text = {name: f"float32 {memory_shape}" for name in cross_names}
     cross_text["cross_bias"] = f"float32 [1, 1, 1, {length}]: 0 on tokens, -1e9 on padding"
     return {
@@ -452,6 +458,28 @@ class TranslationTask(TextTask, Servable, Sampler, Deployable):
     if not examples:
       raise DataError(f"task.{split}_data yielded no examples to evaluate.")
     return dict(self.finalize(state, split=split), examples=float(examples))
+
+  def deployed_agreement(self, reference, exported, examples: int,
+                         split: str = "eval") -> Agreement:
+    """Sentences of `split` whose searched token ids are the same through both.
+
+    The task's own search (`_deployed_search`) drives `encode` / `decode_step` of each;
+    the reference runs the unconverted functions in TensorFlow (the SavedModel holds
+    the whole search under serving_default, not these steps). At most
+    MAX_AGREEMENT_SENTENCES: each sentence is a whole search through each runtime.
+    """
+    examples = min(examples, MAX_AGREEMENT_SENTENCES)
+    agreeing = total = 0
+    for features, _, mask in pipeline.until_padding(self.build_inputs(split)):
+      for row in features["inputs"].numpy()[mask.numpy() > 0][:examples - total]:
+        ours, theirs = self._deployed_search(exported, row), self._deployed_search(reference, row)
+        agreeing += int(np.array_equal(ours, theirs))
+        total += 1
+      if total >= examples:
+        break
+    if not total:
+      raise DataError(f"task.{split}_data yielded no sentences to compare the export on.")
+    return Agreement(agreeing, total, f"sentences' tokens of {split}")
 
   def _evaluate_serving(self, run, split: str, say) -> Dict[str, float]:
     """BLEU and chrF of `split` through `run("serving_default", {"sentences": ...})`."""

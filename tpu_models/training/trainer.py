@@ -56,7 +56,7 @@ from tpu_models.training import optimizers as optimizers_lib
 from tpu_models.training import precision
 from tpu_models.training import schedules
 from tpu_models.training.precision import precision_policy  # noqa: F401  (public here too)
-from tpu_models.training.progress import Reporter
+from tpu_models.training.progress import METRICS_FILE, Reporter
 from tpu_models.training.steps import NONFINITE_GRADS, Steps
 
 
@@ -114,6 +114,9 @@ class Trainer:
     self.config = validate(config)
     self._config_warnings = config_warnings(config)
     self.model_dir = model_dir
+    # What the model_dir held before this Trainer (None: no model_dir), see `_undo_start`.
+    self._listing_at_init = (set(tf.io.gfile.listdir(model_dir))
+                             if tf.io.gfile.isdir(model_dir) else None)
     trainer_cfg, runtime = config.trainer, config.runtime
     self.strategy = strategy or distribute.get_strategy(runtime.strategy)
     self.chief = distribute.is_chief(self.strategy)
@@ -208,12 +211,29 @@ class Trainer:
     self._fine_tune_lines = fine_tune_lines
     if precision_reason:
       self._say(f"runtime.mixed_precision auto: {self.mixed_precision} ({precision_reason}).")
+    # What was restored or loaded is said once this Trainer trains (after it got the
+    # model_dir's lock: a run refused by it resumes nothing), evaluates or saves.
+    self._startup_lines: Optional[List[str]] = []
     self._restore_or_warm_start(latest)
+
+  def _say_at_start(self, text: str) -> None:
+    if self._startup_lines is None:
+      self._say(text)
+    else:
+      self._startup_lines.append(text)
+
+  def _announce_start(self) -> None:
+    lines, self._startup_lines = self._startup_lines or [], None
+    for line in lines:
+      self._say(line)
 
   def describe(self) -> str:
     """One line: model size, strategy, replicas, precision and XLA."""
     params = sum(int(np.prod(v.shape)) for v in self.model.trainable_variables)
-    return (f"{self.model.name}: {params / 1e6:.2f}M trainable parameters | "
+    frozen_paths = set(self.fine_tune.frozen) if self.fine_tune else set()
+    frozen = sum(int(np.prod(v.shape)) for v in self.model.variables if v.path in frozen_paths)
+    held = f" ({_parameters(frozen)} frozen by trainer.fine_tune.freeze)" if frozen else ""
+    return (f"{self.model.name}: {_parameters(params)} trainable parameters{held} | "
             f"{type(self.strategy).__name__} on {self.device} x "
             f"{self.strategy.num_replicas_in_sync} | {self.mixed_precision} | "
             f"XLA {'on' if self.jit_compile else 'off'} | step {self.current_step}/"
@@ -270,16 +290,19 @@ class Trainer:
 
   def _restore_or_warm_start(self, latest: Optional[str]) -> None:
     for line in self._config_warnings:
-      self._say(f"Warning: {line}")
+      self._say_at_start(f"Warning: {line}")
     for line in self._fine_tune_lines:
-      self._say(line)
+      self._say_at_start(line)
     for line in self._resume.report():
-      self._say(line)
+      self._say_at_start(line)
     if self._resume.unreadable or self._resume.partial:
-      self._say(f"Skipped checkpoint files are moved to "
+      self._say_at_start(f"Skipped checkpoint files are moved to "
                 f"{os.path.join(self.model_dir, checkpoints.UNREADABLE_DIR)}/ when training "
                 f"starts (never deleted).")
     if latest:
+      # Before restoring: a refused run restores nothing (TensorFlow would log a warning
+      # for every variable of a restore left unfinished).
+      model_dir_lib.check_fingerprints(self.model_dir, self.task.required_files())
       try:
         fresh_average = self._restore(latest)
       except (AssertionError, ValueError) as e:
@@ -287,12 +310,11 @@ class Trainer:
             f"Checkpoint {latest} does not match this model: "
             f"{pipeline.error_summary(str(e)).splitlines()[0][:300]}. It was written by another "
             f"model or config; use another --model-dir.") from None
-      model_dir_lib.check_fingerprints(self.model_dir, self.task.required_files())
       self._saved_steps.add(self._resume.step)
       self._elapsed_at_start = float(self.elapsed_seconds.numpy())
-      self._say(f"Resumed from {latest} at step {self.current_step}.")
+      self._say_at_start(f"Resumed from {latest} at step {self.current_step}.")
       if fresh_average:
-        self._say(f"trainer.ema: {latest} holds no moving average of the weights; it starts "
+        self._say_at_start(f"trainer.ema: {latest} holds no moving average of the weights; it starts "
                   f"from the restored weights.")
     elif self.config.trainer.init_checkpoint:
       self.warm_start(self.config.trainer.init_checkpoint,
@@ -360,6 +382,7 @@ class Trainer:
 
   def save_checkpoint(self) -> str:
     """Saves model, optimizer and step as `ckpt-<step>`; returns its path."""
+    self._announce_start()
     self._prepare_model_dir()
     step = self.current_step
     prefix = os.path.join(self.model_dir, f"{checkpoints.CHECKPOINT_NAME}-{step}")
@@ -517,9 +540,51 @@ class Trainer:
     return self._last_eval
 
   def _run(self, target_step: int, evaluate_every: int, final_eval: bool) -> Dict[str, float]:
+    # A fresh run refused or failed before its first checkpoint leaves the model_dir as
+    # it found it: what it wrote on starting (config.yaml, warm_start.json, ...) is removed.
+    fresh = self.chief and not self._resume.path and self._last_saved[0] < 0
+    self._listing_at_start = None  # Taken once this process holds the model_dir's lock.
+    try:
+      return self._run_guarded(target_step, evaluate_every, final_eval)
+    except BaseException:
+      if fresh and self._last_saved[0] < 0 and self._listing_at_start is not None:
+        self._undo_start(self._listing_at_start)
+      raise
+
+  def _undo_start(self, before: set) -> None:
+    """Removes what a run that saved nothing wrote to its model_dir (see `_run`): what
+    appeared since it took the lock, its metrics.jsonl if it is empty and new, and the
+    model_dir itself if this Trainer made it and it is then empty."""
+    if self._reporter is not None:
+      self._reporter.close()
+      self._reporter = None
+    for name in set(tf.io.gfile.listdir(self.model_dir)) - before:
+      path = os.path.join(self.model_dir, name.rstrip("/"))
+      if tf.io.gfile.isdir(path):
+        tf.io.gfile.rmtree(path)
+      else:
+        tf.io.gfile.remove(path)
+    metrics = os.path.join(self.model_dir, METRICS_FILE)
+    if (METRICS_FILE not in (self._listing_at_init or set()) and
+        tf.io.gfile.exists(metrics) and not tf.io.gfile.stat(metrics).length):
+      tf.io.gfile.remove(metrics)
+    if self._lock is not None:
+      self._lock.release()
+      self._lock = None
+    if self._listing_at_init is None and not tf.io.gfile.listdir(self.model_dir):
+      tf.io.gfile.rmtree(self.model_dir)
+
+  def _run_guarded(self, target_step: int, evaluate_every: int,
+                   final_eval: bool) -> Dict[str, float]:
     cfg = self.config.trainer
     if self.chief and self._lock is None:  # One training process per model_dir; until close().
-      self._lock = model_dir_lib.acquire_lock(self.model_dir, say=self._say)
+      try:
+        self._lock = model_dir_lib.acquire_lock(self.model_dir, say=self._say)
+      except ConfigError:
+        self._startup_lines = None  # Refused: it resumed nothing.
+        raise
+      self._listing_at_start = set(tf.io.gfile.listdir(self.model_dir))
+    self._announce_start()
     if self.chief:  # Files the weights need (a tokenizer): refused if changed, else recorded.
       model_dir_lib.record_fingerprints(self.model_dir, self.task.required_files())
     if self.chief:  # What this model_dir was trained with (evaluate/export leave it alone).
@@ -790,6 +855,7 @@ class Trainer:
 
   def _evaluate(self, split: str) -> Tuple[Dict[str, float], Any]:
     """(`evaluate`'s metrics, the task's aggregated host state) for `split`."""
+    self._announce_start()
     if self.ema is None:
       return self._evaluate_weights(split)
     with self.ema.averaged_weights():
@@ -916,6 +982,13 @@ class Trainer:
     if self._reporter is not None:
       self._reporter.close()
       self._reporter = None
+
+
+def _parameters(count: int) -> str:
+  """A parameter count for the banner: 11.17M, 5.1K, 68 (a frozen network's head is small)."""
+  if count >= 1e6:
+    return f"{count / 1e6:.2f}M"
+  return f"{count / 1e3:.1f}K" if count >= 1e3 else str(count)
 
 
 def _real_examples(host: Dict[str, Any]) -> Any:

@@ -92,7 +92,8 @@ def _decode_with_window(image_bytes: tf.Tensor, window_fn, channels: int) -> tf.
 
 
 def _resize(image: tf.Tensor, image_size: int, method: str) -> tf.Tensor:
-  """uint8/float [h, w, c] -> float32 [image_size, image_size, c] in 0..255."""
+  """uint8/float [h, w, c] (or a batch [n, h, w, c]) -> float32 [.., image_size, image_size, c]
+  in 0..255."""
   if method not in _METHODS:
     raise ValueError(f"Unknown resize method {method!r}; use one of {', '.join(_METHODS)}.")
   channels = image.shape[-1]
@@ -101,7 +102,7 @@ def _resize(image: tf.Tensor, image_size: int, method: str) -> tf.Tensor:
   image = tf.cast(image, tf.float32)
   if method == "bicubic":  # Bicubic overshoots; keep the 0..255 contract.
     image = tf.clip_by_value(image, 0.0, 255.0)
-  image.set_shape([image_size, image_size, channels])
+  image.set_shape(image.shape[:-3].concatenate([image_size, image_size, channels]))
   return image
 
 
@@ -198,6 +199,36 @@ def center_crop(image: tf.Tensor,
   """
   window = _center_window(tf.shape(image), crop_fraction)
   return _resize(_crop(image, window), image_size, method)
+
+
+def center_crop_batch(images: tf.Tensor,
+                      image_size: int,
+                      *,
+                      crop_fraction: float = DEFAULT_CROP_FRACTION,
+                      method: str = "bilinear") -> tf.Tensor:
+  """`center_crop` of a batch [N, H, W, C] whose H and W are static, without a loop.
+
+  The window is computed here, in Python, exactly as `_center_window` computes it
+  (float32 product, truncated), so the result equals `center_crop` of each image;
+  a graph converter sees a constant slice and one resize (LiteRT STRIDED_SLICE and
+  RESIZE_BILINEAR, ONNX Slice and Resize).
+
+  Returns:
+    float32 [N, image_size, image_size, C], values in 0..255.
+  """
+  height, width = images.shape[1], images.shape[2]
+  if height is None or width is None:
+    raise ValueError(f"center_crop_batch needs a static height and width; got {images.shape}.")
+  side = max(int(np.float32(crop_fraction) * np.float32(min(height, width))), 1)
+  top, left = (height - side + 1) // 2, (width - side + 1) // 2
+  return resize_batch(images[:, top:top + side, left:left + side, :], image_size, method)
+
+
+def resize_batch(images: tf.Tensor, image_size: int, method: str = "bilinear") -> tf.Tensor:
+  """`_resize` of each image of a batch [N, h, w, C]: float32 [N, image_size, image_size, C]."""
+  if images.shape[1] == image_size and images.shape[2] == image_size:
+    return tf.cast(images, tf.float32)  # tf.image.resize to the same size is the identity.
+  return _resize(images, image_size, method)
 
 
 # ----------------------------------------------------------------------------
@@ -637,6 +668,21 @@ def check_max_image_pixels(max_pixels: int, key: str = "task.max_image_pixels") 
   if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 0:
     raise ConfigError(f"{key} must be an integer >= 0 (0: no limit); got {max_pixels!r}.")
   return max_pixels
+
+
+def export_image_shape(shape: Sequence[int], image_size: int,
+                       key: str = "task.export_image_shape") -> Tuple[int, int]:
+  """(height, width) of a fixed-shape export's pixels: `shape`, or image_size x image_size.
+
+  A ConfigError on `key` unless `shape` is empty or two ints >= 1.
+  """
+  if not shape:
+    return image_size, image_size
+  if (len(shape) != 2 or
+      any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in shape)):
+    raise ConfigError(f"{key} must be [height, width] (two integers >= 1), or [] for "
+                      f"[image_size, image_size]; got {list(shape)!r}.")
+  return int(shape[0]), int(shape[1])
 
 
 def check_image_header(image_bytes: tf.Tensor, max_pixels: int, *, with_kind: bool = False):

@@ -15,6 +15,7 @@ from it, and `trainer.init_checkpoint: MODEL_DIR` warm-starts another run.
 
 import json
 import os
+import shutil
 from typing import Any, Callable, Iterable, Optional
 
 from tpu_models.errors import ConfigError, DataError
@@ -72,14 +73,19 @@ def write_model_dir(config, output_dir: str, load: Callable[[Any], mapping.Impor
   if checkpoints.find_resume(output_dir).path or checkpoints.list_checkpoints(output_dir):
     raise ConfigError(f"Output directory {output_dir!r} already holds checkpoints; choose a "
                       f"new one.")
+  existing = set(os.listdir(output_dir)) if os.path.isdir(output_dir) else None
   os.makedirs(output_dir, exist_ok=True)
-  trainer = Trainer(config, output_dir)
   try:
-    report = load(trainer.model)
-    config_lib.dump_config(config, os.path.join(output_dir, "config.yaml"))
-    path = trainer.save_checkpoint()
-  finally:
-    trainer.close()
+    trainer = Trainer(config, output_dir)
+    try:
+      report = load(trainer.model)
+      config_lib.dump_config(config, os.path.join(output_dir, "config.yaml"))
+      path = trainer.save_checkpoint()
+    finally:
+      trainer.close()
+  except BaseException:
+    _remove_new(output_dir, existing)  # A refused import leaves nothing behind.
+    raise
   with open(os.path.join(output_dir, REPORT_FILE), "w") as f:
     json.dump(report.to_json(), f, indent=1)
   say(report.summary())
@@ -87,6 +93,19 @@ def write_model_dir(config, output_dir: str, load: Callable[[Any], mapping.Impor
       f"{os.path.join(output_dir, 'config.yaml')} --model-dir {output_dir}, or "
       f"trainer.init_checkpoint: {output_dir}.")
   return path
+
+
+def _remove_new(directory: str, existing) -> None:
+  """Removes `directory` if it did not exist (`existing` None), else what is new in it."""
+  if existing is None:
+    shutil.rmtree(directory, ignore_errors=True)
+    return
+  for name in set(os.listdir(directory)) - existing:
+    path = os.path.join(directory, name)
+    if os.path.isdir(path):
+      shutil.rmtree(path, ignore_errors=True)
+    else:
+      os.remove(path)
 
 
 # ----------------------------------------------------------------------------
@@ -100,10 +119,14 @@ def locate(entry: catalogue.WeightsEntry, path: str) -> str:
   file name(s) when it is not there.
   """
   if os.path.isdir(path):
-    for name in entry.files:
-      candidate = os.path.join(path, name)
-      if os.path.exists(candidate):
-        return candidate
+    found = [os.path.join(path, name) for name in entry.files
+             if os.path.exists(os.path.join(path, name))]
+    if len(found) > 1:
+      raise ConfigError(f"{path!r} holds {len(found)} candidate weights files of "
+                        f"{entry.name!r} ({', '.join(os.path.basename(f) for f in found)}); "
+                        f"pass the one to import as the path itself, e.g. {found[0]}.")
+    if found:
+      return found[0]
     if any(os.path.exists(os.path.join(path, f)) for f in ("config.json", "checkpoint")):
       return path  # A preset or checkpoint directory is the weights itself.
   elif os.path.exists(path) or os.path.exists(path + ".index"):

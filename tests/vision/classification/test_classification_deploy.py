@@ -160,7 +160,7 @@ def config_with(config, key, value):
 def test_an_op_litert_has_no_builtin_for_is_kept_as_select_tf_and_listed(trained, tmp_path,
                                                                         monkeypatch):
   """A deploy function that decodes JPEG bytes: LiteRT keeps DecodeJpeg as a Select-TF op."""
-  from tpu_models.task import DeployFunction
+  from tpu_models.task import Agreement, DeployFunction
   from tpu_models.vision.classification.task import ClassificationTask
   config, model_dir, _, _ = trained
 
@@ -174,13 +174,22 @@ def test_an_op_litert_has_no_builtin_for_is_kept_as_select_tf_and_listed(trained
     return {"serve_bytes": DeployFunction(serve_bytes.get_concrete_function(),
                                           {"image_bytes": "JPEG"}, {"logits": "[N, 4]"})}
 
+  def agreement_of_bytes(self, reference, exported, examples, split="eval"):
+    jpeg = np.array([_jpeg(np.random.default_rng(0), 1)], object)
+    exported("serve_bytes", {"image_bytes": jpeg})  # No Flex delegate here: not checked.
+    return Agreement(1, 1, "runs with the Flex delegate")
+
   monkeypatch.setattr(ClassificationTask, "deploy_functions", with_decoding)
+  monkeypatch.setattr(ClassificationTask, "deployed_agreement", agreement_of_bytes)
   lines = []
   out = deploy.export_deployment(config, model_dir, str(tmp_path / "flex"),
                                  format_name="litert", say=lines.append)
   record = json.load(open(os.path.join(out, "export.json")))
   assert "DecodeJpeg" in record["select_tf_ops"] and not record["builtin_ops_only"]
   assert any("Select-TF ops left in the graph" in line and "DecodeJpeg" in line for line in lines)
+  if record["agreement"].get("checked") is False:  # TensorFlow 2.21's pip interpreter.
+    assert any(line.startswith("Agreement with the SavedModel path NOT checked:") and
+               "Flex delegate" in line for line in lines), lines
   runner = deploy.ExportRunner(out)
   assert runner.runtime.startswith("tf.lite")  # TensorFlow's: it can hold the Flex delegate.
   # TensorFlow 2.21's pip interpreter links no Flex delegate: one line saying so.

@@ -28,7 +28,8 @@ from tpu_models.vision import image as image_lib
 from tpu_models.data import pipeline
 from tpu_models.errors import ConfigError, DataError
 from tpu_models.registry import DATASETS, model_signature, register_task
-from tpu_models.task import HIGHER, Deployable, DeployFunction, Servable, Task, weighted_mean
+from tpu_models.task import (HIGHER, Agreement, Deployable, DeployFunction, Servable, Task,
+                             weighted_mean)
 
 
 @dataclasses.dataclass
@@ -66,6 +67,10 @@ class ClassificationConfig(TaskConfig):
   train_examples_per_class: Optional[int] = None
   # Serving: larger images (height x width, from the header) are refused, not decoded; 0 = any.
   max_image_pixels: int = image_lib.DEFAULT_MAX_IMAGE_PIXELS
+  # [height, width] of the pixels a LiteRT/ONNX export's serve_images takes (fixed shapes);
+  # the evaluation transform (e.g. the center crop) to image_size runs inside. [] = [image_size,
+  # image_size].
+  export_image_shape: List[int] = dataclasses.field(default_factory=list)
 
 
 _AUGMENTATIONS = ("inception_crop", "randaugment", "pad_crop_flip", "none")
@@ -89,6 +94,8 @@ class ClassificationTask(Task, Servable, Deployable):
                        f"got {len(config.mean)} and {len(config.std)}.")
     self.num_classes = _num_classes(config.model)
     _check_class_subset(config, self.num_classes)
+    self.export_image_shape = image_lib.export_image_shape(config.export_image_shape,
+                                                           config.image_size)
 
   # Inputs.
 
@@ -168,11 +175,7 @@ class ClassificationTask(Task, Servable, Deployable):
     cfg = self.config
     if isinstance(element, tf.Tensor) and element.dtype == tf.string:
       element = example_lib.parse_image_example(element)
-    label = tf.cast(element["label"], tf.int32) + cfg.label_offset
-    if cfg.classes:  # Stored label classes[i] -> i (the others were filtered out).
-      index = {c: i for i, c in enumerate(cfg.classes)}
-      table = tf.constant([index.get(c, -1) for c in range(max(cfg.classes) + 1)], tf.int32)
-      label = tf.gather(table, tf.clip_by_value(label, 0, max(cfg.classes)))
+    label = self._label(element)
     if "image/encoded" in element:
       image = self._from_bytes(element["image/encoded"], training)
     else:
@@ -182,6 +185,16 @@ class ClassificationTask(Task, Servable, Deployable):
     if cfg.host_bfloat16:
       image = tf.cast(image, tf.bfloat16)
     return image, label
+
+  def _label(self, element) -> tf.Tensor:
+    """int32 [] label of a parsed element: after task.label_offset and task.classes."""
+    cfg = self.config
+    label = tf.cast(element["label"], tf.int32) + cfg.label_offset
+    if cfg.classes:  # Stored label classes[i] -> i (the others were filtered out).
+      index = {c: i for i, c in enumerate(cfg.classes)}
+      table = tf.constant([index.get(c, -1) for c in range(max(cfg.classes) + 1)], tf.int32)
+      label = tf.gather(table, tf.clip_by_value(label, 0, max(cfg.classes)))
+    return label
 
   def _check_label(self, image: tf.Tensor, label: tf.Tensor):
     """A label outside [0, num_classes) is a config error (num_classes, label_offset), always."""
@@ -348,23 +361,27 @@ class ClassificationTask(Task, Servable, Deployable):
   # Deployment (LiteRT, ONNX: tpu_models/deploy.py).
 
   def deploy_functions(self, model: keras.Model) -> Dict[str, DeployFunction]:
-    """`serve_images`: pixels [N, image_size, image_size, C] in; logits, probabilities, classes.
+    """`serve_images`: the SavedModel's `serve_images` at one fixed input shape.
 
-        serve_images(images: uint8 [N, S, S, C])  ->  {"logits": float32 [N, K],
+        serve_images(images: uint8 [N, H, W, C])  ->  {"logits": float32 [N, K],
             "probabilities": float32 [N, K], "classes": int32 [N]}
 
-    The SavedModel's `serve_images` contract without `valid` and `reason` (every row of
-    pixels is valid) and at the model's own size: normalisation is inside the graph;
-    decoding encoded images (no builtin LiteRT op decodes JPEG/PNG, and ONNX has none)
-    and resizing / cropping to image_size are the caller's (as the evaluation pipeline
-    does them: `task.augment`'s eval transform).
+    H, W = task.export_image_shape (default image_size x image_size). Inside the graph,
+    as in the SavedModel: the evaluation transform of `task.augment` (inception_crop,
+    randaugment: the center crop of eval_crop_fraction, resized to image_size; none,
+    pad_crop_flip: resized to image_size when H, W differ), normalisation, the network.
+    So the same pixels give the same classes in every format. Without `valid` and
+    `reason` (pixels of the right shape are always valid). Decoding encoded images is
+    the caller's: no builtin LiteRT op decodes JPEG/PNG, and ONNX has none.
     """
     cfg = self.config
-    size = cfg.image_size
+    height, width = self.export_image_shape
+    transform = self._eval_transform_text()
 
-    @tf.function(input_signature=[tf.TensorSpec([None, size, size, cfg.channels], tf.float32,
+    @tf.function(input_signature=[tf.TensorSpec([None, height, width, cfg.channels], tf.float32,
                                                 name="images")])
     def serve_images(images):
+      images = self._eval_transform_batch(images)
       logits = tf.cast(model(image_lib.normalize(images, cfg.mean, cfg.std), training=False),
                        tf.float32)
       return {"logits": logits, "probabilities": tf.nn.softmax(logits),
@@ -372,39 +389,86 @@ class ClassificationTask(Task, Servable, Deployable):
 
     return {"serve_images": DeployFunction(
         function=serve_images.get_concrete_function(),
-        inputs={"images": f"pixels [N, {size}, {size}, {cfg.channels}], 0..255"},
+        inputs={"images": f"pixels [N, {height}, {width}, {cfg.channels}], 0..255 (the "
+                          f"SavedModel's serve_images input; inside: {transform})"},
         outputs={"logits": f"float32 [N, {self.num_classes}]",
                  "probabilities": f"float32 [N, {self.num_classes}] (softmax)",
                  "classes": "int32 [N] (argmax)"},
         outside_graph=(
             "decoding encoded images (JPEG/PNG/...): no builtin LiteRT or ONNX op decodes "
             "them; decode and pass uint8 pixels (the SavedModel's serving_default takes bytes)",
-            f"resizing/cropping to {size}x{size} (task.augment {cfg.augment!r}'s evaluation "
-            f"transform): the caller's",
+            f"pixels of another size: resize them to {height}x{width} (task.export_image_shape)"
+            f" first; the SavedModel's serve_images takes any size",
             "valid/reason outputs: pixels of the right shape are always valid; a wrong shape "
             "or dtype is the runtime's error"),
         integer_inputs=("images",))}
 
+  def _eval_transform_batch(self, images: tf.Tensor) -> tf.Tensor:
+    """`_from_pixels(training=False)` of a batch of a static shape, without a loop."""
+    cfg = self.config
+    if cfg.augment in _INCEPTION_CROPS:
+      return image_lib.center_crop_batch(images, cfg.image_size,
+                                         crop_fraction=cfg.eval_crop_fraction)
+    return image_lib.resize_batch(images, cfg.image_size)
+
+  def _eval_transform_text(self) -> str:
+    cfg = self.config
+    if cfg.augment in _INCEPTION_CROPS:
+      return (f"task.augment {cfg.augment!r}'s evaluation center crop "
+              f"({cfg.eval_crop_fraction} of the shorter side) resized to {cfg.image_size}")
+    return f"resized to {cfg.image_size}x{cfg.image_size} (task.augment {cfg.augment!r})"
+
+  def export_pixels(self, split: str) -> tf.data.Dataset:
+    """`split`'s images as a fixed-shape export takes them, in evaluation batches.
+
+    (pixels float32 [B, H, W, C] of whole values 0..255, labels int32 [B], mask [B]):
+    each image decoded as stored, before the evaluation transform, and resized to
+    task.export_image_shape only when its size differs (the caller's step), rounded.
+    """
+    cfg = self.config
+    height, width = self.export_image_shape
+    data = self.data_config(split)
+
+    def decode(element):
+      if isinstance(element, tf.Tensor) and element.dtype == tf.string:
+        element = example_lib.parse_image_example(element)
+      if "image/encoded" in element:
+        image = tf.io.decode_image(element["image/encoded"], channels=cfg.channels,
+                                   expand_animations=False)
+      else:
+        image = element["image"]
+        if image.shape.rank == 3 and image.shape[-1] == 1 and cfg.channels == 3:
+          image = tf.image.grayscale_to_rgb(image)
+      image = tf.cast(tf.ensure_shape(image, [None, None, cfg.channels]), tf.float32)
+      if image.shape[0] != height or image.shape[1] != width:
+        image = tf.clip_by_value(tf.round(tf.image.resize(image, [height, width])), 0.0, 255.0)
+      return tf.ensure_shape(image, [height, width, cfg.channels]), self._label(element)
+
+    return pipeline.build_dataset(data, decode, training=False,
+                                  dataset=self._class_subset(split, data, None),
+                                  validate=self._check_label)
+
   def calibration_inputs(self, examples: int):
-    """Training-pipeline images (its augmentation included) as pixels 0..255, one at a time."""
+    """Training-pipeline images (its augmentation included) as pixels 0..255, one at a time,
+    resized to task.export_image_shape when it is not image_size x image_size."""
+    height, width = self.export_image_shape
     for pixels in image_lib.pixel_rows(self.build_inputs("train"), self.config.mean,
                                        self.config.std, examples):
+      if pixels.shape[1:3] != (height, width):
+        pixels = np.round(tf.image.resize(pixels, [height, width]).numpy()).clip(0, 255)
       yield {"serve_images": {"images": pixels}}
 
   def evaluate_deployed(self, run, split: str, *, say=None) -> Dict[str, float]:
     """top-1 (and top-5) of `split` through `run("serve_images", ...)`, by `metrics`.
 
-    The evaluation pipeline's images, turned back into uint8 pixels (exact for images
-    it did not resample), in its batches; `say` gets a line every 10 batches.
+    The split's images as the export takes them (`export_pixels`: decoded, before the
+    evaluation transform, which the export applies), in evaluation batches; `say` gets
+    a line every 10 batches.
     """
-    task = self
-    if self.config.host_bfloat16:  # Pixels are recovered from float32 images, exactly.
-      task = ClassificationTask(dataclasses.replace(self.config, host_bfloat16=False))
     totals, batches = {}, 0
-    for images, labels, mask in pipeline.until_padding(task.build_inputs(split)):
+    for images, labels, mask in pipeline.until_padding(self.export_pixels(split)):
       real = mask.numpy() > 0  # The padding rows are not run.
-      pixels = image_lib.denormalize_to_pixels(images.numpy()[real], self.config.mean,
-                                               self.config.std)
+      pixels = images.numpy()[real].astype(np.uint8)
       logits = run("serve_images", {"images": pixels})["logits"]
       sums = self.metrics(tf.constant(labels.numpy()[real]), tf.constant(logits, tf.float32),
                           tf.ones([int(real.sum())]))
@@ -421,6 +485,28 @@ class ClassificationTask(Task, Servable, Deployable):
     result = {name: total / count for name, (total, count) in totals.items()}
     result["examples"] = examples
     return result
+
+  # int8 against the SavedModel on the same pixels: the tiny test classifier, 21 images
+  # (tests/vision/classification/test_classification_deploy.py), and docs/deploy.md.
+  int8_agreement_floor = 0.9
+
+  def deployed_agreement(self, reference, exported, examples: int,
+                         split: str = "eval") -> Agreement:
+    """Same `classes` from both on up to `examples` of `split`'s images (`export_pixels`)."""
+    agreeing = total = 0
+    for images, _, mask in pipeline.until_padding(self.export_pixels(split)):
+      pixels = images.numpy()[mask.numpy() > 0][:examples - total].astype(np.uint8)
+      if not len(pixels):
+        break
+      ours = exported("serve_images", {"images": pixels})["classes"]
+      theirs = reference("serve_images", {"images": pixels})["classes"]
+      agreeing += int(np.sum(np.asarray(ours) == np.asarray(theirs)))
+      total += len(pixels)
+      if total >= examples:
+        break
+    if not total:
+      raise DataError(f"task.{split}_data yielded no images to compare the export on.")
+    return Agreement(agreeing, total, f"classes of {split} images")
 
   # Loss and metrics.
 

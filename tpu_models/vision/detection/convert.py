@@ -142,7 +142,8 @@ def _label_map_entries(classes: Sequence[Tuple[str, int]]) -> List[Dict]:
 
 def _resolve_label_map(output_prefix: str, classes: Sequence[Tuple[str, int]],
                        explicit: bool) -> List[Dict]:
-  """Writes the label map, or reuses the one already beside the shards.
+  """The label map to write (by `_write_records`, once the shards are), or the one
+  already beside the shards.
 
   Args:
     classes: (name, category_id) per label, in label order.
@@ -166,10 +167,17 @@ def _resolve_label_map(output_prefix: str, classes: Sequence[Tuple[str, int]],
             f"directory, pass the same classes, or delete {path} if the old shards are gone.")
     print(f"Using the existing label map {path} ({len(existing)} classes).", flush=True)
     return existing
-  tf.io.gfile.makedirs(os.path.dirname(path) or ".")
-  with tf.io.gfile.GFile(path, "w") as f:
-    json.dump(proposed, f, indent=1)
   return proposed
+
+
+def _write_label_map(output_prefix: str, label_map: List[Dict]) -> None:
+  """Writes `label_map.json` beside the shards unless it is there (checked equal before)."""
+  path = label_map_path(output_prefix)
+  if tf.io.gfile.exists(path):
+    return
+  with tf.io.gfile.GFile(path + ".partial", "w") as f:
+    json.dump(label_map, f, indent=1)
+  tf.io.gfile.rename(path + ".partial", path, overwrite=True)
 
 
 def _read_class_names(class_names: Union[str, Sequence[str]]) -> List[Tuple[str, int]]:
@@ -351,6 +359,8 @@ def _write_records(images: List[_Image],
           bar.update(len(skipped_files))
   finally:
     bar.close()
+  # Only now: a conversion refused or failed before this point writes nothing.
+  _write_label_map(output_prefix, label_map)
 
   invalid_counts = {reason: report.invalid[reason] for reason in INVALID_REASONS
                     if report.invalid[reason]}

@@ -56,7 +56,7 @@ from tpu_models.vision.detection import anchors as anchors_lib
 from tpu_models.vision.detection import losses as detection_losses
 from tpu_models.vision.detection import nms as nms_lib
 from tpu_models.registry import create_model, model_signature, register_task
-from tpu_models.task import (HIGHER, LOWER, NO_DIRECTION, DataReporter, Deployable,
+from tpu_models.task import (HIGHER, LOWER, NO_DIRECTION, Agreement, DataReporter, Deployable,
                               DeployFunction, FilePredictor, LossResult, Servable, Task)
 
 _TRAIN_LABELS = ("class_targets", "box_targets")
@@ -122,6 +122,9 @@ class DetectionConfig(TaskConfig):
   host_bfloat16: bool = False  # Cast images to bfloat16 on the host: half the infeed bytes.
   # Serving: larger images (height x width, from the header) are refused, not decoded; 0 = any.
   max_image_pixels: int = image_lib.DEFAULT_MAX_IMAGE_PIXELS
+  # [height, width] of the pixels a LiteRT/ONNX export's serve_images takes (fixed shapes);
+  # resizing and padding to the model's square input run inside. [] = [image_size, image_size].
+  export_image_shape: List[int] = dataclasses.field(default_factory=list)
   # Pictures of each reported evaluation: the first N images drawn with predictions
   # (score >= eval_image_min_score) and ground truth (white) to
   # model_dir/<split>_images/step_<step>/<source id>.png and TensorBoard. 0 = none.
@@ -631,10 +634,19 @@ class DetectionTask(DetectionTaskBase, Servable, FilePredictor, Deployable):
     names = self.display_names()
     detect = self._detect_pixels_fn(model)
     failed, used = [], set()
+    max_pixels = image_lib.check_max_image_pixels(self.config.max_image_pixels)
     for path in paths:
       try:
         with tf.io.gfile.GFile(path, "rb") as f:
-          pixels = tf.io.decode_image(f.read(), channels=3, expand_animations=False)
+          data = f.read()
+        # The serving path's header check: a decompression bomb is never decoded.
+        refused = image_lib.check_image_header(tf.constant(data), max_pixels).numpy().decode()
+        if refused:
+          say(f"{path}: error: not decoded: {refused}; skipped (task.max_image_pixels "
+              f"{max_pixels}; 0 = no limit).")
+          failed.append(path)
+          continue
+        pixels = tf.io.decode_image(data, channels=3, expand_animations=False)
       except (tf.errors.OpError, OSError) as e:
         reason = e.message if isinstance(e, tf.errors.OpError) else str(e)
         say(f"{path}: error: not a readable JPEG/PNG image "
@@ -736,52 +748,75 @@ class DetectionTask(DetectionTaskBase, Servable, FilePredictor, Deployable):
     return {"serving_default": serving_default.get_concrete_function(),
             "serve_images": serve_images.get_concrete_function()}
 
-  def deploy_functions(self, model: keras.Model) -> Dict[str, DeployFunction]:
-    """`serve_resized`: pixels already resized and padded to the model's size in; detections out.
+  # Deployment (LiteRT, ONNX: tpu_models/deploy.py).
 
-        serve_resized(images: uint8 [B, S, S, 3])  ->  {"detection_boxes": float32
-            [B, D, 4] [ymin, xmin, ymax, xmax] in the S x S input's pixels,
+  def _export_shape(self) -> Tuple[int, int]:
+    return image_lib.export_image_shape(self.config.export_image_shape, self.image_size)
+
+  def deploy_functions(self, model: keras.Model) -> Dict[str, DeployFunction]:
+    """`serve_images`: the SavedModel's `serve_images` at one fixed input shape.
+
+        serve_images(images: uint8 [B, H, W, 3])  ->  {"detection_boxes": float32
+            [B, D, 4] [ymin, xmin, ymax, xmax] in the input's pixels,
             "detection_scores": float32 [B, D], "detection_classes": int32 [B, D]
             (-1 past the count), "num_detections": int32 [B]}
 
-    Normalisation, the network, box decoding and the project's fixed-shape per-class
-    NMS (nms.py: top-k, matrix IoU, a while loop: builtin LiteRT ops) run inside;
-    an int8 export quantizes the network and keeps the box decoding and NMS (the
-    `postprocess` name scope: `float_scopes`) float32.
-    Outside: decoding, resizing the longer side to S and padding bottom/right
-    (`inputs.resize_and_pad`), and mapping boxes back to the original image (divide
-    by the resize scale) — the SavedModel's serving_default does these inside.
+    H, W = task.export_image_shape (default S x S, the model's input). Inside, as the
+    SavedModel does it (`_resize_pixels`): the longer side resized to S, padding at the
+    bottom/right, normalisation, the network, box decoding and the project's
+    fixed-shape per-class NMS (nms.py: top-k, matrix IoU, a while loop: builtin LiteRT
+    ops), boxes mapped back to the input's pixels. An int8 export quantizes the network
+    and keeps the box decoding, NMS and mapping (the `postprocess` name scope:
+    `float_scopes`) float32. Outside: decoding encoded images.
     """
     cfg = self.config
     size = self.image_size
+    height, width = self._export_shape()
+    # The geometry `_resize_pixels` computes in the graph, here in Python (float32 alike).
+    original = np.array([height, width], np.float32)
+    resized_hw = np.maximum(np.round(original * np.float32(size / original.max())), 1.0)
+    content = np.minimum(resized_hw, size).astype(int)
+    info = np.stack([original, content.astype(np.float32), resized_hw / original,
+                     np.zeros([2], np.float32)]).astype(np.float32)
 
-    @tf.function(input_signature=[tf.TensorSpec([None, size, size, 3], tf.float32,
+    @tf.function(input_signature=[tf.TensorSpec([None, height, width, 3], tf.float32,
                                                 name="images")])
-    def serve_resized(images):
-      outputs = model(image_lib.normalize(images, cfg.mean, cfg.std), training=False)
+    def serve_images(images):
+      if (int(resized_hw[0]), int(resized_hw[1])) != (height, width):
+        images = tf.image.resize(images, [int(resized_hw[0]), int(resized_hw[1])],
+                                 method=cfg.resize_method)
+      images = image_lib.normalize(images[:, :size, :size, :], cfg.mean, cfg.std)
+      images = tf.pad(images, [[0, 0], [0, size - content[0]], [0, size - content[1]], [0, 0]])
+      outputs = model(images, training=False)
       with tf.name_scope(_POSTPROCESS_SCOPE):  # Stays float32 in an int8 export.
-        detections = self.postprocess({k: tf.cast(v, tf.float32) for k, v in outputs.items()})
-      return {"detection_boxes": detections["boxes"],
+        infos = tf.tile(tf.constant(info)[None], [tf.shape(images)[0], 1, 1])
+        detections = self.postprocess({k: tf.cast(v, tf.float32) for k, v in outputs.items()},
+                                      infos)
+        boxes = detection_data.to_original_pixels(detections["boxes"], infos)
+      return {"detection_boxes": boxes,
               "detection_scores": detections["scores"],
               "detection_classes": detections["classes"],
               "num_detections": detections["num_detections"]}
 
     d = cfg.max_detections
-    return {"serve_resized": DeployFunction(
-        function=serve_resized.get_concrete_function(),
-        inputs={"images": f"pixels [B, {size}, {size}, 3], 0..255: the image's longer side "
-                          f"resized to {size}, padded with 0 at the bottom/right"},
+    inside = ("" if (height, width) == (size, size) else
+              f"resized to {int(resized_hw[0])}x{int(resized_hw[1])} and padded to "
+              f"{size}x{size} inside")
+    return {"serve_images": DeployFunction(
+        function=serve_images.get_concrete_function(),
+        inputs={"images": f"pixels [B, {height}, {width}, 3], 0..255 (the SavedModel's "
+                          f"serve_images input{'; ' + inside if inside else ''})"},
         outputs={"detection_boxes": f"float32 [B, {d}, 4] [ymin, xmin, ymax, xmax] in the "
-                                    f"{size}x{size} input's pixels",
+                                    f"{height}x{width} input's pixels",
                  "detection_scores": f"float32 [B, {d}]",
                  "detection_classes": f"int32 [B, {d}] labels 0..K-1, -1 past the count",
                  "num_detections": "int32 [B]"},
         outside_graph=(
             "decoding encoded images (JPEG/PNG/...): no builtin LiteRT or ONNX op decodes "
             "them; decode and pass uint8 pixels (the SavedModel's serving_default takes bytes)",
-            f"resizing the longer side to {size} and padding to {size}x{size} "
-            f"(inputs.resize_and_pad), and dividing the boxes by that scale to map them "
-            f"back to the original image: the caller's",
+            f"pixels of another size: resize them to {height}x{width} "
+            f"(task.export_image_shape) first and scale the boxes back; the SavedModel's "
+            f"serve_images takes any size",
             "valid/reason outputs: pixels of the right shape are always valid; a wrong shape "
             "or dtype is the runtime's error"),
         integer_inputs=("images",),
@@ -792,27 +827,57 @@ class DetectionTask(DetectionTaskBase, Servable, FilePredictor, Deployable):
             "than 256 levels, and LiteRT's int8 DIV (the IoU's union) refuses a divisor at "
             "its zero point; the network (normalisation, backbone, FPN, heads) is int8")})}
 
-  def calibration_inputs(self, examples: int):
-    """Training-pipeline images (augmented, resized, padded) as pixels 0..255, one at a time."""
-    for pixels in image_lib.pixel_rows(self.build_inputs("train"), self.config.mean,
-                                       self.config.std, examples):
-      yield {"serve_resized": {"images": pixels}}
+  def _export_batches(self, split: str):
+    """(uint8 pixels [n, H, W, 3] as serve_images takes them, their labels, the factor
+    [n, 1, 4] that maps boxes in those pixels to the evaluation's S x S input), per
+    evaluation batch without its padding rows.
 
-  def evaluate_deployed(self, run, split: str, *, say=None) -> Dict[str, float]:
-    """The evaluation's COCO AP of `split` (`aggregate`, `finalize`) through `run`."""
+    At the default export shape these are the evaluation pipeline's own images; at
+    another, each image's content (the padding cut off) resized to it.
+    """
     cfg = self.config
-    state, batches = None, 0
+    height, width = self._export_shape()
     for images, labels, mask in pipeline.until_padding(self.build_inputs(split)):
       real = mask.numpy() > 0
       pixels = image_lib.denormalize_to_pixels(tf.cast(images, tf.float32).numpy()[real],
                                                cfg.mean, cfg.std)
-      detections = run("serve_resized", {"images": pixels})
-      host = {key: labels[source].numpy()[real] for key, source in (
+      labels = {key: value.numpy()[real] for key, value in labels.items()}
+      factor = np.ones([len(pixels), 1, 4], np.float32)
+      if (height, width) != (self.image_size, self.image_size):
+        content = labels["image_info"][:, detection_data.INFO_CONTENT_SIZE].astype(int)
+        pixels = np.stack([
+            np.clip(np.round(tf.image.resize(image[:h, :w], [height, width]).numpy()), 0, 255)
+            for image, (h, w) in zip(pixels, content)]).astype(np.uint8)
+        factor = np.tile(content[:, None] / np.array([height, width], np.float32), 2)
+      yield pixels, labels, factor.astype(np.float32)
+
+  def calibration_inputs(self, examples: int):
+    """Training-pipeline images (augmented, resized, padded) as pixels 0..255, one at a time,
+    resized to task.export_image_shape when it is not the model's S x S."""
+    height, width = self._export_shape()
+    for pixels in image_lib.pixel_rows(self.build_inputs("train"), self.config.mean,
+                                       self.config.std, examples):
+      if pixels.shape[1:3] != (height, width):
+        pixels = np.round(tf.image.resize(pixels, [height, width]).numpy()).clip(0, 255)
+      yield {"serve_images": {"images": pixels}}
+
+  def evaluate_deployed(self, run, split: str, *, say=None) -> Dict[str, float]:
+    """The evaluation's COCO AP of `split` (`aggregate`, `finalize`) through `run`.
+
+    At an export shape other than S x S the images are resampled twice (the
+    evaluation's resize, then to the export's shape): close to, not exactly, the
+    evaluation's AP.
+    """
+    state, batches = None, 0
+    for pixels, labels, factor in self._export_batches(split):
+      detections = run("serve_images", {"images": pixels})
+      host = {key: labels[source] for key, source in (
           ("source_id", "source_id"), ("image_info", "image_info"), ("gt_boxes", "boxes"),
           ("gt_classes", "classes"), ("gt_is_crowd", "is_crowd"),
           ("num_instances", "num_instances"))}
       host.update({key: np.asarray(detections[key]) for key in (
-          "detection_boxes", "detection_scores", "detection_classes", "num_detections")})
+          "detection_scores", "detection_classes", "num_detections")})
+      host["detection_boxes"] = np.asarray(detections["detection_boxes"]) * factor
       state = self.aggregate(state, host, split=split)
       batches += 1
       if say and batches % 10 == 0:
@@ -820,6 +885,31 @@ class DetectionTask(DetectionTaskBase, Servable, FilePredictor, Deployable):
     if state is None:
       raise DataError(f"task.{split}_data yielded no examples to evaluate.")
     return self.finalize(state, split=split)
+
+  # int8 against the SavedModel: the network's scores move by quantization noise, so a
+  # detection near the score threshold or an overlapping pair may differ.
+  int8_agreement_floor = 0.8
+
+  def deployed_agreement(self, reference, exported, examples: int,
+                         split: str = "eval") -> Agreement:
+    """Images whose detections (score >= eval_image_min_score) are the same in both.
+
+    The same: one-to-one, same class, IoU >= 0.9; a detection within 0.01 of the score
+    threshold may be missing from the other (a rounding, not another answer).
+    """
+    agreeing = total = 0
+    for pixels, _, _ in self._export_batches(split):
+      pixels = pixels[:examples - total]
+      ours = exported("serve_images", {"images": pixels})
+      theirs = reference("serve_images", {"images": pixels})
+      for i in range(len(pixels)):
+        agreeing += _same_detections(ours, theirs, i, self.config.eval_image_min_score)
+      total += len(pixels)
+      if total >= examples:
+        break
+    if not total:
+      raise DataError(f"task.{split}_data yielded no images to compare the export on.")
+    return Agreement(agreeing, total, f"images' detections of {split}")
 
   def _resize_pixels(self, image: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
     """uint8 [H, W, 3] -> (image [S, S, 3], image_info [4, 2]) as evaluation resizes bytes.
@@ -840,6 +930,38 @@ class DetectionTask(DetectionTaskBase, Servable, FilePredictor, Deployable):
     info = tf.stack([original, tf.cast(content, tf.float32), resized_hw / original,
                      tf.zeros([2], tf.float32)])
     return padded, info
+
+
+def _same_detections(a, b, i: int, min_score: float, margin: float = 0.01) -> bool:
+  """Whether row `i` of two serve_images outputs holds the same detections (see
+  `DetectionTask.deployed_agreement`)."""
+
+  def rows(out, threshold):
+    n = int(out["num_detections"][i])
+    keep = np.asarray(out["detection_scores"][i, :n]) >= threshold
+    return (np.asarray(out["detection_boxes"][i, :n])[keep],
+            np.asarray(out["detection_classes"][i, :n])[keep])
+
+  for one, other in ((a, b), (b, a)):
+    sure_boxes, sure_classes = rows(one, min_score + margin)
+    boxes, classes = rows(other, min_score - margin)
+    used = np.zeros(len(boxes), bool)
+    for box, label in zip(sure_boxes, sure_classes):
+      overlap = np.where((classes == label) & ~used, _iou(box, boxes), 0.0)
+      best = int(np.argmax(overlap)) if len(overlap) else -1
+      if best < 0 or overlap[best] < 0.9:
+        return False
+      used[best] = True
+  return True
+
+
+def _iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+  """IoU of one [ymin, xmin, ymax, xmax] box with each of `boxes` [n, 4]."""
+  top_left = np.maximum(box[:2], boxes[:, :2])
+  bottom_right = np.minimum(box[2:], boxes[:, 2:])
+  inter = np.prod(np.clip(bottom_right - top_left, 0, None), axis=-1)
+  area = lambda b: np.prod(np.clip(b[..., 2:] - b[..., :2], 0, None), axis=-1)
+  return inter / np.maximum(area(box) + area(boxes) - inter, 1e-9)
 
 
 def _encoded_images(files: List[str], source_ids) -> Dict[int, bytes]:
