@@ -41,7 +41,7 @@ def test_levels_follow_the_fpn_rule():
   np.testing.assert_array_equal(roi_ops.assign_levels(boxes, 2, 5), [4, 3, 2, 5, 2, 5, 2])
 
 
-@pytest.mark.parametrize("sampling_ratio", [1, 2])
+@pytest.mark.parametrize("sampling_ratio", [1, 2, 3])
 def test_multilevel_roi_align_equals_the_loop_definition(sampling_ratio):
   pyramid = _pyramid()
   # Boxes of every level, one sticking out of the image, one degenerate.

@@ -1,8 +1,8 @@
 """Fixed-shape region ops of two-stage detectors: FPN level assignment, RoIAlign, sampling.
 
 Every op here takes and returns tensors of static shape and uses only gathers,
-elementwise math and top-k: no boolean_mask, no one-argument tf.where, no
-host op. They compile with XLA (`jit_compile=True`) and run inside a TPU step.
+elementwise math, batched matmuls and top-k: no boolean_mask, no one-argument
+tf.where, no host op. They compile with XLA (`jit_compile=True`) and run inside a TPU step.
 
     levels = assign_levels(boxes, min_level=2, max_level=5)          # int32 [B, R]
     crops = multilevel_roi_align(pyramid, boxes, output_size=7)      # [B, R, 7, 7, C]
@@ -107,18 +107,73 @@ def bilinear_sample(flat_features: tf.Tensor, ys: tf.Tensor, xs: tf.Tensor, heig
   return tf.einsum("brijkc,brijk->brijc", gathered, weight)
 
 
+def _axis_weights(coords: tf.Tensor, size: tf.Tensor, bins: int, sampling_ratio: int):
+  """Sample indices and their bin weights along one axis, for `_pooled_samples`.
+
+  Args:
+    coords: float32 [B, R, bins * sampling_ratio]: sample positions (continuous cells).
+    size: float32 [B, R, 1]: the grid's cells along the axis.
+
+  Returns:
+    (index int32 [B, R, 2g]: the low and high cell of each sample, interleaved;
+     weight float32 [B, R, bins, 2g]: bin i's interpolation weight of each of
+     them, divided by sampling_ratio; 0 off bin i's own samples).
+  """
+  low, high, low_weight, high_weight = _bilinear_axis(coords, size)
+  shape = tf.concat([tf.shape(coords)[:-1], [2 * bins * sampling_ratio]], 0)
+  index = tf.reshape(tf.stack([low, high], -1), shape)
+  weight = tf.reshape(tf.stack([low_weight, high_weight], -1), shape) / sampling_ratio
+  # Bin i owns samples i * sampling_ratio ... (i + 1) * sampling_ratio - 1, 2 cells each.
+  owner = tf.constant([[1.0 if k // (2 * sampling_ratio) == i else 0.0
+                        for k in range(2 * bins * sampling_ratio)] for i in range(bins)])
+  return index, weight[..., None, :] * owner
+
+
+def _pooled_samples(flat_features: tf.Tensor, ys: tf.Tensor, xs: tf.Tensor, heights: tf.Tensor,
+                    widths: tf.Tensor, offsets: tf.Tensor, bins: int,
+                    sampling_ratio: int) -> tf.Tensor:
+  """The bins of RoIAlign: bilinear samples averaged per bin, as a gather and two matmuls.
+
+  The 2g rows x 2g columns of cells that the g x g samples of a region touch
+  are gathered once ([B, R, 2g, 2g, C]); interpolation and the mean over each
+  bin's samples are separable, so they are a [bins, 2g] weight matrix per
+  axis applied on either side (batched matmuls: no per-corner stack, and the
+  gradient is two matmuls and one scatter).
+
+  Args: as `bilinear_sample`, with ys, xs [B, R, bins * sampling_ratio].
+
+  Returns:
+    [B, R, bins, bins, C] in flat_features' dtype.
+  """
+  y_index, y_weight = _axis_weights(ys, heights[..., None], bins, sampling_ratio)
+  x_index, x_weight = _axis_weights(xs, widths[..., None], bins, sampling_ratio)
+  row_stride = tf.cast(widths, tf.int32)[..., None, None]
+  index = offsets[..., None, None] + y_index[..., :, None] * row_stride + x_index[..., None, :]
+  batch, regions, cells = index.shape[0], index.shape[1], index.shape[2]
+  batch = batch if batch is not None else tf.shape(index)[0]
+  gathered = tf.gather(flat_features, tf.reshape(index, [batch, -1]), batch_dims=1)
+  channels = flat_features.shape[-1]
+  gathered = tf.reshape(gathered, [batch, regions, cells, cells * channels])
+  dtype = gathered.dtype
+  rows = tf.matmul(tf.cast(y_weight, dtype), gathered)  # [B, R, bins, 2g * C]
+  rows = tf.reshape(rows, [batch, regions, bins, cells, channels])
+  return tf.einsum("brjx,brixc->brijc", tf.cast(x_weight, dtype), rows)
+
+
 def multilevel_roi_align(features: Dict[int, tf.Tensor], boxes, *, output_size: int,
                          sampling_ratio: int = 2,
                          canonical_size: float = CANONICAL_SIZE,
                          canonical_level: int = CANONICAL_LEVEL) -> tf.Tensor:
-  """RoIAlign over an FPN: each box pooled from its level at fixed size, by gathers.
+  """RoIAlign over an FPN: each box pooled from its level at fixed size, by a gather and matmuls.
 
   Box r goes to level `assign_levels(box)`; its box (divided by the level's
   stride 2^l) is tiled into output_size x output_size bins, each the mean of
   sampling_ratio x sampling_ratio bilinear samples at the centres of a finer
   tiling (RoIAlign, He et al. 2017, with a fixed sample count). All levels
   are flattened into one [B, sum H_l W_l, C] tensor, so one gather serves
-  every box whatever its level.
+  every box whatever its level; the bilinear weights and the mean over each
+  bin's samples are then two small matmuls per box (`_pooled_samples`; the
+  same sums as per-sample corner weights, in the features' dtype).
 
   Args:
     features: {level: [B, H_l, W_l, C]} with the same C; H_l, W_l static.
@@ -157,13 +212,7 @@ def multilevel_roi_align(features: Dict[int, tf.Tensor], boxes, *, output_size: 
   offsets = tf.gather(tf.constant(starts, tf.int32), level_index)
   grid = output_size * sampling_ratio
   ys, xs = _sample_grid(boxes / strides[..., None], grid)
-  samples = bilinear_sample(flat, ys, xs, heights, widths, offsets)  # [B, R, g, g, C]
-  if sampling_ratio == 1:
-    return samples
-  regions = boxes.shape[1]
-  samples = tf.reshape(samples, [batch, regions, output_size, sampling_ratio, output_size,
-                                 sampling_ratio, channels])
-  return tf.reduce_mean(samples, axis=[3, 5])
+  return _pooled_samples(flat, ys, xs, heights, widths, offsets, output_size, sampling_ratio)
 
 
 def crop_and_resample(crops: tf.Tensor, crop_boxes: tf.Tensor, boxes: tf.Tensor,
