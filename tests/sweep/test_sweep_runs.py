@@ -1,5 +1,5 @@
-"""Whole sweeps through `tpu-models sweep`: ASHA early stopping, a two-node Ray cluster,
-and the best trial of a real Fashion-MNIST sweep exported and scored once on test."""
+"""Whole sweeps through `tpu-models sweep`: ASHA early stopping, Optuna on a two-node Ray
+cluster, and the best trial of a real Fashion-MNIST sweep exported and scored once on test."""
 
 import json
 import os
@@ -46,23 +46,7 @@ def test_asha_stops_the_weak_trials_at_an_evaluation_with_their_checkpoint(tmp_p
   assert report.returncode == 0 and "3 trials: 1 done, 2 stopped" in report.stdout
 
 
-def test_optuna_samples_the_space_through_tune(tmp_path):
-  directory = str(tmp_path / "sweep")
-  with ray_sandbox() as ray_tmp:
-    done = run_sweep(ray_tmp, TOY_SWEEP, "--set", f"sweep.directory={directory}",
-                     "--set", "sweep.search=optuna", "--set", "sweep.trials=2",
-                     "--set", "sweep.concurrency=1",
-                     "--set", "sweep.space.task.model.hidden={choice: [4, 8, 16]}")
-  assert done.returncode == 0, done.stdout + done.stderr
-  assert "search optuna" in done.stdout
-  records = trial_records(directory)
-  assert sorted(r["state"] for r in records.values()) == ["done", "done"]
-  for record in records.values():
-    lr = record["params"]["trainer.schedule.base_lr"]
-    assert 0.003 <= lr <= 0.3 and record["params"]["task.model.hidden"] in (4, 8, 16)
-
-
-def test_trials_run_on_both_nodes_of_a_two_node_ray_cluster(tmp_path, monkeypatch):
+def test_optuna_trials_run_on_both_nodes_of_a_two_node_ray_cluster(tmp_path, monkeypatch):
   from ray.cluster_utils import Cluster
   directory = str(tmp_path / "sweep")
   with ray_sandbox() as ray_tmp:
@@ -72,8 +56,11 @@ def test_trials_run_on_both_nodes_of_a_two_node_ray_cluster(tmp_path, monkeypatc
     try:
       cluster.add_node(num_cpus=1, object_store_memory=80 * 1024 * 1024)
       cluster.wait_for_nodes()
+      # Optuna's sampler through Tune, the search a fleet sweep would use.
       done = run_sweep(ray_tmp, TOY_SWEEP, "--set", f"sweep.directory={directory}",
-                       "--set", "sweep.trials=2", "--address", cluster.address)
+                       "--set", "sweep.trials=2", "--set", "sweep.search=optuna",
+                       "--set", "sweep.space.task.model.hidden={choice: [4, 8, 16]}",
+                       "--address", cluster.address)
     finally:
       cluster.shutdown()
   assert done.returncode == 0, done.stdout + done.stderr
@@ -82,6 +69,10 @@ def test_trials_run_on_both_nodes_of_a_two_node_ray_cluster(tmp_path, monkeypatc
   assert sorted(r["state"] for r in records.values()) == ["done", "done"]
   # One CPU per node and one per trial: running together, they had one node each.
   assert len({r["nodes"][0] for r in records.values()}) == 2
+  assert "search optuna" in done.stdout
+  for record in records.values():
+    assert 0.003 <= record["params"]["trainer.schedule.base_lr"] <= 0.3
+    assert record["params"]["task.model.hidden"] in (4, 8, 16)
 
 
 def test_a_fashion_mnist_sweep_exports_its_best_trial_scored_once_on_test(tmp_path):
