@@ -17,6 +17,15 @@ import pytest  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def has_module(module: str) -> bool:
+  """Whether `module` imports here (an optional extra such as tf2onnx)."""
+  try:
+    __import__(module)
+    return True
+  except ImportError:
+    return False
+
+
 @pytest.fixture(autouse=True)
 def _float32_policy():
   """Every test starts and ends under the float32 policy."""

@@ -19,19 +19,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from conftest import has_module
 from faults import HERE, _experiment, _write, error_line, flip_byte, run_batch, train_command
 from test_convert_faults import _coco
 from test_image_limit_faults import _bomb_png
 
 REPO = os.path.dirname(os.path.dirname(HERE))
-
-
-def _has(module: str) -> bool:
-  try:
-    __import__(module)
-    return True
-  except ImportError:
-    return False
 
 
 # ----------------------------------------------------------------------------
@@ -94,7 +87,7 @@ def exported(tmp_path_factory):
   config = _experiment(tmp, "tiny", train, val, model={
       "name": "resnet18", "num_classes": 4, "stem": "small", "width": 4,
       "input_shape": [16, 16, 3]})
-  formats = ["litert"] + (["onnx"] if _has("tf2onnx") and _has("onnxruntime") else [])
+  formats = ["litert"] + (["onnx"] if has_module("tf2onnx") and has_module("onnxruntime") else [])
   export = lambda name: ["export", config, "--model-dir", tmp / "run", "--output", tmp / name,
                          "--format", name]
   results = run_batch(tmp, [["train", config, "--model-dir", tmp / "run", "--mode", "train"]] + [

@@ -17,6 +17,7 @@ from tpu_models.errors import ConfigError, DataError, MissingExtraError
 from tpu_models.training.trainer import Trainer
 
 from test_classification_task import _config, _jpeg
+from conftest import has_module
 
 # Bands of 4 classes at 32x32 pixels, no augmentation (evaluation pixels are the
 # stored ones, resized): the width-8 ResNet-18 of test_classification_task.py learns
@@ -24,15 +25,7 @@ from test_classification_task import _config, _jpeg
 OVERRIDES = ["task.augment=none", "task.flip=false"]
 
 
-def _has(module: str) -> bool:
-  try:
-    __import__(module)
-    return True
-  except ImportError:
-    return False
-
-
-needs_onnx = pytest.mark.skipif(not (_has("tf2onnx") and _has("onnxruntime")),
+needs_onnx = pytest.mark.skipif(not (has_module("tf2onnx") and has_module("onnxruntime")),
                                 reason="the deploy extra (tf2onnx, onnxruntime) is not installed")
 
 
@@ -58,7 +51,7 @@ def exports(trained, tmp_path_factory):
   config, model_dir, saved, _ = trained
   root = tmp_path_factory.mktemp("exports")
   result = {"saved_model": saved}
-  formats = ["litert", "litert-int8"] + (["onnx"] if _has("tf2onnx") else [])
+  formats = ["litert", "litert-int8"] + (["onnx"] if has_module("tf2onnx") else [])
   for name in formats:
     result[name] = deploy.export_deployment(config, model_dir, str(root / name),
                                             format_name=name, calibration_examples=16)

@@ -28,17 +28,10 @@ from tpu_models.vision.classification import example as example_lib
 from tpu_models.vision.classification.task import ClassificationTask
 
 from test_classification_task import _config
+from conftest import has_module
 
 
-def _has(module: str) -> bool:
-  try:
-    __import__(module)
-    return True
-  except ImportError:
-    return False
-
-
-FORMATS = ["litert", "litert-int8"] + (["onnx"] if _has("tf2onnx") and _has("onnxruntime")
+FORMATS = ["litert", "litert-int8"] + (["onnx"] if has_module("tf2onnx") and has_module("onnxruntime")
                                        else [])
 
 
