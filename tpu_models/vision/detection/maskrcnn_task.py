@@ -145,28 +145,13 @@ class MaskRCNNTask(DetectionTaskBase):
 
   def decode_fn(self, split: str):
     """serialized record -> (features, labels) of `split`; see the module docstring."""
-    cfg = self.config
     training = split == "train"
-    decode = detection_data.build_decode_fn(
-        self.image_size, self.anchors, training=training, max_instances=cfg.max_instances,
-        scale_range=tuple(cfg.scale_range), flip=cfg.flip,
-        matched_threshold=cfg.matched_threshold, unmatched_threshold=cfg.unmatched_threshold,
-        force_match=cfg.force_match, crowd_ignore_threshold=cfg.crowd_ignore_threshold,
-        mean=cfg.mean, std=cfg.std, dtype=tf.bfloat16 if cfg.host_bfloat16 else tf.float32,
-        method=cfg.resize_method, with_masks=True, mask_crop_size=cfg.mask_crop_size)
-    num_classes = self.num_classes
-    where = f"task.{split}_data ({self.data_config(split).path})"
+    decode = self.checked_decoder(split, with_masks=True,
+                                  mask_crop_size=self.config.mask_crop_size)
 
     @tf.autograph.experimental.do_not_convert
     def decode_and_arrange(serialized):
-      features, labels = decode(serialized)
-      in_range = tf.reduce_all(labels["classes"] < num_classes)
-      check = tf.debugging.Assert(in_range, [
-          f"{where}: a box has a class label >= num_classes = {num_classes} (labels must be "
-          f"0..{num_classes - 1}, see label_map.json); image/source_id",
-          features["source_id"], "labels", labels["classes"]], summarize=20)
-      with tf.control_dependencies([check]):
-        image = tf.identity(features["image"])
+      image, features, labels = decode(serialized)
       rpn_targets = {"rpn_class_targets": labels["class_targets"],
                      "rpn_box_targets": labels["box_targets"]}
       if training:

@@ -219,24 +219,39 @@ class DetectionTaskBase(Task, DataReporter):
 
   def decode_fn(self, split: str):
     """serialized record -> (image [S, S, 3], labels dict) for `split` (see the module doc)."""
-    cfg = self.config
+    decode = self.checked_decoder(split)
     training = split == "train"
-    decode = detection_data.build_decode_fn(
-        self.image_size, self.anchors, training=training, max_instances=cfg.max_instances,
-        scale_range=tuple(cfg.scale_range), flip=cfg.flip,
-        matched_threshold=cfg.matched_threshold, unmatched_threshold=cfg.unmatched_threshold,
-        force_match=cfg.force_match, crowd_ignore_threshold=cfg.crowd_ignore_threshold,
-        mean=cfg.mean, std=cfg.std, dtype=tf.bfloat16 if cfg.host_bfloat16 else tf.float32,
-        method=cfg.resize_method)
-    num_classes = self.num_classes
-    where = f"task.{split}_data ({self.data_config(split).path})"
 
     # Not autograph-converted (nor what it calls): it has no Python control flow on
     # tensors, and converting the decoder and labeler took ~30 s per dataset.
     @tf.autograph.experimental.do_not_convert
     def decode_and_arrange(serialized):
+      image, features, labels = decode(serialized)
+      if training:  # Only what the loss needs crosses to the device.
+        return image, {key: labels[key] for key in _TRAIN_LABELS}
+      labels = dict(labels, image_info=features["image_info"], source_id=features["source_id"])
+      return image, labels
+
+    return decode_and_arrange
+
+  def checked_decoder(self, split: str, **options):
+    """serialized record -> (image, features, labels) of `split`, with every box's class
+    checked to be < num_classes (a larger label would silently become background in the
+    loss). `options` go to `inputs.build_decode_fn` (e.g. the masks of a segmenter)."""
+    cfg = self.config
+    decode = detection_data.build_decode_fn(
+        self.image_size, self.anchors, training=split == "train",
+        max_instances=cfg.max_instances, scale_range=tuple(cfg.scale_range), flip=cfg.flip,
+        matched_threshold=cfg.matched_threshold, unmatched_threshold=cfg.unmatched_threshold,
+        force_match=cfg.force_match, crowd_ignore_threshold=cfg.crowd_ignore_threshold,
+        mean=cfg.mean, std=cfg.std, dtype=tf.bfloat16 if cfg.host_bfloat16 else tf.float32,
+        method=cfg.resize_method, **options)
+    num_classes = self.num_classes
+    where = f"task.{split}_data ({self.data_config(split).path})"
+
+    @tf.autograph.experimental.do_not_convert
+    def checked(serialized):
       features, labels = decode(serialized)
-      # A label >= num_classes would silently become background in the loss.
       in_range = tf.reduce_all(labels["classes"] < num_classes)
       check = tf.debugging.Assert(in_range, [
           f"{where}: a box has a class label >= num_classes = {num_classes} (labels must be "
@@ -244,12 +259,9 @@ class DetectionTaskBase(Task, DataReporter):
           features["source_id"], "labels", labels["classes"]], summarize=20)
       with tf.control_dependencies([check]):
         image = tf.identity(features["image"])
-      if training:  # Only what the loss needs crosses to the device.
-        return image, {key: labels[key] for key in _TRAIN_LABELS}
-      labels = dict(labels, image_info=features["image_info"], source_id=features["source_id"])
-      return image, labels
+      return image, features, labels
 
-    return decode_and_arrange
+    return checked
 
   def synthetic_inputs(self, split: str,
                        input_context: Optional[tf.distribute.InputContext] = None
