@@ -49,9 +49,14 @@ def main() -> None:
   parser.add_argument("--set", dest="overrides", action="append", default=[])
   args = parser.parse_args()
   seen = build_seen_background_test(args.seen_data)
+  seen_overrides = [f"task.test_data.path={seen}"]
+  if getattr(load_config(args.config, args.overrides).task, "test_annotation_file", None):
+    # Mask AP needs the re-rendered split's own silhouettes (the boxes would match either file).
+    seen_overrides.append("task.test_annotation_file="
+                          + os.path.join(args.seen_data, "annotations", "test.json"))
   results = {}
   for name, split, overrides in (("validation", "eval", []),
-                                 ("test_seen_backgrounds", "test", [f"task.test_data.path={seen}"]),
+                                 ("test_seen_backgrounds", "test", seen_overrides),
                                  ("test_heldout_backgrounds", "test", [])):
     config = load_config(args.config, args.overrides + overrides + ["task.eval_images=0"])
     trainer = Trainer(config, args.model_dir)
