@@ -284,8 +284,6 @@ class MaskRCNNTask(DetectionTaskBase, DetectorServing):
     from tpu_models.vision.detection import coco
 
     directions = super().metric_directions()
-    for name in ("cls_loss", "box_loss", "num_positives"):
-      directions.pop(name, None)
     directions.update({name: LOWER for name in LOSS_PARTS})
     directions.update({MASK_METRIC_PREFIX + name: HIGHER for name in coco.METRIC_NAMES})
     return directions
@@ -365,7 +363,6 @@ class MaskRCNNTask(DetectionTaskBase, DetectorServing):
     names = super().eval_metric_names()
     if names is None:
       return None
-    names = [n for n in names if n not in ("cls_loss", "box_loss", "num_positives")]
     return names + list(_RPN_PARTS) + [MASK_METRIC_PREFIX + n for n in coco.METRIC_NAMES]
 
 

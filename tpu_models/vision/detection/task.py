@@ -161,40 +161,16 @@ class DetectionTaskBase(Task, DataReporter):
     if config.eval_images < 0:
       raise ConfigError(f"task.eval_images must be >= 0 (0: no pictures), got "
                         f"{config.eval_images}.")
-    if config.clip_to_content and not config.clip_boxes:
-      raise ConfigError("task.clip_to_content needs task.clip_boxes: true.")
-    if config.nms_class_agnostic and config.pre_nms_top_k_per_level:
-      raise ConfigError("task.nms_class_agnostic takes one top-k over all levels; set "
-                        "task.pre_nms_top_k_per_level: false.")
     self.anchors = anchors_lib.multilevel_anchors(**self.layout).numpy()  # [N, 4]
     self._label_map = None  # Read on first use: [{"label", "name", "category_id"}] or [].
 
   def anchor_layout(self, model_params: Dict[str, Any]) -> Dict[str, Any]:
-    """The model's anchor layout (`anchors.multilevel_anchors` arguments) from its params."""
-    return retinanet_lib.anchor_layout(**model_params)
+    """The model's anchor layout (`anchors.multilevel_anchors` arguments) from its params:
+    RetinaNet's (`DetectionTask`), the RPN's (Mask R-CNN). The labeler of the input
+    pipeline reads it."""
+    raise NotImplementedError
 
   # Model.
-
-  def build_model(self) -> keras.Model:
-    """The registered model with `task.image_size` filled in; see the module docstring."""
-    model = create_model(self.config.model.name, **self._builder_kwargs())
-    outputs = model.output if isinstance(model.output, dict) else {}
-    logits = outputs.get("class_logits")
-    if logits is None or tuple(logits.shape[1:]) != (len(self.anchors), self.num_classes):
-      raise ConfigError(
-          f"task.model {self.config.model.name!r} must output {{'class_logits': [B, "
-          f"{len(self.anchors)}, {self.num_classes}], 'box_deltas': [B, {len(self.anchors)}, "
-          f"4]}} for its anchor layout {self.layout}; it outputs "
-          f"{ {k: tuple(v.shape) for k, v in outputs.items()} or model.output}.")
-    return model
-
-  def variable_groups(self) -> Dict[str, str]:
-    """`trainer.fine_tune` names: the ResNet backbone, the FPN, the class and box subnets."""
-    return {"backbone": "^backbone/", "fpn": "^fpn/", "head": "^head/"}
-
-  def label_dependent_variables(self) -> str:
-    """The class subnet's output conv (A x num_classes filters); re-initialised with its prior bias."""
-    return "^head/class_logits/"
 
   def _builder_kwargs(self) -> Dict[str, Any]:
     kwargs = dict(self.config.model.params)
@@ -214,23 +190,6 @@ class DetectionTaskBase(Task, DataReporter):
       return self.synthetic_inputs(split, input_context)
     return pipeline.build_dataset(data, self.decode_fn(split), training=split == "train",
                                   input_context=input_context)
-
-  def decode_fn(self, split: str):
-    """serialized record -> (image [S, S, 3], labels dict) for `split` (see the module doc)."""
-    decode = self.checked_decoder(split)
-    training = split == "train"
-
-    # Not autograph-converted (nor what it calls): it has no Python control flow on
-    # tensors, and converting the decoder and labeler took ~30 s per dataset.
-    @tf.autograph.experimental.do_not_convert
-    def decode_and_arrange(serialized):
-      image, features, labels = decode(serialized)
-      if training:  # Only what the loss needs crosses to the device.
-        return image, {key: labels[key] for key in _TRAIN_LABELS}
-      labels = dict(labels, image_info=features["image_info"], source_id=features["source_id"])
-      return image, labels
-
-    return decode_and_arrange
 
   def checked_decoder(self, split: str, **options):
     """serialized record -> (image, features, labels) of `split`, with every box's class
@@ -261,131 +220,18 @@ class DetectionTaskBase(Task, DataReporter):
 
     return checked
 
-  def synthetic_inputs(self, split: str,
-                       input_context: Optional[tf.distribute.InputContext] = None
-                       ) -> tf.data.Dataset:
-    """Generated images with two labelled boxes: no data needed (COCO-sized checks)."""
-    data = self.data_config(split)
-    batch = pipeline.per_replica_batch_size(data, input_context)
-    size = self.image_size
-    dtype = tf.bfloat16 if self.config.host_bfloat16 else tf.float32
-    image = tf.cast(tf.random.stateless_normal([size, size, 3], [1, 2]), dtype)
-    k = self.config.max_instances
-    boxes = np.zeros([k, 4], np.float32)
-    classes = np.full([k], detection_data.PADDING_CLASS, np.int32)
-    boxes[:2] = [[0.1 * size, 0.1 * size, 0.4 * size, 0.3 * size],
-                 [0.5 * size, 0.4 * size, 0.9 * size, 0.9 * size]]
-    classes[:2] = [0, (self.num_classes - 1)]
-    targets = anchors_lib.label_anchors(boxes, classes, self.anchors,
-                                        matched_threshold=self.config.matched_threshold,
-                                        unmatched_threshold=self.config.unmatched_threshold)
-    if split == "train":
-      labels = {key: targets[key] for key in _TRAIN_LABELS}
-      return pipeline.synthetic_dataset((image, labels), batch)
-    labels = {
-        "class_targets": targets["class_targets"], "box_targets": targets["box_targets"],
-        "num_positives": targets["num_positives"], "boxes": tf.constant(boxes),
-        "classes": tf.constant(classes), "is_crowd": tf.zeros([k], tf.int32),
-        "num_instances": tf.constant(min(2, k), tf.int32),
-        "image_info": tf.constant([[size, size], [size, size], [1, 1], [0, 0]], tf.float32)}
-    count = max(1, (data.num_examples or batch) // batch) * batch
-    # Distinct image ids: the host metrics refuse an image evaluated twice.
-    real = tf.data.Dataset.range(count).map(
-        lambda i: (image, dict(labels, source_id=tf.cast(i, tf.int32) + 1)))
-    return pipeline.pad_with_mask(real).batch(batch, drop_remainder=True)
-
-  # Loss and metrics.
-
-  def _loss_parts(self, labels, outputs, weights=None) -> Dict[str, tf.Tensor]:
-    cfg = self.config
-    return detection_losses.retinanet_loss_components(
-        labels["class_targets"], labels["box_targets"], outputs["class_logits"],
-        outputs["box_deltas"], num_classes=self.num_classes, alpha=cfg.focal_alpha,
-        gamma=cfg.focal_gamma, delta=cfg.huber_delta, weights=weights)
-
-  def _combined(self, parts: Dict[str, tf.Tensor]) -> Tuple[tf.Tensor, tf.Tensor]:
-    """The loss pair from its parts: (cls sum + box_loss_weight * box sum, positives)."""
-    return (parts["cls_loss_sum"] + self.config.box_loss_weight * parts["box_loss_sum"],
-            parts["num_positives"])
-
-  def _sums(self, parts: Dict[str, tf.Tensor], weights) -> Dict[str, Tuple[tf.Tensor, tf.Tensor]]:
-    positives = parts["num_positives"]
-    return {
-        "loss": self._combined(parts),
-        "cls_loss": (parts["cls_loss_sum"], positives),
-        "box_loss": (parts["box_loss_sum"], positives),
-        "num_positives": (positives, tf.reduce_sum(tf.cast(weights, tf.float32))),
-    }
-
-  def loss(self, labels, outputs) -> LossResult:
-    """(focal sum + box_loss_weight * Huber sum, number of positive anchors): float32 scalars.
-
-    Its parts (`retinanet_loss_components`) are the aux that `metrics` reports.
-    """
-    parts = self._loss_parts(labels, outputs)
-    return LossResult(self._combined(parts), parts)
-
-  def metrics(self, labels, outputs, weights, aux=None):
-    """cls_loss and box_loss per positive anchor, num_positives per image.
-
-    From the loss's parts (`aux`) when given, else computed with `weights`.
-    """
-    parts = aux if aux is not None else self._loss_parts(labels, outputs, weights)
-    sums = self._sums(parts, weights)
-    sums.pop("loss")  # The Trainer reports the loss itself.
-    return sums
+  # Metrics.
 
   def metric_directions(self):
-    """Losses lower, COCO AP/AR higher; num_positives is a count."""
+    """COCO AP/AR higher (and the class-agnostic and per-class APs when configured)."""
     from tpu_models.vision.detection import coco
 
-    directions = dict(super().metric_directions(), cls_loss=LOWER, box_loss=LOWER,
-                      num_positives=NO_DIRECTION)
+    directions = dict(super().metric_directions())
     directions.update({name: HIGHER for name in coco.METRIC_NAMES})
     directions.update({f"{name}_class_agnostic": HIGHER for name in ("AP", "AP50")})
     names = self.eval_metric_names() or []
     directions.update({name: HIGHER for name in names if name.startswith("AP/")})
     return directions
-
-  def postprocess(self, outputs, image_info=None) -> Dict[str, tf.Tensor]:
-    """Model outputs -> padded detections in model-input pixels (`nms.postprocess`).
-
-    image_info: float32 [B, 4, 2] of `inputs.resize_and_pad`; with
-    task.clip_to_content, boxes are clipped to its content rows [B, 2].
-    """
-    cfg = self.config
-    clip = self.image_size
-    if cfg.clip_to_content and image_info is not None:
-      clip = tf.convert_to_tensor(image_info)[:, 1, :]
-    if not cfg.clip_boxes:
-      clip = None
-    level_sizes = None
-    if cfg.pre_nms_top_k_per_level:
-      level_sizes = anchors_lib.level_sizes(**self.layout)
-    return nms_lib.postprocess(
-        outputs["class_logits"], outputs["box_deltas"], tf.constant(self.anchors),
-        pre_nms_top_k=cfg.pre_nms_top_k, score_threshold=cfg.score_threshold,
-        iou_threshold=cfg.nms_iou_threshold, max_detections=cfg.max_detections,
-        image_size=clip, level_sizes=level_sizes, class_agnostic=cfg.nms_class_agnostic)
-
-  def eval_step(self, model, features, labels, weights):
-    """Loss sums (padding weighs 0) and, for the host, detections + ground truth."""
-    outputs = model(features, training=False)
-    sums = self._sums(self._loss_parts(labels, outputs, weights), weights)
-    detections = self.postprocess(outputs, labels.get("image_info"))
-    host = {
-        "source_id": labels["source_id"],
-        "image_info": labels["image_info"],
-        "detection_boxes": detections["boxes"],
-        "detection_scores": detections["scores"],
-        "detection_classes": detections["classes"],
-        "num_detections": detections["num_detections"],
-        "gt_boxes": labels["boxes"],
-        "gt_classes": labels["classes"],
-        "gt_is_crowd": labels["is_crowd"],
-        "num_instances": labels["num_instances"],
-    }
-    return sums, host
 
   # Host-side COCO metrics.
 
@@ -478,10 +324,11 @@ class DetectionTaskBase(Task, DataReporter):
     return metrics
 
   def eval_metric_names(self) -> Optional[List[str]]:
-    """What `finalize` and the loss sums report; None when per-class names cannot be read yet."""
+    """The loss, the example count and `finalize`'s box COCO metrics; None when per-class
+    names cannot be read yet. A detector adds its loss parts."""
     from tpu_models.vision.detection import coco
 
-    names = ["loss", "cls_loss", "box_loss", "num_positives", "examples", *coco.METRIC_NAMES]
+    names = ["loss", "examples", *coco.METRIC_NAMES]
     if self.config.class_agnostic_ap:
       names += ["AP_class_agnostic", "AP50_class_agnostic"]
     if self.config.per_class_ap:
@@ -604,6 +451,188 @@ class DetectionTask(DetectionTaskBase, DetectorServing):
   Serving, `predict` and deployment: `serving.DetectorServing`, with the
   post-processing (`postprocess`: box decoding and NMS) as its `detections` hook.
   """
+
+  def __init__(self, config: DetectionConfig):
+    super().__init__(config)
+    if config.clip_to_content and not config.clip_boxes:
+      raise ConfigError("task.clip_to_content needs task.clip_boxes: true.")
+    if config.nms_class_agnostic and config.pre_nms_top_k_per_level:
+      raise ConfigError("task.nms_class_agnostic takes one top-k over all levels; set "
+                        "task.pre_nms_top_k_per_level: false.")
+
+  def anchor_layout(self, model_params: Dict[str, Any]) -> Dict[str, Any]:
+    """The model's anchor layout (`anchors.multilevel_anchors` arguments) from its params."""
+    return retinanet_lib.anchor_layout(**model_params)
+
+  # Model.
+
+  def build_model(self) -> keras.Model:
+    """The registered model with `task.image_size` filled in; see the module docstring."""
+    model = create_model(self.config.model.name, **self._builder_kwargs())
+    outputs = model.output if isinstance(model.output, dict) else {}
+    logits = outputs.get("class_logits")
+    if logits is None or tuple(logits.shape[1:]) != (len(self.anchors), self.num_classes):
+      raise ConfigError(
+          f"task.model {self.config.model.name!r} must output {{'class_logits': [B, "
+          f"{len(self.anchors)}, {self.num_classes}], 'box_deltas': [B, {len(self.anchors)}, "
+          f"4]}} for its anchor layout {self.layout}; it outputs "
+          f"{ {k: tuple(v.shape) for k, v in outputs.items()} or model.output}.")
+    return model
+
+  def variable_groups(self) -> Dict[str, str]:
+    """`trainer.fine_tune` names: the ResNet backbone, the FPN, the class and box subnets."""
+    return {"backbone": "^backbone/", "fpn": "^fpn/", "head": "^head/"}
+
+  def label_dependent_variables(self) -> str:
+    """The class subnet's output conv (A x num_classes filters); re-initialised with its prior bias."""
+    return "^head/class_logits/"
+
+  # Inputs.
+
+  def decode_fn(self, split: str):
+    """serialized record -> (image [S, S, 3], labels dict) for `split` (see the module doc)."""
+    decode = self.checked_decoder(split)
+    training = split == "train"
+
+    # Not autograph-converted (nor what it calls): it has no Python control flow on
+    # tensors, and converting the decoder and labeler took ~30 s per dataset.
+    @tf.autograph.experimental.do_not_convert
+    def decode_and_arrange(serialized):
+      image, features, labels = decode(serialized)
+      if training:  # Only what the loss needs crosses to the device.
+        return image, {key: labels[key] for key in _TRAIN_LABELS}
+      labels = dict(labels, image_info=features["image_info"], source_id=features["source_id"])
+      return image, labels
+
+    return decode_and_arrange
+
+  def synthetic_inputs(self, split: str,
+                       input_context: Optional[tf.distribute.InputContext] = None
+                       ) -> tf.data.Dataset:
+    """Generated images with two labelled boxes: no data needed (COCO-sized checks)."""
+    data = self.data_config(split)
+    batch = pipeline.per_replica_batch_size(data, input_context)
+    size = self.image_size
+    dtype = tf.bfloat16 if self.config.host_bfloat16 else tf.float32
+    image = tf.cast(tf.random.stateless_normal([size, size, 3], [1, 2]), dtype)
+    k = self.config.max_instances
+    boxes = np.zeros([k, 4], np.float32)
+    classes = np.full([k], detection_data.PADDING_CLASS, np.int32)
+    boxes[:2] = [[0.1 * size, 0.1 * size, 0.4 * size, 0.3 * size],
+                 [0.5 * size, 0.4 * size, 0.9 * size, 0.9 * size]]
+    classes[:2] = [0, (self.num_classes - 1)]
+    targets = anchors_lib.label_anchors(boxes, classes, self.anchors,
+                                        matched_threshold=self.config.matched_threshold,
+                                        unmatched_threshold=self.config.unmatched_threshold)
+    if split == "train":
+      labels = {key: targets[key] for key in _TRAIN_LABELS}
+      return pipeline.synthetic_dataset((image, labels), batch)
+    labels = {
+        "class_targets": targets["class_targets"], "box_targets": targets["box_targets"],
+        "num_positives": targets["num_positives"], "boxes": tf.constant(boxes),
+        "classes": tf.constant(classes), "is_crowd": tf.zeros([k], tf.int32),
+        "num_instances": tf.constant(min(2, k), tf.int32),
+        "image_info": tf.constant([[size, size], [size, size], [1, 1], [0, 0]], tf.float32)}
+    count = max(1, (data.num_examples or batch) // batch) * batch
+    # Distinct image ids: the host metrics refuse an image evaluated twice.
+    real = tf.data.Dataset.range(count).map(
+        lambda i: (image, dict(labels, source_id=tf.cast(i, tf.int32) + 1)))
+    return pipeline.pad_with_mask(real).batch(batch, drop_remainder=True)
+
+  # Loss, metrics and post-processing.
+
+  def _loss_parts(self, labels, outputs, weights=None) -> Dict[str, tf.Tensor]:
+    cfg = self.config
+    return detection_losses.retinanet_loss_components(
+        labels["class_targets"], labels["box_targets"], outputs["class_logits"],
+        outputs["box_deltas"], num_classes=self.num_classes, alpha=cfg.focal_alpha,
+        gamma=cfg.focal_gamma, delta=cfg.huber_delta, weights=weights)
+
+  def _combined(self, parts: Dict[str, tf.Tensor]) -> Tuple[tf.Tensor, tf.Tensor]:
+    """The loss pair from its parts: (cls sum + box_loss_weight * box sum, positives)."""
+    return (parts["cls_loss_sum"] + self.config.box_loss_weight * parts["box_loss_sum"],
+            parts["num_positives"])
+
+  def _sums(self, parts: Dict[str, tf.Tensor], weights) -> Dict[str, Tuple[tf.Tensor, tf.Tensor]]:
+    positives = parts["num_positives"]
+    return {
+        "loss": self._combined(parts),
+        "cls_loss": (parts["cls_loss_sum"], positives),
+        "box_loss": (parts["box_loss_sum"], positives),
+        "num_positives": (positives, tf.reduce_sum(tf.cast(weights, tf.float32))),
+    }
+
+  def loss(self, labels, outputs) -> LossResult:
+    """(focal sum + box_loss_weight * Huber sum, number of positive anchors): float32 scalars.
+
+    Its parts (`retinanet_loss_components`) are the aux that `metrics` reports.
+    """
+    parts = self._loss_parts(labels, outputs)
+    return LossResult(self._combined(parts), parts)
+
+  def metrics(self, labels, outputs, weights, aux=None):
+    """cls_loss and box_loss per positive anchor, num_positives per image.
+
+    From the loss's parts (`aux`) when given, else computed with `weights`.
+    """
+    parts = aux if aux is not None else self._loss_parts(labels, outputs, weights)
+    sums = self._sums(parts, weights)
+    sums.pop("loss")  # The Trainer reports the loss itself.
+    return sums
+
+  def metric_directions(self):
+    """Losses lower, COCO AP/AR higher; num_positives is a count."""
+    return dict(super().metric_directions(), cls_loss=LOWER, box_loss=LOWER,
+                num_positives=NO_DIRECTION)
+
+  def eval_metric_names(self) -> Optional[List[str]]:
+    """The base's names with the loss parts after "loss": cls_loss, box_loss, num_positives."""
+    names = super().eval_metric_names()
+    if names is None:
+      return None
+    return names[:1] + ["cls_loss", "box_loss", "num_positives"] + names[1:]
+
+  def postprocess(self, outputs, image_info=None) -> Dict[str, tf.Tensor]:
+    """Model outputs -> padded detections in model-input pixels (`nms.postprocess`).
+
+    image_info: float32 [B, 4, 2] of `inputs.resize_and_pad`; with
+    task.clip_to_content, boxes are clipped to its content rows [B, 2].
+    """
+    cfg = self.config
+    clip = self.image_size
+    if cfg.clip_to_content and image_info is not None:
+      clip = tf.convert_to_tensor(image_info)[:, 1, :]
+    if not cfg.clip_boxes:
+      clip = None
+    level_sizes = None
+    if cfg.pre_nms_top_k_per_level:
+      level_sizes = anchors_lib.level_sizes(**self.layout)
+    return nms_lib.postprocess(
+        outputs["class_logits"], outputs["box_deltas"], tf.constant(self.anchors),
+        pre_nms_top_k=cfg.pre_nms_top_k, score_threshold=cfg.score_threshold,
+        iou_threshold=cfg.nms_iou_threshold, max_detections=cfg.max_detections,
+        image_size=clip, level_sizes=level_sizes, class_agnostic=cfg.nms_class_agnostic)
+
+  def eval_step(self, model, features, labels, weights):
+    """Loss sums (padding weighs 0) and, for the host, detections + ground truth."""
+    outputs = model(features, training=False)
+    sums = self._sums(self._loss_parts(labels, outputs, weights), weights)
+    detections = self.postprocess(outputs, labels.get("image_info"))
+    host = {
+        "source_id": labels["source_id"],
+        "image_info": labels["image_info"],
+        "detection_boxes": detections["boxes"],
+        "detection_scores": detections["scores"],
+        "detection_classes": detections["classes"],
+        "num_detections": detections["num_detections"],
+        "gt_boxes": labels["boxes"],
+        "gt_classes": labels["classes"],
+        "gt_is_crowd": labels["is_crowd"],
+        "num_instances": labels["num_instances"],
+    }
+    return sums, host
+
+  # Serving, predict and deployment (serving.DetectorServing's hook).
 
   def detections(self, outputs, infos) -> Dict[str, tf.Tensor]:
     """The anchors' class logits and deltas -> padded detections (`postprocess`)."""
