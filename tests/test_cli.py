@@ -54,10 +54,10 @@ def test_commands_a_task_lacks_name_the_tasks_that_have_them(tmp_path, capsys):
   base = [os.path.join(TESTS, "toy.yaml"), "--import", "toy_task", "--model-dir", str(tmp_path)]
   assert cli.main(["export", *base, "--output", str(tmp_path / "out")]) == 2
   assert ("task 'toy' does not support `tpu-models export`; tasks that do: classification, "
-          "detection, language_modeling, translation.") in capsys.readouterr().err
+          "detection, language_modeling, maskrcnn, translation.") in capsys.readouterr().err
   assert cli.main(["export", *base, "--output", str(tmp_path / "out"), "--format", "litert"]) == 2
   assert ("task 'toy' does not support `tpu-models export --format`; tasks that do: "
-          "classification, detection, translation.") in capsys.readouterr().err
+          "classification, detection, maskrcnn, translation.") in capsys.readouterr().err
   assert cli.main(["sample", *base, "--prompt", "x"]) == 2
   assert ("task 'toy' does not support `tpu-models sample`; tasks that do: language_modeling, "
           "translation.") in capsys.readouterr().err

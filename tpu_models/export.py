@@ -126,6 +126,7 @@ def export_saved_model(config: config_lib.ExperimentConfig, model_dir: str, outp
     task, model = load_model(config, model_dir, checkpoint)
     require(task, Servable)
     signatures = task.serving_signatures(model)
+    outputs = task.serving_outputs()
   module = tf.Module()
   module.model = model
   for name, fn in signatures.items():
@@ -134,8 +135,11 @@ def export_saved_model(config: config_lib.ExperimentConfig, model_dir: str, outp
     tf.saved_model.save(module, staging, signatures=signatures)
     config_lib.dump_config(config, os.path.join(staging, "assets.extra", "config.yaml"))
     with tf.io.gfile.GFile(os.path.join(staging, "assets.extra", "export.json"), "w") as f:
-      json.dump({"checkpoint": checkpoint, "step": step, "model_dir": model_dir,
-                 "signatures": sorted(signatures), "weights": weights}, f, indent=1)
+      record = {"checkpoint": checkpoint, "step": step, "model_dir": model_dir,
+                "signatures": sorted(signatures), "weights": weights}
+      if outputs:
+        record["outputs"] = outputs
+      json.dump(record, f, indent=1)
   what = ", the moving average of its weights" if weights == "moving average" else ""
   say(f"Exported checkpoint {checkpoint} (step {step}{what}) to {output} "
       f"(signatures: {', '.join(sorted(signatures))}).")

@@ -278,6 +278,11 @@ class Servable(Capability):
   def serving_signatures(self, model: keras.Model) -> Dict[str, Any]:
     """Name -> concrete `tf.function` for SavedModel export (preprocessing included)."""
 
+  def serving_outputs(self) -> Dict[str, Dict[str, str]]:
+    """{signature name: {output name: its dtype, shape and meaning in words}}, recorded in
+    the SavedModel's assets.extra/export.json as "outputs"; default: none recorded."""
+    return {}
+
 
 @dataclasses.dataclass
 class DeployFunction:

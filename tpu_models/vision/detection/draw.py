@@ -4,6 +4,10 @@
                                    min_score=0.3, ground_truth=(gt_boxes, gt_classes))
     draw.write_png("out/cat.png", picture)
 
+Instance masks (a segmenter's) go under the boxes: `draw_masks(pixels, masks, classes,
+scores)` fills each mask semi-transparently in its class colour and outlines it; then
+`draw_detections` on that picture.
+
 Boxes are [ymin, xmin, ymax, xmax] in pixels of the image they are drawn on
 (the detection task's convention). Labels use a built-in 5x7 bitmap font:
 letters are drawn upper-case, characters it lacks as "?". Predictions get one
@@ -222,6 +226,71 @@ def draw_detections(image: np.ndarray,
       continue
     draw_box(canvas, boxes[i], class_color(int(classes[i])), thickness=2 * scale,
              label=label_text(int(classes[i]), class_names, float(scores[i])), scale=scale)
+  return canvas
+
+
+def _edges(mask: np.ndarray, thickness: int) -> np.ndarray:
+  """bool [H, W]: the pixels of `mask` within `thickness` pixels of its outside (4-neighbours)."""
+  inner = mask.copy()
+  for _ in range(max(1, int(thickness))):
+    shrunk = inner.copy()
+    shrunk[1:] &= inner[:-1]
+    shrunk[:-1] &= inner[1:]
+    shrunk[:, 1:] &= inner[:, :-1]
+    shrunk[:, :-1] &= inner[:, 1:]
+    shrunk[0], shrunk[-1], shrunk[:, 0], shrunk[:, -1] = False, False, False, False
+    inner = shrunk
+  return mask & ~inner
+
+
+def draw_masks(image: np.ndarray,
+               masks: np.ndarray,
+               classes: np.ndarray,
+               scores: np.ndarray,
+               *,
+               min_score: float = 0.0,
+               alpha: float = 0.45,
+               scale: Optional[int] = None) -> np.ndarray:
+  """A copy of `image` with instance masks filled semi-transparently and outlined.
+
+  Each instance in its class colour (the colour `draw_detections` gives its box): the
+  fill blends that colour over the photo at `alpha`, the outline (`scale` pixels, inside
+  the mask) is opaque, so touching instances of one class stay apart. Best score drawn
+  last (on top). Draw the boxes and labels over the result with `draw_detections`.
+
+  Args:
+    image: uint8 (or float 0..255) [H, W, 1|3|4]; drawn on as RGB.
+    masks: [D, H, W] binary (nonzero = inside), at the image's size.
+    classes: int [D] labels 0..K-1 (negative = padding, skipped).
+    scores: float [D]; instances below `min_score` are skipped.
+    min_score: the lowest score drawn.
+    alpha: the fill's opacity, 0..1.
+    scale: outline thickness (default: from the image size, as `draw_detections`).
+
+  Returns:
+    uint8 [H, W, 3].
+  """
+  canvas = _as_rgb_uint8(image).copy()
+  masks = np.asarray(masks).reshape(-1, *canvas.shape[:2]) if np.size(masks) else np.zeros(
+      [0, *canvas.shape[:2]], bool)
+  classes = np.asarray(classes).reshape(-1)
+  scores = np.asarray(scores).reshape(-1)
+  if not 0.0 <= alpha <= 1.0:
+    raise ValueError(f"alpha must be between 0 and 1, got {alpha}.")
+  if len(masks) != len(classes) or len(scores) != len(classes):
+    raise ValueError(f"Expected one mask, class and score per instance; got {len(masks)} "
+                     f"masks, {len(classes)} classes, {len(scores)} scores.")
+  scale = scale or default_scale(canvas.shape)
+  for i in np.argsort(scores, kind="stable"):
+    if classes[i] < 0 or scores[i] < min_score:
+      continue
+    inside = masks[i] > 0
+    if not inside.any():
+      continue
+    color = np.array(class_color(int(classes[i])), np.float32)
+    blended = (1.0 - alpha) * canvas[inside].astype(np.float32) + alpha * color
+    canvas[inside] = np.clip(np.round(blended), 0, 255).astype(np.uint8)
+    canvas[_edges(inside, scale)] = color.astype(np.uint8)
   return canvas
 
 

@@ -31,6 +31,11 @@ and mask AP ("mask_AP", "mask_AP50", ...: COCOeval iouType "segm"). The
 evaluation "loss" is the RPN's, on a fixed draw of anchors (the second stage's
 targets need the training sample); the second stage is judged by the APs.
 
+Serving, `predict` and deployment are RetinaNet's (`serving.DetectorServing`),
+with this task's detections and their masks pasted into the image inside the
+graph (`masks.paste_masks_in_image`): "detection_masks" uint8 [B, D, H, W]
+(section "Serving" of the class; docs/predict.md, docs/deploy.md).
+
     task:
       name: maskrcnn
       model: {name: maskrcnn, backbone_depth: 18, num_classes: 10, image_size: 256}
@@ -38,7 +43,7 @@ targets need the training sample); the second stage is judged by the APs.
 """
 
 import dataclasses
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 import keras
 import numpy as np
@@ -54,8 +59,13 @@ from tpu_models.vision.detection import inputs as detection_data
 from tpu_models.vision.detection import losses as detection_losses
 from tpu_models.vision.detection import maskrcnn as maskrcnn_lib
 from tpu_models.vision.detection import roi_ops
+from tpu_models.vision.detection.serving import DetectorServing
 from tpu_models.vision.detection.task import DetectionConfig, DetectionTaskBase
 
+# Why `--format litert-int8` is refused for the segmenter (DeployFunction.no_int8).
+_NO_INT8 = ("Mask R-CNN's proposal NMS, RoIAlign sampling and detection NMS run inside the "
+            "model, whose boxes and sampling positions need float precision (not measured in "
+            "int8)")
 LOSS_PARTS = ("rpn_class_loss", "rpn_box_loss", "roi_class_loss", "roi_box_loss", "mask_loss")
 _RPN_PARTS = ("rpn_class_loss", "rpn_box_loss")
 MASK_METRIC_PREFIX = "mask_"  # COCO segm metrics: mask_AP, mask_AP50, ...
@@ -99,10 +109,16 @@ def _per_image(sums: tf.Tensor, counts: tf.Tensor) -> tf.Tensor:
 
 
 @register_task("maskrcnn")
-class MaskRCNNTask(DetectionTaskBase):
-  """Mask R-CNN instance segmentation over `num_classes` (from the model config)."""
+class MaskRCNNTask(DetectionTaskBase, DetectorServing):
+  """Mask R-CNN instance segmentation over `num_classes` (from the model config).
+
+  Serving, `predict` and deployment: `serving.DetectorServing` (as RetinaNet's), whose
+  hooks here take the model's own detections and paste their masks into the image
+  (`masks.paste_masks_in_image`, fixed shapes); see "Serving" below.
+  """
 
   config_class = MaskRCNNConfig
+  predict_writes_json = True
 
   def __init__(self, config: MaskRCNNConfig):
     super().__init__(config)
@@ -268,8 +284,6 @@ class MaskRCNNTask(DetectionTaskBase):
     from tpu_models.vision.detection import coco
 
     directions = super().metric_directions()
-    for name in ("cls_loss", "box_loss", "num_positives"):
-      directions.pop(name, None)
     directions.update({name: LOWER for name in LOSS_PARTS})
     directions.update({MASK_METRIC_PREFIX + name: HIGHER for name in coco.METRIC_NAMES})
     return directions
@@ -326,10 +340,8 @@ class MaskRCNNTask(DetectionTaskBase):
           source_ids, gt_boxes, step_outputs["gt_classes"], step_outputs["num_instances"],
           is_crowd=step_outputs["gt_is_crowd"], image_sizes=sizes, segmentations=segmentations)
     boxes = detection_data.to_original_pixels(step_outputs["detection_boxes"], info)
-    segmentations = [[mask_ops.mask_to_rle(mask) for mask in mask_ops.paste_masks(
-        step_outputs["detection_masks"][i, :int(step_outputs["num_detections"][i])],
-        boxes[i, :int(step_outputs["num_detections"][i])], *sizes[i], threshold)]
-                     for i in range(len(source_ids))]
+    segmentations = [[mask_ops.mask_to_rle(mask) for mask in _detection_masks(
+        step_outputs, i, boxes[i], sizes[i], threshold)] for i in range(len(source_ids))]
     evaluator.add_detections(source_ids, boxes, step_outputs["detection_scores"],
                              step_outputs["detection_classes"], step_outputs["num_detections"],
                              segmentations=segmentations)
@@ -351,8 +363,102 @@ class MaskRCNNTask(DetectionTaskBase):
     names = super().eval_metric_names()
     if names is None:
       return None
-    names = [n for n in names if n not in ("cls_loss", "box_loss", "num_positives")]
     return names + list(_RPN_PARTS) + [MASK_METRIC_PREFIX + n for n in coco.METRIC_NAMES]
+
+
+  # Serving, predict and deployment (serving.DetectorServing's hooks).
+  #
+  # SavedModel serve_images (uint8 [B, H, W, 3]) and the LiteRT/ONNX serve_images
+  # (H x W = task.export_image_shape) return, besides the detector's outputs,
+  # "detection_masks" uint8 [B, D, H, W]: each detection's 28x28 mask pasted over the
+  # input image in its box and thresholded at task.mask_threshold (0 past the count).
+  # serving_default (encoded bytes, rows of different sizes) returns them over the
+  # model-input frame instead, uint8 [B, D, S, S] (the image resized so its longer side is
+  # S, at the top-left), with "mask_content_size" int32 [B, 2]: the (height, width) of the
+  # image in that frame; masks[:, :, :h, :w] resized to the image's size are its masks.
+  # D = the model's max_detections.
+
+  def _max_detections(self) -> int:
+    """D: the model's max_detections (its own post-processing's cap)."""
+    return int(self.model_params["max_detections"])
+
+  def detections(self, outputs, infos) -> Dict[str, tf.Tensor]:
+    """The model's inference outputs (it runs its own NMS) as the serving code reads them."""
+    return {"boxes": outputs["detection_boxes"], "scores": outputs["detection_scores"],
+            "classes": tf.cast(outputs["detection_classes"], tf.int32),
+            "num_detections": tf.cast(outputs["num_detections"], tf.int32),
+            "masks": outputs["detection_masks"]}
+
+  def instance_outputs(self, detections, infos, image_shape=None) -> Dict[str, tf.Tensor]:
+    """"detection_masks" uint8 [B, D, H, W] (see the comment above); over the model-input
+    frame with "mask_content_size" when `image_shape` is None."""
+    from tpu_models.vision.detection import masks as mask_ops
+
+    if image_shape is None:
+      boxes, (height, width) = detections["boxes"], (self.image_size, self.image_size)
+    else:
+      boxes = detection_data.to_original_pixels(detections["boxes"], infos)
+      height, width = image_shape
+    pasted = mask_ops.paste_masks_in_image(detections["masks"], boxes, height, width)
+    count = detections["num_detections"]
+    real = tf.range(tf.shape(boxes)[1])[None, :] < count[:, None]
+    masks = tf.cast((pasted >= self.config.mask_threshold) & real[:, :, None, None], tf.uint8)
+    if image_shape is not None:
+      return {"detection_masks": masks}
+    content = tf.cast(tf.round(infos[:, detection_data.INFO_CONTENT_SIZE]), tf.int32)
+    return {"detection_masks": masks, "mask_content_size": content}
+
+  def instance_output_docs(self, detections: int, image_shape=None) -> Dict[str, str]:
+    if image_shape is None:
+      s = self.image_size
+      return {"detection_masks": (
+                  f"uint8 [B, {detections}, {s}, {s}] 0/1: each detection's mask over the "
+                  f"model-input frame (the image resized so its longer side is {s}, at the "
+                  f"top-left; thresholded at {self.config.mask_threshold}); 0 past the count"),
+              "mask_content_size": (
+                  f"int32 [B, 2]: (height, width) of the image in that frame; "
+                  f"masks[:, :, :height, :width] resized to the image's size are its masks")}
+    height, width = image_shape
+    m = int(self.model_params["mask_roi_size"]) * maskrcnn_lib.MASK_SIZE_FACTOR
+    return {"detection_masks": (
+        f"uint8 [B, {detections}, {height}, {width}] 0/1: each detection's {m}x{m} mask "
+        f"pasted over the input image in its box (bilinear, thresholded at "
+        f"{self.config.mask_threshold}); 0 past the count")}
+
+  def deploy_functions(self, model: keras.Model):
+    """RetinaNet's `serve_images` contract plus "detection_masks"; float32 only (no int8)."""
+    functions = super().deploy_functions(model)
+    return {name: dataclasses.replace(fn, no_int8=_NO_INT8, float_scopes={})
+            for name, fn in functions.items()}
+
+  def deployed_host_outputs(self, detections, labels, factor) -> Dict[str, np.ndarray]:
+    """RetinaNet's, plus the ground-truth masks and the export's image-sized masks with the
+    size (in export pixels) of the region that holds each image (`aggregate`)."""
+    host = super().deployed_host_outputs(detections, labels, factor)
+    content = labels["image_info"][:, detection_data.INFO_CONTENT_SIZE]
+    host.update(gt_masks=labels["masks"],
+                detection_image_masks=np.asarray(detections["detection_masks"]),
+                mask_frame_size=np.round(content / factor[:, 0, :2]).astype(np.int64))
+    return host
+
+
+def _detection_masks(step_outputs: Mapping[str, np.ndarray], i: int, boxes: np.ndarray,
+                     size, threshold: float) -> np.ndarray:
+  """uint8 [n, height, width]: image i's detection masks in its original pixels.
+
+  From the model's box-relative masks ("detection_masks", evaluation) pasted in the boxes,
+  or from masks an export pasted over its input ("detection_image_masks", with the
+  region "mask_frame_size" that holds the image) resized to the image (nearest).
+  """
+  from tpu_models.vision.detection import masks as mask_ops
+
+  count = int(step_outputs["num_detections"][i])
+  if "detection_masks" in step_outputs:
+    return mask_ops.paste_masks(step_outputs["detection_masks"][i, :count], boxes[:count],
+                                *size, threshold)
+  rows, columns = (int(v) for v in step_outputs["mask_frame_size"][i])
+  return mask_ops.resize_masks(step_outputs["detection_image_masks"][i, :count, :rows, :columns],
+                               *size)
 
 
 def _training_features(image: tf.Tensor, labels: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:

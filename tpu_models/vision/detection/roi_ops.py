@@ -126,7 +126,8 @@ def _axis_weights(coords: tf.Tensor, size: tf.Tensor, bins: int, sampling_ratio:
   # Bin i owns samples i * sampling_ratio ... (i + 1) * sampling_ratio - 1, 2 cells each.
   owner = tf.constant([[1.0 if k // (2 * sampling_ratio) == i else 0.0
                         for k in range(2 * bins * sampling_ratio)] for i in range(bins)])
-  return index, weight[..., None, :] * owner
+  # expand_dims, not [..., None, :]: LiteRT's builtin STRIDED_SLICE has no new axis mask.
+  return index, tf.expand_dims(weight, -2) * owner
 
 
 def _pooled_samples(flat_features: tf.Tensor, ys: tf.Tensor, xs: tf.Tensor, heights: tf.Tensor,
@@ -148,7 +149,8 @@ def _pooled_samples(flat_features: tf.Tensor, ys: tf.Tensor, xs: tf.Tensor, heig
   y_index, y_weight = _axis_weights(ys, heights[..., None], bins, sampling_ratio)
   x_index, x_weight = _axis_weights(xs, widths[..., None], bins, sampling_ratio)
   row_stride = tf.cast(widths, tf.int32)[..., None, None]
-  index = offsets[..., None, None] + y_index[..., :, None] * row_stride + x_index[..., None, :]
+  index = (offsets[..., None, None] + tf.expand_dims(y_index, -1) * row_stride +
+           tf.expand_dims(x_index, -2))  # As above: builtin LiteRT ops only.
   batch, regions, cells = index.shape[0], index.shape[1], index.shape[2]
   batch = batch if batch is not None else tf.shape(index)[0]
   gathered = tf.gather(flat_features, tf.reshape(index, [batch, -1]), batch_dims=1)

@@ -40,7 +40,7 @@ input pipeline, the loss and post-processing all read.
 import dataclasses
 import inspect
 import os
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import keras
 import numpy as np
@@ -50,17 +50,16 @@ from tpu_models.config import DataConfig, ModelConfig, TaskConfig
 from tpu_models.vision.detection import inputs as detection_data
 from tpu_models.vision import image as image_lib
 from tpu_models.data import pipeline
-from tpu_models.errors import ConfigError, DataError
+from tpu_models.errors import ConfigError
 from tpu_models.vision.detection import retinanet as retinanet_lib
 from tpu_models.vision.detection import anchors as anchors_lib
 from tpu_models.vision.detection import losses as detection_losses
 from tpu_models.vision.detection import nms as nms_lib
 from tpu_models.registry import create_model, model_signature, register_task
-from tpu_models.task import (HIGHER, LOWER, NO_DIRECTION, Agreement, DataReporter, Deployable,
-                              DeployFunction, FilePredictor, LossResult, Servable, Task)
+from tpu_models.task import HIGHER, LOWER, NO_DIRECTION, DataReporter, LossResult, Task
+from tpu_models.vision.detection.serving import DetectorServing
 
 _TRAIN_LABELS = ("class_targets", "box_targets")
-_POSTPROCESS_SCOPE = "postprocess"  # deploy_functions' float32 part of an int8 export.
 
 
 @dataclasses.dataclass
@@ -135,9 +134,8 @@ class DetectionConfig(TaskConfig):
 class DetectionTaskBase(Task, DataReporter):
   """What every detector of the family shares: config checks, inputs, COCO evaluation, pictures.
 
-  `DetectionTask` (RetinaNet) adds serving, deployment and `predict`; other
-  detectors of the family (maskrcnn.py's task) derive from this base and add
-  the capabilities they implement.
+  `DetectionTask` (RetinaNet) and `maskrcnn_task.MaskRCNNTask` add serving,
+  deployment and `predict` through `serving.DetectorServing` and its hooks.
   """
 
   config_class = DetectionConfig
@@ -163,40 +161,16 @@ class DetectionTaskBase(Task, DataReporter):
     if config.eval_images < 0:
       raise ConfigError(f"task.eval_images must be >= 0 (0: no pictures), got "
                         f"{config.eval_images}.")
-    if config.clip_to_content and not config.clip_boxes:
-      raise ConfigError("task.clip_to_content needs task.clip_boxes: true.")
-    if config.nms_class_agnostic and config.pre_nms_top_k_per_level:
-      raise ConfigError("task.nms_class_agnostic takes one top-k over all levels; set "
-                        "task.pre_nms_top_k_per_level: false.")
     self.anchors = anchors_lib.multilevel_anchors(**self.layout).numpy()  # [N, 4]
     self._label_map = None  # Read on first use: [{"label", "name", "category_id"}] or [].
 
   def anchor_layout(self, model_params: Dict[str, Any]) -> Dict[str, Any]:
-    """The model's anchor layout (`anchors.multilevel_anchors` arguments) from its params."""
-    return retinanet_lib.anchor_layout(**model_params)
+    """The model's anchor layout (`anchors.multilevel_anchors` arguments) from its params:
+    RetinaNet's (`DetectionTask`), the RPN's (Mask R-CNN). The labeler of the input
+    pipeline reads it."""
+    raise NotImplementedError
 
   # Model.
-
-  def build_model(self) -> keras.Model:
-    """The registered model with `task.image_size` filled in; see the module docstring."""
-    model = create_model(self.config.model.name, **self._builder_kwargs())
-    outputs = model.output if isinstance(model.output, dict) else {}
-    logits = outputs.get("class_logits")
-    if logits is None or tuple(logits.shape[1:]) != (len(self.anchors), self.num_classes):
-      raise ConfigError(
-          f"task.model {self.config.model.name!r} must output {{'class_logits': [B, "
-          f"{len(self.anchors)}, {self.num_classes}], 'box_deltas': [B, {len(self.anchors)}, "
-          f"4]}} for its anchor layout {self.layout}; it outputs "
-          f"{ {k: tuple(v.shape) for k, v in outputs.items()} or model.output}.")
-    return model
-
-  def variable_groups(self) -> Dict[str, str]:
-    """`trainer.fine_tune` names: the ResNet backbone, the FPN, the class and box subnets."""
-    return {"backbone": "^backbone/", "fpn": "^fpn/", "head": "^head/"}
-
-  def label_dependent_variables(self) -> str:
-    """The class subnet's output conv (A x num_classes filters); re-initialised with its prior bias."""
-    return "^head/class_logits/"
 
   def _builder_kwargs(self) -> Dict[str, Any]:
     kwargs = dict(self.config.model.params)
@@ -216,23 +190,6 @@ class DetectionTaskBase(Task, DataReporter):
       return self.synthetic_inputs(split, input_context)
     return pipeline.build_dataset(data, self.decode_fn(split), training=split == "train",
                                   input_context=input_context)
-
-  def decode_fn(self, split: str):
-    """serialized record -> (image [S, S, 3], labels dict) for `split` (see the module doc)."""
-    decode = self.checked_decoder(split)
-    training = split == "train"
-
-    # Not autograph-converted (nor what it calls): it has no Python control flow on
-    # tensors, and converting the decoder and labeler took ~30 s per dataset.
-    @tf.autograph.experimental.do_not_convert
-    def decode_and_arrange(serialized):
-      image, features, labels = decode(serialized)
-      if training:  # Only what the loss needs crosses to the device.
-        return image, {key: labels[key] for key in _TRAIN_LABELS}
-      labels = dict(labels, image_info=features["image_info"], source_id=features["source_id"])
-      return image, labels
-
-    return decode_and_arrange
 
   def checked_decoder(self, split: str, **options):
     """serialized record -> (image, features, labels) of `split`, with every box's class
@@ -263,131 +220,18 @@ class DetectionTaskBase(Task, DataReporter):
 
     return checked
 
-  def synthetic_inputs(self, split: str,
-                       input_context: Optional[tf.distribute.InputContext] = None
-                       ) -> tf.data.Dataset:
-    """Generated images with two labelled boxes: no data needed (COCO-sized checks)."""
-    data = self.data_config(split)
-    batch = pipeline.per_replica_batch_size(data, input_context)
-    size = self.image_size
-    dtype = tf.bfloat16 if self.config.host_bfloat16 else tf.float32
-    image = tf.cast(tf.random.stateless_normal([size, size, 3], [1, 2]), dtype)
-    k = self.config.max_instances
-    boxes = np.zeros([k, 4], np.float32)
-    classes = np.full([k], detection_data.PADDING_CLASS, np.int32)
-    boxes[:2] = [[0.1 * size, 0.1 * size, 0.4 * size, 0.3 * size],
-                 [0.5 * size, 0.4 * size, 0.9 * size, 0.9 * size]]
-    classes[:2] = [0, (self.num_classes - 1)]
-    targets = anchors_lib.label_anchors(boxes, classes, self.anchors,
-                                        matched_threshold=self.config.matched_threshold,
-                                        unmatched_threshold=self.config.unmatched_threshold)
-    if split == "train":
-      labels = {key: targets[key] for key in _TRAIN_LABELS}
-      return pipeline.synthetic_dataset((image, labels), batch)
-    labels = {
-        "class_targets": targets["class_targets"], "box_targets": targets["box_targets"],
-        "num_positives": targets["num_positives"], "boxes": tf.constant(boxes),
-        "classes": tf.constant(classes), "is_crowd": tf.zeros([k], tf.int32),
-        "num_instances": tf.constant(min(2, k), tf.int32),
-        "image_info": tf.constant([[size, size], [size, size], [1, 1], [0, 0]], tf.float32)}
-    count = max(1, (data.num_examples or batch) // batch) * batch
-    # Distinct image ids: the host metrics refuse an image evaluated twice.
-    real = tf.data.Dataset.range(count).map(
-        lambda i: (image, dict(labels, source_id=tf.cast(i, tf.int32) + 1)))
-    return pipeline.pad_with_mask(real).batch(batch, drop_remainder=True)
-
-  # Loss and metrics.
-
-  def _loss_parts(self, labels, outputs, weights=None) -> Dict[str, tf.Tensor]:
-    cfg = self.config
-    return detection_losses.retinanet_loss_components(
-        labels["class_targets"], labels["box_targets"], outputs["class_logits"],
-        outputs["box_deltas"], num_classes=self.num_classes, alpha=cfg.focal_alpha,
-        gamma=cfg.focal_gamma, delta=cfg.huber_delta, weights=weights)
-
-  def _combined(self, parts: Dict[str, tf.Tensor]) -> Tuple[tf.Tensor, tf.Tensor]:
-    """The loss pair from its parts: (cls sum + box_loss_weight * box sum, positives)."""
-    return (parts["cls_loss_sum"] + self.config.box_loss_weight * parts["box_loss_sum"],
-            parts["num_positives"])
-
-  def _sums(self, parts: Dict[str, tf.Tensor], weights) -> Dict[str, Tuple[tf.Tensor, tf.Tensor]]:
-    positives = parts["num_positives"]
-    return {
-        "loss": self._combined(parts),
-        "cls_loss": (parts["cls_loss_sum"], positives),
-        "box_loss": (parts["box_loss_sum"], positives),
-        "num_positives": (positives, tf.reduce_sum(tf.cast(weights, tf.float32))),
-    }
-
-  def loss(self, labels, outputs) -> LossResult:
-    """(focal sum + box_loss_weight * Huber sum, number of positive anchors): float32 scalars.
-
-    Its parts (`retinanet_loss_components`) are the aux that `metrics` reports.
-    """
-    parts = self._loss_parts(labels, outputs)
-    return LossResult(self._combined(parts), parts)
-
-  def metrics(self, labels, outputs, weights, aux=None):
-    """cls_loss and box_loss per positive anchor, num_positives per image.
-
-    From the loss's parts (`aux`) when given, else computed with `weights`.
-    """
-    parts = aux if aux is not None else self._loss_parts(labels, outputs, weights)
-    sums = self._sums(parts, weights)
-    sums.pop("loss")  # The Trainer reports the loss itself.
-    return sums
+  # Metrics.
 
   def metric_directions(self):
-    """Losses lower, COCO AP/AR higher; num_positives is a count."""
+    """COCO AP/AR higher (and the class-agnostic and per-class APs when configured)."""
     from tpu_models.vision.detection import coco
 
-    directions = dict(super().metric_directions(), cls_loss=LOWER, box_loss=LOWER,
-                      num_positives=NO_DIRECTION)
+    directions = dict(super().metric_directions())
     directions.update({name: HIGHER for name in coco.METRIC_NAMES})
     directions.update({f"{name}_class_agnostic": HIGHER for name in ("AP", "AP50")})
     names = self.eval_metric_names() or []
     directions.update({name: HIGHER for name in names if name.startswith("AP/")})
     return directions
-
-  def postprocess(self, outputs, image_info=None) -> Dict[str, tf.Tensor]:
-    """Model outputs -> padded detections in model-input pixels (`nms.postprocess`).
-
-    image_info: float32 [B, 4, 2] of `inputs.resize_and_pad`; with
-    task.clip_to_content, boxes are clipped to its content rows [B, 2].
-    """
-    cfg = self.config
-    clip = self.image_size
-    if cfg.clip_to_content and image_info is not None:
-      clip = tf.convert_to_tensor(image_info)[:, 1, :]
-    if not cfg.clip_boxes:
-      clip = None
-    level_sizes = None
-    if cfg.pre_nms_top_k_per_level:
-      level_sizes = anchors_lib.level_sizes(**self.layout)
-    return nms_lib.postprocess(
-        outputs["class_logits"], outputs["box_deltas"], tf.constant(self.anchors),
-        pre_nms_top_k=cfg.pre_nms_top_k, score_threshold=cfg.score_threshold,
-        iou_threshold=cfg.nms_iou_threshold, max_detections=cfg.max_detections,
-        image_size=clip, level_sizes=level_sizes, class_agnostic=cfg.nms_class_agnostic)
-
-  def eval_step(self, model, features, labels, weights):
-    """Loss sums (padding weighs 0) and, for the host, detections + ground truth."""
-    outputs = model(features, training=False)
-    sums = self._sums(self._loss_parts(labels, outputs, weights), weights)
-    detections = self.postprocess(outputs, labels.get("image_info"))
-    host = {
-        "source_id": labels["source_id"],
-        "image_info": labels["image_info"],
-        "detection_boxes": detections["boxes"],
-        "detection_scores": detections["scores"],
-        "detection_classes": detections["classes"],
-        "num_detections": detections["num_detections"],
-        "gt_boxes": labels["boxes"],
-        "gt_classes": labels["classes"],
-        "gt_is_crowd": labels["is_crowd"],
-        "num_instances": labels["num_instances"],
-    }
-    return sums, host
 
   # Host-side COCO metrics.
 
@@ -480,10 +324,11 @@ class DetectionTaskBase(Task, DataReporter):
     return metrics
 
   def eval_metric_names(self) -> Optional[List[str]]:
-    """What `finalize` and the loss sums report; None when per-class names cannot be read yet."""
+    """The loss, the example count and `finalize`'s box COCO metrics; None when per-class
+    names cannot be read yet. A detector adds its loss parts."""
     from tpu_models.vision.detection import coco
 
-    names = ["loss", "cls_loss", "box_loss", "num_positives", "examples", *coco.METRIC_NAMES]
+    names = ["loss", "examples", *coco.METRIC_NAMES]
     if self.config.class_agnostic_ap:
       names += ["AP_class_agnostic", "AP50_class_agnostic"]
     if self.config.per_class_ap:
@@ -600,380 +445,198 @@ class DetectionTaskBase(Task, DataReporter):
 
 
 @register_task("detection")
-class DetectionTask(DetectionTaskBase, Servable, FilePredictor, Deployable):
-  """RetinaNet-style detection over `num_classes` (from the model config)."""
+class DetectionTask(DetectionTaskBase, DetectorServing):
+  """RetinaNet-style detection over `num_classes` (from the model config).
 
-  # Pictures of `tpu-models predict`.
+  Serving, `predict` and deployment: `serving.DetectorServing`, with the
+  post-processing (`postprocess`: box decoding and NMS) as its `detections` hook.
+  """
 
-  def _detect_pixels_fn(self, model: keras.Model):
-    """uint8 [H, W, 3] -> (boxes [D, 4] in its pixels, scores [D], classes [D], count [])."""
+  def __init__(self, config: DetectionConfig):
+    super().__init__(config)
+    if config.clip_to_content and not config.clip_boxes:
+      raise ConfigError("task.clip_to_content needs task.clip_boxes: true.")
+    if config.nms_class_agnostic and config.pre_nms_top_k_per_level:
+      raise ConfigError("task.nms_class_agnostic takes one top-k over all levels; set "
+                        "task.pre_nms_top_k_per_level: false.")
 
-    @tf.function(input_signature=[tf.TensorSpec([None, None, 3], tf.uint8)], autograph=False)
-    def detect(pixels):
-      image, info = self._resize_pixels(pixels)
-      outputs = model(image[None], training=False)
-      detections = self.postprocess({k: tf.cast(v, tf.float32) for k, v in outputs.items()},
-                                    info[None])
-      boxes = detection_data.to_original_pixels(detections["boxes"], info[None])
-      return (boxes[0], detections["scores"][0], detections["classes"][0],
-              detections["num_detections"][0])
+  def anchor_layout(self, model_params: Dict[str, Any]) -> Dict[str, Any]:
+    """The model's anchor layout (`anchors.multilevel_anchors` arguments) from its params."""
+    return retinanet_lib.anchor_layout(**model_params)
 
-    return detect
+  # Model.
 
-  def predict_files(self, model: keras.Model, paths, output_dir: str, *,
-                    options: Optional[Mapping[str, Any]] = None, say=None) -> List[str]:
-    """Detects objects in JPEG/PNG files; writes each drawn at its size to output_dir/<name>.png.
+  def build_model(self) -> keras.Model:
+    """The registered model with `task.image_size` filled in; see the module docstring."""
+    model = create_model(self.config.model.name, **self._builder_kwargs())
+    outputs = model.output if isinstance(model.output, dict) else {}
+    logits = outputs.get("class_logits")
+    if logits is None or tuple(logits.shape[1:]) != (len(self.anchors), self.num_classes):
+      raise ConfigError(
+          f"task.model {self.config.model.name!r} must output {{'class_logits': [B, "
+          f"{len(self.anchors)}, {self.num_classes}], 'box_deltas': [B, {len(self.anchors)}, "
+          f"4]}} for its anchor layout {self.layout}; it outputs "
+          f"{ {k: tuple(v.shape) for k, v in outputs.items()} or model.output}.")
+    return model
 
-    Args:
-      model: the trained detector (float32).
-      paths: image files (any tf.io.gfile path).
-      output_dir: where the pictures go (created).
-      options: `predict`'s options from this family's CLI (vision/detection/cli.py):
-        "min_score", the lowest score drawn and printed (None or absent:
-        eval_image_min_score).
-      say: receives one line per image: "<path>: N detections: name 0.91 [ymin, xmin,
-        ymax, xmax], ... -> <png>", or "<path>: error: ..." for a file that cannot be
-        read or decoded (skipped; the others are still processed).
+  def variable_groups(self) -> Dict[str, str]:
+    """`trainer.fine_tune` names: the ResNet backbone, the FPN, the class and box subnets."""
+    return {"backbone": "^backbone/", "fpn": "^fpn/", "head": "^head/"}
 
-    Returns:
-      The paths that failed.
-    """
-    from tpu_models.vision.detection import draw
+  def label_dependent_variables(self) -> str:
+    """The class subnet's output conv (A x num_classes filters); re-initialised with its prior bias."""
+    return "^head/class_logits/"
 
-    say = say or print
-    min_score = (options or {}).get("min_score")
-    min_score = self.config.eval_image_min_score if min_score is None else float(min_score)
-    names = self.display_names()
-    detect = self._detect_pixels_fn(model)
-    failed, used = [], set()
-    max_pixels = image_lib.check_max_image_pixels(self.config.max_image_pixels)
-    for path in paths:
-      try:
-        with tf.io.gfile.GFile(path, "rb") as f:
-          data = f.read()
-        # The serving path's header check: a decompression bomb is never decoded.
-        refused = image_lib.check_image_header(tf.constant(data), max_pixels).numpy().decode()
-        if refused:
-          say(f"{path}: error: not decoded: {refused}; skipped (task.max_image_pixels "
-              f"{max_pixels}; 0 = no limit).")
-          failed.append(path)
-          continue
-        pixels = tf.io.decode_image(data, channels=3, expand_animations=False)
-      except (tf.errors.OpError, OSError) as e:
-        reason = e.message if isinstance(e, tf.errors.OpError) else str(e)
-        say(f"{path}: error: not a readable JPEG/PNG image "
-            f"({pipeline.error_summary(reason).splitlines()[0][:200]}); skipped.")
-        failed.append(path)
-        continue
-      boxes, scores, classes, count = (t.numpy() for t in detect(pixels))
-      boxes, scores, classes = boxes[:count], scores[:count], classes[:count]
-      picture = draw.draw_detections(pixels.numpy(), boxes, classes, scores, names,
-                                     min_score=min_score)
-      stem = os.path.splitext(os.path.basename(path))[0] or "image"
-      name, n = f"{stem}.png", 1
-      while name in used:  # Two inputs with one basename (a/x.jpg, b/x.jpg).
-        n += 1
-        name = f"{stem}-{n}.png"
-      used.add(name)
-      out = draw.write_png(os.path.join(output_dir, name), picture)
-      lines = draw.detection_lines(boxes, classes, scores, names, min_score)
-      say(f"{path}: {len(lines)} detection{'s' if len(lines) != 1 else ''}"
-          f"{': ' + '; '.join(lines) if lines else ''} -> {out}")
-    return failed
+  # Inputs.
 
-  def serving_signatures(self, model: keras.Model):
-    """Encoded bytes or uint8 pixels in; detections in the input image's pixels out.
+  def decode_fn(self, split: str):
+    """serialized record -> (image [S, S, 3], labels dict) for `split` (see the module doc)."""
+    decode = self.checked_decoder(split)
+    training = split == "train"
 
-        serving_default(image_bytes: tf.string [B])   encoded JPEG/PNG/GIF/BMP/WebP
-        serve_images(images: uint8 [B, H, W, 3])       decoded pixels, any H, W
+    # Not autograph-converted (nor what it calls): it has no Python control flow on
+    # tensors, and converting the decoder and labeler took ~30 s per dataset.
+    @tf.autograph.experimental.do_not_convert
+    def decode_and_arrange(serialized):
+      image, features, labels = decode(serialized)
+      if training:  # Only what the loss needs crosses to the device.
+        return image, {key: labels[key] for key in _TRAIN_LABELS}
+      labels = dict(labels, image_info=features["image_info"], source_id=features["source_id"])
+      return image, labels
 
-    Both return {"detection_boxes": float32 [B, D, 4] [ymin, xmin, ymax, xmax]
-    in pixels of each input image, "detection_scores": float32 [B, D],
-    "detection_classes": int32 [B, D] labels 0..K-1 (-1 past the count; the
-    label map gives names and category ids), "num_detections": int32 [B],
-    "valid": bool [B], "reason": tf.string [B]}. Resizing, normalisation and
-    NMS run inside the graph.
+    return decode_and_arrange
 
-    As in classification, an image that cannot be decoded, or whose header
-    says it has more than `task.max_image_pixels` pixels, does not fail its
-    batch: its row has `valid` False, the reason ("" for valid rows) and no
-    detections (count 0, boxes and scores 0, classes -1). An empty batch, or pixels of the wrong rank or
-    channel count, is an InvalidArgumentError saying what was expected. See
-    docs/predict.md.
-    """
-    cfg = self.config
-    image_lib.check_max_image_pixels(cfg.max_image_pixels)  # A one-line error, not a trace.
+  def synthetic_inputs(self, split: str,
+                       input_context: Optional[tf.distribute.InputContext] = None
+                       ) -> tf.data.Dataset:
+    """Generated images with two labelled boxes: no data needed (COCO-sized checks)."""
+    data = self.data_config(split)
+    batch = pipeline.per_replica_batch_size(data, input_context)
     size = self.image_size
-    specs = (tf.TensorSpec([size, size, 3], tf.float32), tf.TensorSpec([4, 2], tf.float32))
-    blank = (tf.zeros([size, size, 3], tf.float32), tf.zeros([4, 2], tf.float32))
+    dtype = tf.bfloat16 if self.config.host_bfloat16 else tf.float32
+    image = tf.cast(tf.random.stateless_normal([size, size, 3], [1, 2]), dtype)
+    k = self.config.max_instances
+    boxes = np.zeros([k, 4], np.float32)
+    classes = np.full([k], detection_data.PADDING_CLASS, np.int32)
+    boxes[:2] = [[0.1 * size, 0.1 * size, 0.4 * size, 0.3 * size],
+                 [0.5 * size, 0.4 * size, 0.9 * size, 0.9 * size]]
+    classes[:2] = [0, (self.num_classes - 1)]
+    targets = anchors_lib.label_anchors(boxes, classes, self.anchors,
+                                        matched_threshold=self.config.matched_threshold,
+                                        unmatched_threshold=self.config.unmatched_threshold)
+    if split == "train":
+      labels = {key: targets[key] for key in _TRAIN_LABELS}
+      return pipeline.synthetic_dataset((image, labels), batch)
+    labels = {
+        "class_targets": targets["class_targets"], "box_targets": targets["box_targets"],
+        "num_positives": targets["num_positives"], "boxes": tf.constant(boxes),
+        "classes": tf.constant(classes), "is_crowd": tf.zeros([k], tf.int32),
+        "num_instances": tf.constant(min(2, k), tf.int32),
+        "image_info": tf.constant([[size, size], [size, size], [1, 1], [0, 0]], tf.float32)}
+    count = max(1, (data.num_examples or batch) // batch) * batch
+    # Distinct image ids: the host metrics refuse an image evaluated twice.
+    real = tf.data.Dataset.range(count).map(
+        lambda i: (image, dict(labels, source_id=tf.cast(i, tf.int32) + 1)))
+    return pipeline.pad_with_mask(real).batch(batch, drop_remainder=True)
 
-    def from_bytes(image_bytes):
-      image, _, _, info = detection_data.resize_and_pad(
-          image_bytes, tf.zeros([0, 4]), size, mean=cfg.mean, std=cfg.std,
-          method=cfg.resize_method)
-      return image, info
+  # Loss, metrics and post-processing.
 
-    def detect(images, infos, valid, reason):
-      outputs = model(images, training=False)
-      outputs = {k: tf.cast(v, tf.float32) for k, v in outputs.items()}
-      detections = self.postprocess(outputs, infos)
-      boxes = detection_data.to_original_pixels(detections["boxes"], infos)
-      return {
-          "detection_boxes": tf.where(valid[:, None, None], boxes, 0.0),
-          "detection_scores": tf.where(valid[:, None], detections["scores"], 0.0),
-          "detection_classes": tf.where(valid[:, None], detections["classes"], -1),
-          "num_detections": tf.where(valid, detections["num_detections"], 0),
-          "valid": valid,
-          "reason": reason,
-      }
+  def _loss_parts(self, labels, outputs, weights=None) -> Dict[str, tf.Tensor]:
+    cfg = self.config
+    return detection_losses.retinanet_loss_components(
+        labels["class_targets"], labels["box_targets"], outputs["class_logits"],
+        outputs["box_deltas"], num_classes=self.num_classes, alpha=cfg.focal_alpha,
+        gamma=cfg.focal_gamma, delta=cfg.huber_delta, weights=weights)
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")])
-    def serving_default(image_bytes):
-      with tf.control_dependencies([image_lib.assert_not_empty(image_bytes, "serving_default")]):
-        (images, infos), valid, reason = tf.map_fn(
-            lambda b: image_lib.decode_checked(b, from_bytes, blank, cfg.max_image_pixels),
-            image_bytes, fn_output_signature=(specs, tf.TensorSpec([], tf.bool),
-                                              tf.TensorSpec([], tf.string)))
-      return detect(images, infos, valid, reason)
+  def _combined(self, parts: Dict[str, tf.Tensor]) -> Tuple[tf.Tensor, tf.Tensor]:
+    """The loss pair from its parts: (cls sum + box_loss_weight * box sum, positives)."""
+    return (parts["cls_loss_sum"] + self.config.box_loss_weight * parts["box_loss_sum"],
+            parts["num_positives"])
 
-    # Any shape in the signature: a declared rank would let TensorFlow drop the checks
-    # (a SavedModel signature does not enforce the shape it declares).
-    @tf.function(input_signature=[tf.TensorSpec(None, tf.uint8, name="images")])
-    def serve_images(images):
-      expected = "serve_images: images must be uint8 [N, H, W, 3]"
-      rank = tf.debugging.assert_equal(tf.rank(images), 4, message=f"{expected}; got another rank")
-      with tf.control_dependencies([rank]):
-        shape = tf.shape(images)
-        checks = [
-            image_lib.assert_not_empty(images, "serve_images"),
-            tf.debugging.assert_equal(shape[3], 3,
-                                      message=f"{expected}; got another number of channels"),
-            tf.debugging.assert_positive(shape[1:3],
-                                         message=f"{expected} with height and width >= 1"),
-        ]
-      with tf.control_dependencies(checks):
-        images = tf.ensure_shape(tf.identity(images), [None, None, None, 3])
-      images, infos = tf.map_fn(self._resize_pixels, images, fn_output_signature=specs)
-      valid = tf.ones([tf.shape(images)[0]], tf.bool)
-      return detect(images, infos, valid, tf.fill(tf.shape(valid), ""))
+  def _sums(self, parts: Dict[str, tf.Tensor], weights) -> Dict[str, Tuple[tf.Tensor, tf.Tensor]]:
+    positives = parts["num_positives"]
+    return {
+        "loss": self._combined(parts),
+        "cls_loss": (parts["cls_loss_sum"], positives),
+        "box_loss": (parts["box_loss_sum"], positives),
+        "num_positives": (positives, tf.reduce_sum(tf.cast(weights, tf.float32))),
+    }
 
-    return {"serving_default": serving_default.get_concrete_function(),
-            "serve_images": serve_images.get_concrete_function()}
+  def loss(self, labels, outputs) -> LossResult:
+    """(focal sum + box_loss_weight * Huber sum, number of positive anchors): float32 scalars.
 
-  # Deployment (LiteRT, ONNX: tpu_models/deploy.py).
+    Its parts (`retinanet_loss_components`) are the aux that `metrics` reports.
+    """
+    parts = self._loss_parts(labels, outputs)
+    return LossResult(self._combined(parts), parts)
 
-  def _export_shape(self) -> Tuple[int, int]:
-    return image_lib.export_image_shape(self.config.export_image_shape, self.image_size)
+  def metrics(self, labels, outputs, weights, aux=None):
+    """cls_loss and box_loss per positive anchor, num_positives per image.
 
-  def deploy_functions(self, model: keras.Model) -> Dict[str, DeployFunction]:
-    """`serve_images`: the SavedModel's `serve_images` at one fixed input shape.
+    From the loss's parts (`aux`) when given, else computed with `weights`.
+    """
+    parts = aux if aux is not None else self._loss_parts(labels, outputs, weights)
+    sums = self._sums(parts, weights)
+    sums.pop("loss")  # The Trainer reports the loss itself.
+    return sums
 
-        serve_images(images: uint8 [B, H, W, 3])  ->  {"detection_boxes": float32
-            [B, D, 4] [ymin, xmin, ymax, xmax] in the input's pixels,
-            "detection_scores": float32 [B, D], "detection_classes": int32 [B, D]
-            (-1 past the count), "num_detections": int32 [B]}
+  def metric_directions(self):
+    """Losses lower, COCO AP/AR higher; num_positives is a count."""
+    return dict(super().metric_directions(), cls_loss=LOWER, box_loss=LOWER,
+                num_positives=NO_DIRECTION)
 
-    H, W = task.export_image_shape (default S x S, the model's input). Inside, as the
-    SavedModel does it (`_resize_pixels`): the longer side resized to S, padding at the
-    bottom/right, normalisation, the network, box decoding and the project's
-    fixed-shape per-class NMS (nms.py: top-k, matrix IoU, a while loop: builtin LiteRT
-    ops), boxes mapped back to the input's pixels. An int8 export quantizes the network
-    and keeps the box decoding, NMS and mapping (the `postprocess` name scope:
-    `float_scopes`) float32. Outside: decoding encoded images.
+  def eval_metric_names(self) -> Optional[List[str]]:
+    """The base's names with the loss parts after "loss": cls_loss, box_loss, num_positives."""
+    names = super().eval_metric_names()
+    if names is None:
+      return None
+    return names[:1] + ["cls_loss", "box_loss", "num_positives"] + names[1:]
+
+  def postprocess(self, outputs, image_info=None) -> Dict[str, tf.Tensor]:
+    """Model outputs -> padded detections in model-input pixels (`nms.postprocess`).
+
+    image_info: float32 [B, 4, 2] of `inputs.resize_and_pad`; with
+    task.clip_to_content, boxes are clipped to its content rows [B, 2].
     """
     cfg = self.config
-    size = self.image_size
-    height, width = self._export_shape()
-    # The geometry `_resize_pixels` computes in the graph, here in Python (float32 alike).
-    original = np.array([height, width], np.float32)
-    resized_hw = np.maximum(np.round(original * np.float32(size / original.max())), 1.0)
-    content = np.minimum(resized_hw, size).astype(int)
-    info = np.stack([original, content.astype(np.float32), resized_hw / original,
-                     np.zeros([2], np.float32)]).astype(np.float32)
+    clip = self.image_size
+    if cfg.clip_to_content and image_info is not None:
+      clip = tf.convert_to_tensor(image_info)[:, 1, :]
+    if not cfg.clip_boxes:
+      clip = None
+    level_sizes = None
+    if cfg.pre_nms_top_k_per_level:
+      level_sizes = anchors_lib.level_sizes(**self.layout)
+    return nms_lib.postprocess(
+        outputs["class_logits"], outputs["box_deltas"], tf.constant(self.anchors),
+        pre_nms_top_k=cfg.pre_nms_top_k, score_threshold=cfg.score_threshold,
+        iou_threshold=cfg.nms_iou_threshold, max_detections=cfg.max_detections,
+        image_size=clip, level_sizes=level_sizes, class_agnostic=cfg.nms_class_agnostic)
 
-    @tf.function(input_signature=[tf.TensorSpec([None, height, width, 3], tf.float32,
-                                                name="images")])
-    def serve_images(images):
-      if (int(resized_hw[0]), int(resized_hw[1])) != (height, width):
-        images = tf.image.resize(images, [int(resized_hw[0]), int(resized_hw[1])],
-                                 method=cfg.resize_method)
-      images = image_lib.normalize(images[:, :size, :size, :], cfg.mean, cfg.std)
-      images = tf.pad(images, [[0, 0], [0, size - content[0]], [0, size - content[1]], [0, 0]])
-      outputs = model(images, training=False)
-      with tf.name_scope(_POSTPROCESS_SCOPE):  # Stays float32 in an int8 export.
-        infos = tf.tile(tf.constant(info)[None], [tf.shape(images)[0], 1, 1])
-        detections = self.postprocess({k: tf.cast(v, tf.float32) for k, v in outputs.items()},
-                                      infos)
-        boxes = detection_data.to_original_pixels(detections["boxes"], infos)
-      return {"detection_boxes": boxes,
-              "detection_scores": detections["scores"],
-              "detection_classes": detections["classes"],
-              "num_detections": detections["num_detections"]}
+  def eval_step(self, model, features, labels, weights):
+    """Loss sums (padding weighs 0) and, for the host, detections + ground truth."""
+    outputs = model(features, training=False)
+    sums = self._sums(self._loss_parts(labels, outputs, weights), weights)
+    detections = self.postprocess(outputs, labels.get("image_info"))
+    host = {
+        "source_id": labels["source_id"],
+        "image_info": labels["image_info"],
+        "detection_boxes": detections["boxes"],
+        "detection_scores": detections["scores"],
+        "detection_classes": detections["classes"],
+        "num_detections": detections["num_detections"],
+        "gt_boxes": labels["boxes"],
+        "gt_classes": labels["classes"],
+        "gt_is_crowd": labels["is_crowd"],
+        "num_instances": labels["num_instances"],
+    }
+    return sums, host
 
-    d = cfg.max_detections
-    inside = ("" if (height, width) == (size, size) else
-              f"resized to {int(resized_hw[0])}x{int(resized_hw[1])} and padded to "
-              f"{size}x{size} inside")
-    return {"serve_images": DeployFunction(
-        function=serve_images.get_concrete_function(),
-        inputs={"images": f"pixels [B, {height}, {width}, 3], 0..255 (the SavedModel's "
-                          f"serve_images input{'; ' + inside if inside else ''})"},
-        outputs={"detection_boxes": f"float32 [B, {d}, 4] [ymin, xmin, ymax, xmax] in the "
-                                    f"{height}x{width} input's pixels",
-                 "detection_scores": f"float32 [B, {d}]",
-                 "detection_classes": f"int32 [B, {d}] labels 0..K-1, -1 past the count",
-                 "num_detections": "int32 [B]"},
-        outside_graph=(
-            "decoding encoded images (JPEG/PNG/...): no builtin LiteRT or ONNX op decodes "
-            "them; decode and pass uint8 pixels (the SavedModel's serving_default takes bytes)",
-            f"pixels of another size: resize them to {height}x{width} "
-            f"(task.export_image_shape) first and scale the boxes back; the SavedModel's "
-            f"serve_images takes any size",
-            "valid/reason outputs: pixels of the right shape are always valid; a wrong shape "
-            "or dtype is the runtime's error"),
-        integer_inputs=("images",),
-        # Measured on the pasted-objects detector: with the NMS quantized too, LiteRT's
-        # int8 DIV (the IoU's union) stops on a divisor at its zero point.
-        float_scopes={_POSTPROCESS_SCOPE: (
-            "box decoding and the fixed-shape NMS stay float32: boxes in pixels need more "
-            "than 256 levels, and LiteRT's int8 DIV (the IoU's union) refuses a divisor at "
-            "its zero point; the network (normalisation, backbone, FPN, heads) is int8")})}
+  # Serving, predict and deployment (serving.DetectorServing's hook).
 
-  def _export_batches(self, split: str):
-    """(uint8 pixels [n, H, W, 3] as serve_images takes them, their labels, the factor
-    [n, 1, 4] that maps boxes in those pixels to the evaluation's S x S input), per
-    evaluation batch without its padding rows.
-
-    At the default export shape these are the evaluation pipeline's own images; at
-    another, each image's content (the padding cut off) resized to it.
-    """
-    cfg = self.config
-    height, width = self._export_shape()
-    for images, labels, mask in pipeline.until_padding(self.build_inputs(split)):
-      real = mask.numpy() > 0
-      pixels = image_lib.denormalize_to_pixels(tf.cast(images, tf.float32).numpy()[real],
-                                               cfg.mean, cfg.std)
-      labels = {key: value.numpy()[real] for key, value in labels.items()}
-      factor = np.ones([len(pixels), 1, 4], np.float32)
-      if (height, width) != (self.image_size, self.image_size):
-        content = labels["image_info"][:, detection_data.INFO_CONTENT_SIZE].astype(int)
-        pixels = np.stack([
-            np.clip(np.round(tf.image.resize(image[:h, :w], [height, width]).numpy()), 0, 255)
-            for image, (h, w) in zip(pixels, content)]).astype(np.uint8)
-        factor = np.tile(content[:, None] / np.array([height, width], np.float32), 2)
-      yield pixels, labels, factor.astype(np.float32)
-
-  def calibration_inputs(self, examples: int):
-    """Training-pipeline images (augmented, resized, padded) as pixels 0..255, one at a time,
-    resized to task.export_image_shape when it is not the model's S x S."""
-    height, width = self._export_shape()
-    for pixels in image_lib.pixel_rows(self.build_inputs("train"), self.config.mean,
-                                       self.config.std, examples):
-      if pixels.shape[1:3] != (height, width):
-        pixels = np.round(tf.image.resize(pixels, [height, width]).numpy()).clip(0, 255)
-      yield {"serve_images": {"images": pixels}}
-
-  def evaluate_deployed(self, run, split: str, *, say=None) -> Dict[str, float]:
-    """The evaluation's COCO AP of `split` (`aggregate`, `finalize`) through `run`.
-
-    At an export shape other than S x S the images are resampled twice (the
-    evaluation's resize, then to the export's shape): close to, not exactly, the
-    evaluation's AP.
-    """
-    state, batches = None, 0
-    for pixels, labels, factor in self._export_batches(split):
-      detections = run("serve_images", {"images": pixels})
-      host = {key: labels[source] for key, source in (
-          ("source_id", "source_id"), ("image_info", "image_info"), ("gt_boxes", "boxes"),
-          ("gt_classes", "classes"), ("gt_is_crowd", "is_crowd"),
-          ("num_instances", "num_instances"))}
-      host.update({key: np.asarray(detections[key]) for key in (
-          "detection_scores", "detection_classes", "num_detections")})
-      host["detection_boxes"] = np.asarray(detections["detection_boxes"]) * factor
-      state = self.aggregate(state, host, split=split)
-      batches += 1
-      if say and batches % 10 == 0:
-        say(f"{batches} batches")
-    if state is None:
-      raise DataError(f"task.{split}_data yielded no examples to evaluate.")
-    return self.finalize(state, split=split)
-
-  # int8 against the SavedModel: the network's scores move by quantization noise, so a
-  # detection near the score threshold or an overlapping pair may differ.
-  int8_agreement_floor = 0.8
-
-  def deployed_agreement(self, reference, exported, examples: int,
-                         split: str = "eval") -> Agreement:
-    """Images whose detections (score >= eval_image_min_score) are the same in both.
-
-    The same: one-to-one, same class, IoU >= 0.9; a detection within 0.01 of the score
-    threshold may be missing from the other (a rounding, not another answer).
-    """
-    agreeing = total = 0
-    for pixels, _, _ in self._export_batches(split):
-      pixels = pixels[:examples - total]
-      ours = exported("serve_images", {"images": pixels})
-      theirs = reference("serve_images", {"images": pixels})
-      for i in range(len(pixels)):
-        agreeing += _same_detections(ours, theirs, i, self.config.eval_image_min_score)
-      total += len(pixels)
-      if total >= examples:
-        break
-    if not total:
-      raise DataError(f"task.{split}_data yielded no images to compare the export on.")
-    return Agreement(agreeing, total, f"images' detections of {split}")
-
-  def _resize_pixels(self, image: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
-    """uint8 [H, W, 3] -> (image [S, S, 3], image_info [4, 2]) as evaluation resizes bytes.
-
-    The whole image, longer side to S, padded at the bottom/right: the same
-    geometry and image_info as `inputs.resize_and_pad` with its defaults.
-    """
-    cfg = self.config
-    size = self.image_size
-    original = tf.cast(tf.shape(image)[:2], tf.float32)
-    resized_hw = tf.maximum(tf.round(original * (size / tf.reduce_max(original))), 1.0)
-    resized = tf.image.resize(image, tf.cast(resized_hw, tf.int32), method=cfg.resize_method)
-    resized = resized[:size, :size, :]
-    content = tf.shape(resized)[:2]
-    resized = image_lib.normalize(resized, cfg.mean, cfg.std)
-    padded = tf.pad(resized, [[0, size - content[0]], [0, size - content[1]], [0, 0]])
-    padded.set_shape([size, size, 3])
-    info = tf.stack([original, tf.cast(content, tf.float32), resized_hw / original,
-                     tf.zeros([2], tf.float32)])
-    return padded, info
-
-
-def _same_detections(a, b, i: int, min_score: float, margin: float = 0.01) -> bool:
-  """Whether row `i` of two serve_images outputs holds the same detections (see
-  `DetectionTask.deployed_agreement`)."""
-
-  def rows(out, threshold):
-    n = int(out["num_detections"][i])
-    keep = np.asarray(out["detection_scores"][i, :n]) >= threshold
-    return (np.asarray(out["detection_boxes"][i, :n])[keep],
-            np.asarray(out["detection_classes"][i, :n])[keep])
-
-  for one, other in ((a, b), (b, a)):
-    sure_boxes, sure_classes = rows(one, min_score + margin)
-    boxes, classes = rows(other, min_score - margin)
-    used = np.zeros(len(boxes), bool)
-    for box, label in zip(sure_boxes, sure_classes):
-      overlap = np.where((classes == label) & ~used, _iou(box, boxes), 0.0)
-      best = int(np.argmax(overlap)) if len(overlap) else -1
-      if best < 0 or overlap[best] < 0.9:
-        return False
-      used[best] = True
-  return True
-
-
-def _iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
-  """IoU of one [ymin, xmin, ymax, xmax] box with each of `boxes` [n, 4]."""
-  top_left = np.maximum(box[:2], boxes[:, :2])
-  bottom_right = np.minimum(box[2:], boxes[:, 2:])
-  inter = np.prod(np.clip(bottom_right - top_left, 0, None), axis=-1)
-  area = lambda b: np.prod(np.clip(b[..., 2:] - b[..., :2], 0, None), axis=-1)
-  return inter / np.maximum(area(box) + area(boxes) - inter, 1e-9)
+  def detections(self, outputs, infos) -> Dict[str, tf.Tensor]:
+    """The anchors' class logits and deltas -> padded detections (`postprocess`)."""
+    return self.postprocess(outputs, infos)
 
 
 def _encoded_images(files: List[str], source_ids) -> Dict[int, bytes]:
