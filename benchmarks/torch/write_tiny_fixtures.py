@@ -17,6 +17,15 @@ the libraries' own outputs, so CI can check an importer without torch:
                         generator, transform and post-processing) on the
                         narrow ResNet-50, 8 classes, min_size 128 / max_size 192;
                         backbone FrozenBatchNorm2d with eps 0.0 as COCO_V1 runs.
+  tv_maskrcnn_narrow    torchvision MaskRCNN (its RPN, RoIHeads, MultiScaleRoIAlign,
+                        BackboneWithFPN with LastLevelMaxPool as maskrcnn_resnet50_fpn,
+                        transform and post-processing) on the narrow ResNet-50, FPN 16,
+                        box head TwoMLPHead 32 wide, mask head 16 wide, 8 classes +
+                        background, min_size 128 / max_size 192; frozen BN eps 0.0 as
+                        COCO_V1; its stages' outputs (RPN, proposals, box head,
+                        detections, mask logits, pasted masks as bits); plus
+                        tv_maskrcnn_narrow_legacy_keys (the pre-0.13 layout of the
+                        published file: mask_fcn1..4, rpn.head.conv, FPN blocks).
   tv_retinanet_narrow_legacy_keys  the same weights in the state-dict layout
                         of files saved before torchvision 0.13 (the layout the
                         published COCO_V1 file has), checked by loading it back
@@ -650,7 +659,10 @@ def main(argv=None):
                       '{image}/anchors/{level}': '[h*w*9, 4] x1, y1, x2, y2',
                       '{image}/detections/{boxes,scores,labels}': 'model([image]) output, '
                                                                   'original image pixels',
-                      '{image}/detections_resized/*': 'before transform.postprocess'}},
+                      '{image}/detections_resized/*': 'before transform.postprocess'},
+                  'maskrcnn *_reference.npz (savez_compressed)': dict(
+                      write_fixtures.MASKRCNN_ARRAYS,
+                      **{'{image}/photo_uint8': '[H, W, 3] uint8; model input = photo / 255'})},
               'photos': 'skimage.data ' + ', '.join(write_fixtures.PHOTO_NAMES),
               'models': records}
   with open(manifest_path, 'w') as f:
