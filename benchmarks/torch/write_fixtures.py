@@ -20,12 +20,14 @@ plus photos.npz (the scikit-image photos, uint8 HWC RGB) and manifest.json.
 Random initialisation alone would make a weak test: BatchNorm statistics
 start at mean 0 / variance 1 (BN is then nearly the identity, so a mix-up of
 mean and variance or a wrong epsilon would go unnoticed), timm zeroes the last
-BN scale of every block, and RetinaNet's head starts so close to its prior
-that no anchor passes the score threshold. So, after the library's own
+BN scale of every block, RetinaNet's head starts so close to its prior
+that no anchor passes the score threshold, and Mask R-CNN's predictors give
+near-constant objectness and class scores. So, after the library's own
 initialisation and with the same seed, every BN scale/offset is redrawn, BN
 running statistics are measured on the photos (train-mode passes with a
-cumulative average) and the RetinaNet head is rescaled so that its logits and
-box deltas have realistic spreads. The state dict written is the one the
+cumulative average) and the RetinaNet head and the Mask R-CNN predictors
+(`rescale_maskrcnn_heads`) are rescaled so that their outputs have realistic
+spreads. The state dict written is the one the
 reference outputs come from; the JSON records every step.
 """
 
