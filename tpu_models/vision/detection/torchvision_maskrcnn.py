@@ -259,7 +259,8 @@ def paste_masks_torchvision(masks: np.ndarray, boxes_xyxy: np.ndarray, height: i
 
 def mask_ious(ours: np.ndarray, theirs: np.ndarray) -> np.ndarray:
   """float64 [D]: IoU of each pair of bool masks [D, H, W] (1 where both are empty)."""
-  ours, theirs = ours.reshape(len(ours), -1), theirs.reshape(len(theirs), -1)
+  pixels = int(np.prod(ours.shape[1:]))
+  ours, theirs = ours.reshape(len(ours), pixels), theirs.reshape(len(theirs), pixels)
   union = (ours | theirs).sum(1)
   return np.where(union > 0, (ours & theirs).sum(1) / np.maximum(union, 1), 1.0)
 
@@ -362,13 +363,13 @@ def compare_outputs(model, arrays: Mapping[str, np.ndarray], photo: str,
                           references[1], labels)
 
   # Mask logits of our mask head on their detections (their labels).
-  det_boxes = tf.constant(_yxyx(references[0])[None])
-  mask_logits = model._mask_logits(roi_pyramid, det_boxes, tf.constant(labels[None], tf.int32),
-                                   False)[0].numpy()
   theirs_masks = arrays[f"{photo}/mask_logits"]
-  result["max_abs_diff_mask_logits"] = float(np.abs(mask_logits - theirs_masks).max()) \
-      if len(theirs_masks) else 0.0
-  result["max_abs_mask_logits"] = float(np.abs(theirs_masks).max()) if len(theirs_masks) else 0.0
+  result["max_abs_diff_mask_logits"] = result["max_abs_mask_logits"] = 0.0
+  if len(labels):  # (No detections: nothing to compare.)
+    mask_logits = model._mask_logits(roi_pyramid, tf.constant(_yxyx(references[0])[None]),
+                                     tf.constant(labels[None], tf.int32), False)[0].numpy()
+    result["max_abs_diff_mask_logits"] = float(np.abs(mask_logits - theirs_masks).max())
+    result["max_abs_mask_logits"] = float(np.abs(theirs_masks).max())
 
   # The full pipeline's masks pasted into the original image vs torchvision's.
   height, width = (int(v) for v in arrays[f"{photo}/original_size"])
