@@ -1,4 +1,4 @@
-"""Our imported classifiers and RetinaNet against the PyTorch libraries' forward pass, full size.
+"""Our imported classifiers, RetinaNet and Mask R-CNN against the PyTorch libraries' own outputs.
 
 Reads the files `write_fixtures.py` wrote in the torch venv (random weights of
 the full architectures, saved by torchvision / timm themselves: ResNets,
@@ -20,9 +20,18 @@ class logits and box deltas (and torchvision's largest value), the anchors,
 and whether the detections after torchvision's post-processing are equal
 (count, labels, max box delta in pixels, max score delta).
 
+Mask R-CNN (`tv_maskrcnn_resnet50_fpn`, torchvision's v1 model): imported with
+the catalogue entry's params at each photo's padded size, fed the stored
+`transformed_nhwc` and torchvision's resized size (`image_hw`, which proposals
+and detections are clipped to); compared stage by stage
+(`torchvision_maskrcnn.compare_outputs`): RPN outputs and anchors per level,
+proposals, our box head on torchvision's proposals, detections from its
+proposals and through our whole pipeline, our mask logits on its detections,
+and the masks pasted into the original photo (IoU per detection).
+
 Exit 1 when a classifier misses the tolerance (default 1e-4 against float64),
 or a detector's raw outputs miss 1e-4 relative to the level's largest value
-or its detections differ.
+or its detections (or Mask R-CNN's proposals or masks) differ.
 """
 
 import argparse
@@ -60,6 +69,7 @@ CLASSIFIERS += (("timm_vit_small_patch16_224_at_384", "timm", "vit_s16",
 TORCH_PARAMS = {"padding": "symmetric", "bn_epsilon": 1e-5, "num_classes": 1000,
                 "input_shape": [224, 224, 3]}
 DETECTOR = "tv_retinanet_resnet50_fpn"
+MASKRCNN = "tv_maskrcnn_resnet50_fpn"
 PHOTOS = ("astronaut", "coffee", "chelsea")
 
 
@@ -92,6 +102,80 @@ def detector_parity(fixtures: str, rtol: float):
     ok_all &= ok
     rows.append((photo, padded, result, time.time() - start, ok))
   return rows, ok_all
+
+
+def maskrcnn_parity(fixtures: str, rtol: float):
+  """Rows of the Mask R-CNN table and whether all pass; None when the files are absent.
+
+  Pass: anchors equal; RPN outputs, box-head outputs on torchvision's proposals and
+  mask logits on its detections within rtol of each one's largest value; proposals
+  equal (count, each within 0.01 px); detections equal on torchvision's proposals
+  and through the whole pipeline; every matched mask's IoU >= 0.99 (torchvision's
+  paste rule).
+  """
+  import tpu_models
+  from tpu_models.vision.detection import torchvision_maskrcnn as tv_maskrcnn
+  from tpu_models.weights import catalogue, importing
+  weights = os.path.join(fixtures, f"{MASKRCNN}.safetensors")
+  reference = os.path.join(fixtures, f"{MASKRCNN}_reference.npz")
+  if not (os.path.exists(weights) and os.path.exists(reference)):
+    return None
+  entry = catalogue.get_weights("torchvision_maskrcnn_resnet50_fpn_coco")
+  arrays = np.load(reference)
+  models, rows, ok_all = {}, [], True
+  for photo in PHOTOS:
+    start = time.time()
+    padded = list(arrays[f"{photo}/transformed_nhwc"].shape[1:3])
+    params = dict(entry.params, image_size=padded)
+    if tuple(padded) not in models:  # One model per padded size.
+      model = tpu_models.create_model(entry.model, **params)
+      importing.load_weights(model, weights, entry.source_format, family=entry.family)
+      models[tuple(padded)] = model
+    r = tv_maskrcnn.compare_outputs(models[tuple(padded)], arrays, photo, params)
+    levels = tv_maskrcnn.TORCHVISION_LEVELS
+    raw_ok = all(r[f"max_abs_diff_{kind}/{level}"] <= rtol * max(1.0, r[f"max_abs_{kind}/{level}"])
+                 for kind in ("objectness", "rpn_deltas") for level in levels)
+    heads_ok = all(r[f"max_abs_diff_{kind}"] <= rtol * max(1.0, r[f"max_abs_{kind}"])
+                   for kind in ("class_logits", "box_deltas", "mask_logits"))
+    p = r["proposals"]
+    ok = (raw_ok and heads_ok and all(r[f"max_abs_diff_anchors/{l}"] == 0.0 for l in levels)
+          and p["count_ours"] == p["count_theirs"] == p.get("matched")
+          and r["detections_on_their_proposals"]["equal"] and r["detections"]["equal"]
+          and r["mask_iou_torchvision_paste"]["min"] >= 0.99)
+    ok_all &= ok
+    rows.append((photo, padded, r, time.time() - start, ok))
+  return rows, ok_all
+
+
+def print_maskrcnn_rows(rows) -> None:
+  from tpu_models.vision.detection import torchvision_maskrcnn as tv_maskrcnn
+  levels = tv_maskrcnn.TORCHVISION_LEVELS
+  print()
+  print(f"| {MASKRCNN}.safetensors photo | padded | max |d| RPN objectness P2..P6 (max |logit|) "
+        f"| max |d| RPN deltas | anchors equal | proposals ours / torch (max box d px) "
+        f"| box head on torch's proposals: max |d| logits (max), deltas (max) "
+        f"| detections on torch's proposals equal | detections (ours / torch) equal "
+        f"(max box d px, max score d) | max |d| mask logits on torch's detections (max) "
+        f"| mask IoU min / mean (torchvision paste; our paste_masks) | s | result |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|---:|---|")
+  for photo, padded, r, secs, ok in rows:
+    obj = ", ".join(f"{r[f'max_abs_diff_objectness/{l}']:.1e}" for l in levels)
+    obj_max = max(r[f"max_abs_objectness/{l}"] for l in levels)
+    deltas = max(r[f"max_abs_diff_rpn_deltas/{l}"] for l in levels)
+    anchors = all(r[f"max_abs_diff_anchors/{l}"] == 0.0 for l in levels)
+    p, on, d = r["proposals"], r["detections_on_their_proposals"], r["detections"]
+    tv, ours = r["mask_iou_torchvision_paste"], r["mask_iou_our_paste"]
+    print(f"| {photo} | {padded[0]}x{padded[1]} | {obj} ({obj_max:.1f}) | {deltas:.1e} | "
+          f"{'yes' if anchors else 'NO'} | {p['count_ours']} / {p['count_theirs']} "
+          f"({p.get('max_box_diff', float('nan')):.1e}) | "
+          f"{r['max_abs_diff_class_logits']:.1e} ({r['max_abs_class_logits']:.1f}), "
+          f"{r['max_abs_diff_box_deltas']:.1e} ({r['max_abs_box_deltas']:.1f}) | "
+          f"{'yes' if on['equal'] else 'NO'} ({on['matched']}/{on['count_theirs']}) | "
+          f"{d['count_ours']} / {d['count_theirs']} {'yes' if d['equal'] else 'NO'} "
+          f"({d['max_box_diff']:.1e}, {d['max_score_diff']:.1e}) | "
+          f"{r['max_abs_diff_mask_logits']:.1e} ({r['max_abs_mask_logits']:.1f}) | "
+          f"{tv['min']:.4f} / {tv['mean']:.4f}; {ours['min']:.3f} / {ours['mean']:.3f} | "
+          f"{secs:.0f} | {'PASS' if ok else 'FAIL'} |")
 
 
 def main(argv=None) -> int:
@@ -172,6 +256,15 @@ def main(argv=None) -> int:
             f"{'yes' if anchors else 'NO'} | {d['count_ours']} / {d['count_theirs']} | "
             f"{'yes' if d['equal'] else 'NO'} ({d['matched']} matched) | {d['max_box_diff']:.1e} | "
             f"{d['max_score_diff']:.1e} | {secs:.0f} | {'PASS' if ok else 'FAIL'} |")
+  if not args.only or MASKRCNN in args.only.split(","):
+    found = maskrcnn_parity(args.fixtures, args.detector_rtol)
+    if found is None:
+      print(f"{MASKRCNN}: no files in {args.fixtures}; write them with benchmarks/torch/"
+            f"write_fixtures.py in the torch venv", file=sys.stderr)
+      return 2
+    maskrcnn_rows, maskrcnn_ok = found
+    failed |= not maskrcnn_ok
+    print_maskrcnn_rows(maskrcnn_rows)
   print(json.dumps({"atol": args.atol, "failed": failed}))
   return 1 if failed else 0
 

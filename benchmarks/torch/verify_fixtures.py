@@ -9,7 +9,7 @@ For every model it builds the library's architecture afresh (no weights),
 loads the written .safetensors (strict: every key, no extra) and the .pth
 (torch.load weights_only=True), runs the stored reference inputs and compares
 with the stored outputs: ResNet logits; RetinaNet raw head outputs, anchors
-and detections. This is what an importer relies on: the file alone
+and detections; Mask R-CNN's stages, detections and masks. This is what an importer relies on: the file alone
 reproduces the reference, with no state left in the writing process.
 """
 
@@ -94,6 +94,34 @@ def verify_detector(name, output_dir):
   return result
 
 
+def verify_maskrcnn(name, output_dir):
+  """Each file reloaded (strict) into a fresh maskrcnn_resnet50_fpn with frozen BN eps 0:
+  every stored stage again (max |diff|) and the detections and masks bit for bit."""
+  reference = np.load(os.path.join(output_dir, name + '_reference.npz'))
+  result = {}
+  for kind in ('safetensors', 'pth'):
+    model = torchvision.models.detection.maskrcnn_resnet50_fpn(
+        weights=None, weights_backbone=None)
+    write_fixtures.freeze_batch_norm(model.backbone.body, eps=0.0)
+    model.load_state_dict(load_state_dict(os.path.join(output_dir, f'{name}.{kind}')),
+                          strict=True)
+    model.eval()
+    per_image = {}
+    for image_name in reference['image_names']:
+      photo = reference[f'{image_name}/photo_uint8']
+      image = torch.from_numpy(photo.copy()).permute(2, 0, 1).float() / 255.0
+      arrays = write_fixtures.maskrcnn_arrays(
+          write_fixtures.maskrcnn_outputs(model, image), f'{image_name}/')
+      per_image[str(image_name)] = {
+          'max_abs_diff': max(max_abs(value, reference[key]) for key, value in arrays.items()
+                              if value.dtype.kind == 'f' and value.size),
+          'detections_and_masks_equal': all(
+              np.array_equal(arrays[key], reference[key]) for key in arrays
+              if '/detections' in key or '/masks_' in key)}
+    result[kind] = per_image
+  return result
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--output-dir', default='/work/fixtures/torch')
@@ -106,6 +134,8 @@ def main(argv=None):
       continue
     if name in write_fixtures.DETECTORS:
       report[name] = verify_detector(name, args.output_dir)
+    elif name in write_fixtures.MASKRCNNS:
+      report[name] = verify_maskrcnn(name, args.output_dir)
     elif name in write_fixtures.CLASSIFIERS:
       report[name] = verify_classifier(name, args.output_dir)
     else:

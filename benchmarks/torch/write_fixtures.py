@@ -20,12 +20,14 @@ plus photos.npz (the scikit-image photos, uint8 HWC RGB) and manifest.json.
 Random initialisation alone would make a weak test: BatchNorm statistics
 start at mean 0 / variance 1 (BN is then nearly the identity, so a mix-up of
 mean and variance or a wrong epsilon would go unnoticed), timm zeroes the last
-BN scale of every block, and RetinaNet's head starts so close to its prior
-that no anchor passes the score threshold. So, after the library's own
+BN scale of every block, RetinaNet's head starts so close to its prior
+that no anchor passes the score threshold, and Mask R-CNN's predictors give
+near-constant objectness and class scores. So, after the library's own
 initialisation and with the same seed, every BN scale/offset is redrawn, BN
 running statistics are measured on the photos (train-mode passes with a
-cumulative average) and the RetinaNet head is rescaled so that its logits and
-box deltas have realistic spreads. The state dict written is the one the
+cumulative average) and the RetinaNet head and the Mask R-CNN predictors
+(`rescale_maskrcnn_heads`) are rescaled so that their outputs have realistic
+spreads. The state dict written is the one the
 reference outputs come from; the JSON records every step.
 """
 
@@ -65,12 +67,13 @@ REDRAWN_CLASSIFIERS = ('timm_tf_efficientnet_b0', 'timm_tf_efficientnet_b3',
                        'timm_efficientnet_b0', 'timm_vit_small_patch16_224',
                        'timm_vit_base_patch16_224', 'timm_vit_large_patch16_224')
 DETECTORS = ('tv_retinanet_resnet50_fpn',)
+MASKRCNNS = ('tv_maskrcnn_resnet50_fpn',)
 # References without a weights file of their own: {name: (weights file stem, what)}.
 RESAMPLED = {'timm_vit_small_patch16_224_at_384': (
     'timm_vit_small_patch16_224', 'the 224 px ViT-S/16 file run by timm at 384 px, pos_embed '
     'resampled 14x14 -> 24x24 bilinear (resample_abs_pos_embed(interpolation="bilinear", '
     'antialias=False); timm\'s own default is bicubic)')}
-ALL_MODELS = CLASSIFIERS + DETECTORS + tuple(RESAMPLED)
+ALL_MODELS = CLASSIFIERS + DETECTORS + MASKRCNNS + tuple(RESAMPLED)
 # Smallest BN running variance kept after calibration: the RetinaNet backbone
 # runs with eps = 0 (as the published COCO_V1 weights do), so a channel that
 # happened to be constant on the photos must not divide by zero.
@@ -646,6 +649,316 @@ def write_detector(name, images, output_dir, seed):
   return record
 
 
+# ----------------------------------------------------------------------------
+# Mask R-CNN (torchvision's maskrcnn_resnet50_fpn, v1).
+
+MASKRCNN_LEVELS = ('0', '1', '2', '3', 'pool')  # torchvision's names of P2..P6.
+
+
+@torch.no_grad()
+def maskrcnn_outputs(model, image):
+  """torchvision Mask R-CNN's eval forward of one image, step by step; checked against
+  model([image]).
+
+  Returns a dict of the stages: the transformed batch, per-level RPN outputs and
+  anchors (torchvision's flat order), the proposals, the box head's outputs on
+  them, the detections before and after transform.postprocess, the mask logits
+  of the detections (all K + 1 channels) and the pasted masks.
+  """
+  from torchvision.models.detection import roi_heads as tv_roi_heads
+  from torchvision.models.detection import rpn as tv_rpn
+  original_size = tuple(image.shape[-2:])
+  batch, _ = model.transform([image])
+  features = model.backbone(batch.tensors)
+  feature_list = list(features.values())
+  objectness, deltas = model.rpn.head(feature_list)
+  anchors = model.rpn.anchor_generator(batch, feature_list)
+  counts = [o[0].numel() for o in objectness]
+  objectness_flat, deltas_flat = tv_rpn.concat_box_prediction_layers(objectness, deltas)
+  decoded = model.rpn.box_coder.decode(deltas_flat, anchors).view(1, -1, 4)
+  proposals, _ = model.rpn.filter_proposals(decoded, objectness_flat, batch.image_sizes, counts)
+  heads = model.roi_heads
+  box_features = heads.box_head(heads.box_roi_pool(features, proposals, batch.image_sizes))
+  class_logits, box_regression = heads.box_predictor(box_features)
+  boxes, scores, labels = heads.postprocess_detections(class_logits, box_regression, proposals,
+                                                       batch.image_sizes)
+  mask_features = heads.mask_head(heads.mask_roi_pool(features, boxes, batch.image_sizes))
+  mask_logits = heads.mask_predictor(mask_features)
+  mask_probs = tv_roi_heads.maskrcnn_inference(mask_logits, labels)
+  resized = {'boxes': boxes[0], 'scores': scores[0], 'labels': labels[0], 'masks': mask_probs[0]}
+  final = model.transform.postprocess([dict(resized)], batch.image_sizes, [original_size])[0]
+  forward = model([image])[0]
+  for key in ('boxes', 'scores', 'labels', 'masks'):
+    if not torch.equal(forward[key], final[key]):
+      raise AssertionError(f'model([image])[0][{key!r}] differs from the step-by-step forward')
+  split = lambda t: list(t.split(counts))  # noqa: E731
+  return {
+      'batch': batch, 'features': feature_list, 'levels': list(features.keys()),
+      'objectness': split(objectness_flat[:, 0]), 'rpn_deltas': split(deltas_flat),
+      'anchors': split(anchors[0]), 'counts': counts, 'proposals': proposals[0],
+      'class_logits': class_logits, 'box_regression': box_regression,
+      'resized': resized, 'mask_logits': mask_logits, 'final': final,
+      'original_size': original_size,
+  }
+
+
+def _standardise(layer, values, std, mean=0.0):
+  """Scales a layer's weight and sets its bias so that `values` (its outputs) get mean/std."""
+  scale = std / float(values.std())
+  layer.weight.mul_(scale)
+  layer.bias.copy_((layer.bias - values.mean(0)) * scale + mean)
+
+
+@torch.no_grad()
+def rescale_maskrcnn_heads(model, images, generator, *, objectness_std=1.5,
+                           rpn_delta_std=0.2, class_logit_std=1.5, box_delta_std=0.5,
+                           pairs_above_thresh=0.01, mask_logit_std=2.0):
+  """Redraws Mask R-CNN's predictors so that every stage has realistic, testable outputs.
+
+  torchvision's init (N(0, 0.01) RPN and class outputs, N(0, 0.001) box deltas)
+  gives near-constant objectness, boxes that equal their proposals and class
+  scores of 1 / (K + 1) everywhere. Measured on `images` (each its own batch),
+  in stage order: the RPN's 3x3 conv is redrawn He-normal, its outputs scaled
+  to objectness std `objectness_std` and deltas std `rpn_delta_std`; the box
+  predictor's class logits to std `class_logit_std` (per column mean 0) and
+  deltas to std `box_delta_std`, then the background bias is raised until a
+  fraction `pairs_above_thresh` of the (proposal, class) pairs score above
+  box_score_thresh (sparse detections, as a trained model's: every one of
+  them enters our fixed-size top-k); the mask logits to std `mask_logit_std`.
+  """
+  rpn_head = model.rpn.head
+  conv = rpn_head.conv[0][0]
+  conv.weight.copy_(torch.randn(conv.weight.shape, generator=generator)
+                    * math.sqrt(2.0 / conv.weight[0].numel()))
+  conv.bias.copy_(0.01 * torch.randn(conv.bias.shape, generator=generator))
+  heads = model.roi_heads
+  for layer in (rpn_head.cls_logits, rpn_head.bbox_pred, heads.box_predictor.cls_score,
+                heads.box_predictor.bbox_pred, heads.mask_predictor.mask_fcn_logits):
+    layer.weight.copy_(torch.randn(layer.weight.shape, generator=generator)
+                       / math.sqrt(layer.weight[0].numel()))
+    layer.bias.zero_()
+
+  def stage(name):
+    return [maskrcnn_stage(model, image, name) for image in images]
+
+  objectness, deltas = zip(*stage('rpn'))
+  _standardise(rpn_head.cls_logits, torch.cat(objectness).reshape(-1, 1), objectness_std)
+  rpn_head.bbox_pred.weight.mul_(rpn_delta_std / float(torch.cat(deltas).std()))
+  logits, regression = zip(*stage('box'))
+  predictor = heads.box_predictor
+  logits, regression = torch.cat(logits), torch.cat(regression)
+  _standardise(predictor.cls_score, logits, class_logit_std)
+  predictor.bbox_pred.weight.mul_(box_delta_std / float(regression.std()))
+  standard = (logits - logits.mean(0)) * class_logit_std / float(logits.std())
+  low, high = 0.0, 30.0  # Bisection on the background logit's offset.
+  for _ in range(40):
+    middle = (low + high) / 2
+    shifted = standard.clone()
+    shifted[:, 0] += middle
+    above = float((shifted.softmax(-1)[:, 1:] > heads.score_thresh).float().mean())
+    low, high = (middle, high) if above > pairs_above_thresh else (low, middle)
+  predictor.cls_score.bias[0] += high
+  mask_logits = torch.cat(stage('mask'))
+  _standardise(heads.mask_predictor.mask_fcn_logits,
+               mask_logits.transpose(0, 1).reshape(mask_logits.shape[1], -1).T, mask_logit_std)
+  return {'background_logit_offset': high}
+
+
+@torch.no_grad()
+def maskrcnn_stage(model, image, name):
+  """One stage's raw outputs on one image: 'rpn' (objectness, deltas), 'box' (class logits,
+  box regression on the proposals) or 'mask' (mask logits on the detections)."""
+  batch, _ = model.transform([image])
+  features = model.backbone(batch.tensors)
+  objectness, deltas = model.rpn.head(list(features.values()))
+  if name == 'rpn':
+    return (torch.cat([o.flatten() for o in objectness]),
+            torch.cat([d.flatten() for d in deltas]))
+  proposals, _ = model.rpn(batch, features)
+  heads = model.roi_heads
+  box_features = heads.box_head(heads.box_roi_pool(features, proposals, batch.image_sizes))
+  class_logits, box_regression = heads.box_predictor(box_features)
+  if name == 'box':
+    return class_logits, box_regression
+  boxes, _, _ = heads.postprocess_detections(class_logits, box_regression, proposals,
+                                             batch.image_sizes)
+  return heads.mask_predictor(heads.mask_head(heads.mask_roi_pool(features, boxes,
+                                                                  batch.image_sizes)))
+
+
+def maskrcnn_margins(model, out):
+  """How far image 0's detections are from changing under a tiny score or box change.
+
+  pairs_above_thresh: (proposal, class) pairs scoring above box_score_thresh
+  (our fixed-size top-k must hold them all), the closest score to the
+  threshold, the smallest gap between two kept scores and the gap at the
+  detections_per_img cut.
+  """
+  scores = out['class_logits'].softmax(-1)[:, 1:].flatten()
+  thresh = model.roi_heads.score_thresh
+  kept = out['resized']['scores']
+  cap = model.roi_heads.detections_per_img
+  cap_gap = None
+  if kept.numel() == cap:
+    saved = model.roi_heads.detections_per_img
+    model.roi_heads.detections_per_img = 1 << 30
+    try:
+      every = model.roi_heads.postprocess_detections(
+          out['class_logits'], out['box_regression'], [out['proposals']],
+          out['batch'].image_sizes)[1][0]
+    finally:
+      model.roi_heads.detections_per_img = saved
+    cap_gap = float(every[cap - 1] - every[cap]) if every.numel() > cap else None
+  return {
+      'proposals': int(out['proposals'].shape[0]),
+      'pairs_above_thresh': int((scores > thresh).sum()),
+      'min_abs_score_minus_thresh': float((scores - thresh).abs().min()),
+      'min_gap_between_kept_scores': float((kept[:-1] - kept[1:]).min())
+                                     if kept.numel() > 1 else None,
+      'gap_at_detections_per_img': cap_gap,
+  }
+
+
+def maskrcnn_arrays(out, prefix):
+  """The reference arrays of one image (see the records' 'arrays' description)."""
+  batch = out['batch']
+  arrays = {
+      prefix + 'transformed_nhwc': batch.tensors.permute(0, 2, 3, 1).contiguous().numpy(),
+      prefix + 'image_size': np.array(batch.image_sizes[0], np.int64),
+      prefix + 'original_size': np.array(out['original_size'], np.int64),
+      prefix + 'proposals': out['proposals'].numpy(),
+      prefix + 'class_logits': out['class_logits'].numpy(),
+      prefix + 'box_regression': out['box_regression'].numpy(),
+  }
+  for i, level in enumerate(out['levels']):
+    arrays[prefix + f'objectness/{level}'] = out['objectness'][i].numpy()
+    arrays[prefix + f'rpn_deltas/{level}'] = out['rpn_deltas'][i].numpy()
+    arrays[prefix + f'anchors/{level}'] = out['anchors'][i].numpy()
+  resized, final = out['resized'], out['final']
+  for key in ('boxes', 'scores', 'labels'):
+    arrays[prefix + f'detections_resized/{key}'] = resized[key].numpy()
+    arrays[prefix + f'detections/{key}'] = final[key].numpy()
+  labels = resized['labels']
+  arrays[prefix + 'mask_logits'] = out['mask_logits'][torch.arange(len(labels)), labels].numpy()
+  # Pasted masks as torchvision's users threshold them (> 0.5), one bit a pixel.
+  pasted = (final['masks'][:, 0] > 0.5).numpy()
+  arrays[prefix + 'masks_bits'] = np.packbits(pasted.reshape(-1))
+  arrays[prefix + 'masks_shape'] = np.array(pasted.shape, np.int64)
+  return arrays
+
+
+MASKRCNN_ARRAYS = {
+    '{image}/transformed_nhwc': '[1, Hp, Wp, 3] float32 after normalise, resize, pad',
+    '{image}/image_size, original_size': '(h, w) int64 after resize; before',
+    '{image}/objectness/{level}': "[h*w*3] float32 RPN logits, levels '0'..'3' (P2-P5), 'pool' (P6)",
+    '{image}/rpn_deltas/{level}': '[h*w*3, 4] float32 (dx, dy, dw, dh)',
+    '{image}/anchors/{level}': '[h*w*3, 4] float32 x1, y1, x2, y2',
+    '{image}/proposals': '[P, 4] x1, y1, x2, y2: rpn.filter_proposals',
+    '{image}/class_logits, box_regression': '[P, K + 1], [P, 4 (K + 1)]: the box predictor '
+                                            'on the proposals',
+    '{image}/detections_resized/{boxes,scores,labels}': 'roi_heads.postprocess_detections '
+                                                        '(resized-image pixels)',
+    '{image}/detections/{boxes,scores,labels}': 'model([image]) (original-image pixels)',
+    '{image}/mask_logits': "[D, 28, 28] float32: mask_predictor's logits of each "
+                           "detection's label",
+    '{image}/masks_bits, masks_shape': "np.packbits of model([image])'s masks > 0.5, "
+                                       'shape [D, H, W] (original image)',
+}
+
+
+def maskrcnn_postprocessing(model):
+  rpn, heads = model.rpn, model.roi_heads
+  return {
+      'rpn_pre_nms_top_n_test': rpn._pre_nms_top_n['testing'],
+      'rpn_post_nms_top_n_test': rpn._post_nms_top_n['testing'],
+      'rpn_nms_thresh': rpn.nms_thresh, 'rpn_min_size': rpn.min_size,
+      'rpn_score_thresh': rpn.score_thresh,
+      'box_score_thresh': heads.score_thresh, 'box_nms_thresh': heads.nms_thresh,
+      'box_detections_per_img': heads.detections_per_img,
+      'box_coder_weights': list(heads.box_coder.weights),
+      'bbox_xform_clip': heads.box_coder.bbox_xform_clip,
+      'roi_align': 'MultiScaleRoIAlign 7 (box) / 14 (mask), sampling_ratio 2, aligned=False',
+  }
+
+
+def write_maskrcnn(name, images, output_dir, seed):
+  """Writes torchvision Mask R-CNN ResNet-50-FPN v1's files; returns its record."""
+  weights_enum = torchvision.models.detection.MaskRCNN_ResNet50_FPN_Weights.COCO_V1
+  torch.manual_seed(seed)
+  generator = torch.Generator().manual_seed(seed + 1)
+  builder = ('torchvision.models.detection.maskrcnn_resnet50_fpn(weights=None, '
+             'weights_backbone=None)')
+  model = torchvision.models.detection.maskrcnn_resnet50_fpn(
+      weights=None, weights_backbone=None)
+  model.eval()
+  to_input = weights_enum.transforms()
+  inputs = [to_input(torch.from_numpy(images[n]).permute(2, 0, 1)) for n in PHOTO_NAMES]
+  redrawn = redraw_batch_norm_affine(model.backbone.body, generator)
+  with torch.no_grad():
+    calibration = [model.transform([x])[0].tensors for x in inputs]
+    calibration += [model.transform([x.flip(-1)])[0].tensors for x in inputs]
+  clamped = calibrate_batch_norm(model.backbone.body, calibration)
+  frozen = freeze_batch_norm(model.backbone.body, eps=0.0)
+  model.eval()
+  spreads = dict(objectness_std=1.5, rpn_delta_std=0.2, class_logit_std=1.5,
+                 box_delta_std=0.5, pairs_above_thresh=0.004, mask_logit_std=2.0)
+  rescaled = rescale_maskrcnn_heads(model, inputs, generator, **spreads)
+  arrays = {'image_names': np.array(PHOTO_NAMES)}
+  per_image = {}
+  for photo, image in zip(PHOTO_NAMES, inputs):
+    out = maskrcnn_outputs(model, image)
+    arrays.update(maskrcnn_arrays(out, photo + '/'))
+    arrays[photo + '/photo_uint8'] = images[photo]
+    batch = out['batch']
+    per_image[photo] = {
+        'original_size_hw': list(out['original_size']),
+        'resized_size_hw': list(batch.image_sizes[0]),
+        'padded_size_hw': list(batch.tensors.shape[-2:]),
+        'feature_sizes_hw': [list(f.shape[-2:]) for f in out['features']],
+        'anchors_per_level': out['counts'],
+        'num_detections': int(out['final']['scores'].numel()),
+        'margins': maskrcnn_margins(model, out),
+    }
+  state_dict = model.state_dict()
+  files = save_state_dict(state_dict, output_dir, name)
+  npz_path = os.path.join(output_dir, name + '_reference.npz')
+  np.savez(npz_path, **arrays)
+  return {
+      'model': name, 'kind': 'maskrcnn', 'builder': builder,
+      'as_published_weights': str(weights_enum), 'seed': seed,
+      'published_file': 'maskrcnn_resnet50_fpn_coco-bf2d0c1e.pth',
+      'num_classes': model.roi_heads.box_predictor.cls_score.out_features,
+      'weights': {
+          'init': f'library init after torch.manual_seed({seed})',
+          'backbone_batch_norm_affine': f'{redrawn} BN layers: weight ~ U(0.5, 1.5), '
+                                        f'bias ~ N(0, 0.1^2), torch.Generator seed {seed + 1}',
+          'backbone_batch_norm_statistics': 'measured in train mode (cumulative average) on '
+                                            'the 3 transformed photos and their flips',
+          'running_var_clamped_to': MIN_RUNNING_VAR,
+          'running_var_entries_clamped': clamped,
+          'backbone_norm': f'{frozen} nn.BatchNorm2d replaced by FrozenBatchNorm2d with '
+                           'eps=0.0, as maskrcnn_resnet50_fpn(weights=COCO_V1) runs',
+          'heads': 'rescale_maskrcnn_heads(' + ', '.join(f'{k}={v}' for k, v in
+                                                       spreads.items()) + f'): {rescaled}',
+      },
+      'postprocessing': maskrcnn_postprocessing(model),
+      'transform': {'min_size': list(model.transform.min_size),
+                    'max_size': model.transform.max_size,
+                    'image_mean': model.transform.image_mean,
+                    'image_std': model.transform.image_std,
+                    'size_divisible': model.transform.size_divisible,
+                    'input': 'float32 [3, H, W] = photo_uint8 / 255'},
+      'anchors': {'sizes': [list(s) for s in model.rpn.anchor_generator.sizes],
+                  'aspect_ratios': [list(a) for a in model.rpn.anchor_generator.aspect_ratios]},
+      'per_image': per_image,
+      'num_state_dict_keys': len(state_dict),
+      'num_parameters': sum(p.numel() for p in model.parameters()),
+      'files': files,
+      'reference': {'path': npz_path, 'bytes': os.path.getsize(npz_path),
+                    'arrays': MASKRCNN_ARRAYS},
+  }
+
+
 def write_manifest(output_dir, images):
   """manifest.json: every model's files as its {name}_reference.json records them.
 
@@ -686,7 +999,7 @@ def main(argv=None):
   np.savez(photos_path, **images)
   for name in models:
     start = time.time()
-    writer = (write_detector if name in DETECTORS else
+    writer = (write_detector if name in DETECTORS else write_maskrcnn if name in MASKRCNNS else
               write_resampled_vit if name in RESAMPLED else write_classifier)
     with torch.no_grad():
       record = writer(name, images, args.output_dir, args.seed)

@@ -17,6 +17,15 @@ the libraries' own outputs, so CI can check an importer without torch:
                         generator, transform and post-processing) on the
                         narrow ResNet-50, 8 classes, min_size 128 / max_size 192;
                         backbone FrozenBatchNorm2d with eps 0.0 as COCO_V1 runs.
+  tv_maskrcnn_narrow    torchvision MaskRCNN (its RPN, RoIHeads, MultiScaleRoIAlign,
+                        BackboneWithFPN with LastLevelMaxPool as maskrcnn_resnet50_fpn,
+                        transform and post-processing) on the narrow ResNet-50, FPN 16,
+                        box head TwoMLPHead 32 wide, mask head 16 wide, 8 classes +
+                        background, min_size 128 / max_size 192; frozen BN eps 0.0 as
+                        COCO_V1; its stages' outputs (RPN, proposals, box head,
+                        detections, mask logits, pasted masks as bits); plus
+                        tv_maskrcnn_narrow_legacy_keys (the pre-0.13 layout of the
+                        published file: mask_fcn1..4, rpn.head.conv, FPN blocks).
   tv_retinanet_narrow_legacy_keys  the same weights in the state-dict layout
                         of files saved before torchvision 0.13 (the layout the
                         published COCO_V1 file has), checked by loading it back
@@ -263,7 +272,7 @@ TIMM_TINY = {
 
 
 ALL_TINY = ('tv_resnet18_narrow', 'tv_resnet50_narrow', 'timm_resnet50_narrow',
-            'tv_retinanet_narrow') + tuple(TIMM_TINY)
+            'tv_retinanet_narrow', 'tv_maskrcnn_narrow') + tuple(TIMM_TINY)
 
 
 def write_timm_tiny(name, images, output_dir, seed):
@@ -440,6 +449,125 @@ def write_detector(images, output_dir, seed):
   }
 
 
+MASKRCNN_HEAD_WIDTH = 32  # The narrow box head's fc6/fc7 width (torchvision's: 1024).
+
+
+def build_maskrcnn(seed):
+  """torchvision's MaskRCNN on the narrow ResNet-50: P2-P5 + LastLevelMaxPool, narrow heads."""
+  from torchvision.models.detection import faster_rcnn, mask_rcnn
+  torch.manual_seed(seed)
+  body = narrow_tv(tv_resnet.Bottleneck, [3, 4, 6, 3], 1000)
+  widths = [w * tv_resnet.Bottleneck.expansion for w in STAGE_WIDTHS]
+  backbone = backbone_utils.BackboneWithFPN(
+      body, return_layers={'layer1': '0', 'layer2': '1', 'layer3': '2', 'layer4': '3'},
+      in_channels_list=widths, out_channels=FPN_CHANNELS,
+      extra_blocks=feature_pyramid_network.LastLevelMaxPool())
+  classes = DETECTOR_CLASSES + 1  # torchvision counts the background.
+  model = mask_rcnn.MaskRCNN(
+      backbone, num_classes=None, min_size=128, max_size=192,
+      box_head=faster_rcnn.TwoMLPHead(FPN_CHANNELS * 7 * 7, MASKRCNN_HEAD_WIDTH),
+      box_predictor=faster_rcnn.FastRCNNPredictor(MASKRCNN_HEAD_WIDTH, classes),
+      mask_head=mask_rcnn.MaskRCNNHeads(FPN_CHANNELS, [FPN_CHANNELS] * 4, 1),
+      mask_predictor=mask_rcnn.MaskRCNNPredictor(FPN_CHANNELS, FPN_CHANNELS, classes))
+  return model.eval()
+
+
+MASKRCNN_BUILDER = (
+    'torchvision.models.detection.MaskRCNN(BackboneWithFPN(NarrowResNet(Bottleneck, '
+    "[3, 4, 6, 3], stem 4, widths 4/8/16/32), return_layers {'layer1': '0', ..., 'layer4': "
+    "'3'}, in_channels_list [16, 32, 64, 128], out_channels 16, extra_blocks="
+    'LastLevelMaxPool()), num_classes=None, min_size=128, max_size=192, box_head='
+    'TwoMLPHead(16 * 7 * 7, 32), box_predictor=FastRCNNPredictor(32, 9), mask_head='
+    'MaskRCNNHeads(16, [16, 16, 16, 16], 1), mask_predictor=MaskRCNNPredictor(16, 16, 9))')
+
+
+def maskrcnn_legacy_keys(state_dict):
+  """The layout of files saved before torchvision 0.13 (the published COCO_V1 file's)."""
+  renamed = {}
+  for key, tensor in state_dict.items():
+    key = re.sub(r'^(backbone\.fpn\.(?:inner|layer)_blocks\.\d+)\.0\.', r'\1.', key)
+    key = re.sub(r'^rpn\.head\.conv\.0\.0\.', 'rpn.head.conv.', key)
+    match = re.match(r'^roi_heads\.mask_head\.(\d+)\.0\.(.*)$', key)
+    if match:
+      key = f'roi_heads.mask_head.mask_fcn{int(match.group(1)) + 1}.{match.group(2)}'
+    renamed[key] = tensor
+  return renamed
+
+
+def write_maskrcnn(images, output_dir, seed):
+  name = 'tv_maskrcnn_narrow'
+  generator = torch.Generator().manual_seed(seed + 1)
+  model = build_maskrcnn(seed)
+  photos = {n: np.asarray(PIL.Image.fromarray(images[n]).reduce(f))
+            for n, f in DETECTOR_PHOTOS.items()}
+  to_input = torchvision.models.detection.MaskRCNN_ResNet50_FPN_Weights.COCO_V1.transforms()
+  inputs = {n: to_input(torch.from_numpy(p.copy()).permute(2, 0, 1)) for n, p in photos.items()}
+  redrawn = write_fixtures.redraw_batch_norm_affine(model.backbone.body, generator)
+  calibration = [model.transform([x])[0].tensors for x in inputs.values()]
+  calibration += [model.transform([x.flip(-1)])[0].tensors for x in inputs.values()]
+  clamped = write_fixtures.calibrate_batch_norm(model.backbone.body, calibration)
+  frozen = write_fixtures.freeze_batch_norm(model.backbone.body, eps=0.0)
+  model.eval()
+  spreads = dict(objectness_std=1.5, rpn_delta_std=0.2, class_logit_std=1.5,
+                 box_delta_std=0.5, pairs_above_thresh=0.03, mask_logit_std=2.0)
+  rescaled = write_fixtures.rescale_maskrcnn_heads(model, list(inputs.values()), generator,
+                                                   **spreads)
+  state_dict = model.state_dict()
+  files = write_fixtures.save_state_dict(state_dict, output_dir, name, ('safetensors',))
+  legacy_files = write_fixtures.save_state_dict(maskrcnn_legacy_keys(state_dict), output_dir,
+                                                name + '_legacy_keys', ('safetensors',))
+  reloaded = build_maskrcnn(seed + 100)
+  write_fixtures.freeze_batch_norm(reloaded.backbone.body, eps=0.0)
+  reloaded.load_state_dict(safetensors.torch.load_file(legacy_files['safetensors']['path']),
+                           strict=True)
+  reloaded.eval()
+  arrays = {'image_names': np.array(list(photos))}
+  per_image = {}
+  for photo, image in inputs.items():
+    out = write_fixtures.maskrcnn_outputs(model, image)
+    again = write_fixtures.maskrcnn_outputs(reloaded, image)
+    for key in ('boxes', 'scores', 'labels', 'masks'):
+      if not torch.equal(out['final'][key], again['final'][key]):
+        raise AssertionError(f'legacy-key file gives other {key} on {photo}')
+    arrays.update(write_fixtures.maskrcnn_arrays(out, photo + '/'))
+    arrays[photo + '/photo_uint8'] = photos[photo]
+    batch = out['batch']
+    per_image[photo] = {
+        'photo': f'skimage.data.{photo}() reduced {DETECTOR_PHOTOS[photo]}x by PIL',
+        'original_size_hw': list(out['original_size']),
+        'resized_size_hw': list(batch.image_sizes[0]),
+        'padded_size_hw': list(batch.tensors.shape[-2:]),
+        'feature_sizes_hw': [list(f.shape[-2:]) for f in out['features']],
+        'anchors_per_level': out['counts'],
+        'num_detections': int(out['final']['scores'].numel()),
+        'margins': write_fixtures.maskrcnn_margins(model, out),
+    }
+  reference = os.path.join(output_dir, name + '_reference.npz')
+  np.savez_compressed(reference, **arrays)
+  return name, {
+      'kind': 'maskrcnn', 'builder': MASKRCNN_BUILDER, 'seed': seed,
+      'weights': f'{redrawn} backbone BN layers redrawn and calibrated on the photos and '
+                 f'their flips ({clamped} variances raised to '
+                 f'{write_fixtures.MIN_RUNNING_VAR}), then {frozen} replaced by '
+                 'FrozenBatchNorm2d with eps 0.0; heads: rescale_maskrcnn_heads(' +
+                 ', '.join(f'{k}={v}' for k, v in spreads.items()) + f'): {rescaled}',
+      'backbone_batch_norm_eps': 0.0,
+      'num_classes': DETECTOR_CLASSES + 1,
+      'postprocessing': write_fixtures.maskrcnn_postprocessing(model),
+      'transform': {'min_size': list(model.transform.min_size),
+                    'max_size': model.transform.max_size,
+                    'size_divisible': model.transform.size_divisible,
+                    'input': 'float32 [3, H, W] = photo_uint8 / 255, HWC -> CHW'},
+      'per_image': per_image,
+      'num_state_dict_keys': len(state_dict),
+      'files': relative_files(files),
+      'legacy_keys_files': relative_files(legacy_files),
+      'legacy_keys_check': 'torchvision loads the _legacy_keys file (strict) into a fresh '
+                           'model and gives identical detections and masks',
+      'reference': {'path': os.path.basename(reference), 'bytes': check_size(reference)},
+  }
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--output-dir', default=os.path.join(
@@ -498,6 +626,10 @@ def main(argv=None):
       name, record = write_detector(images, output_dir, args.seed)
       records[name] = record
 
+    if wanted('tv_maskrcnn_narrow'):
+      name, record = write_maskrcnn(images, output_dir, args.seed)
+      records[name] = record
+
     for name in TIMM_TINY:
       if wanted(name):
         records[name] = write_timm_tiny(name, images, output_dir, args.seed)
@@ -527,7 +659,10 @@ def main(argv=None):
                       '{image}/anchors/{level}': '[h*w*9, 4] x1, y1, x2, y2',
                       '{image}/detections/{boxes,scores,labels}': 'model([image]) output, '
                                                                   'original image pixels',
-                      '{image}/detections_resized/*': 'before transform.postprocess'}},
+                      '{image}/detections_resized/*': 'before transform.postprocess'},
+                  'maskrcnn *_reference.npz (savez_compressed)': dict(
+                      write_fixtures.MASKRCNN_ARRAYS,
+                      **{'{image}/photo_uint8': '[H, W, 3] uint8; model input = photo / 255'})},
               'photos': 'skimage.data ' + ', '.join(write_fixtures.PHOTO_NAMES),
               'models': records}
   with open(manifest_path, 'w') as f:

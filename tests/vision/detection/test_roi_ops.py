@@ -74,6 +74,31 @@ def test_roi_align_of_a_linear_ramp_is_the_ramp_at_the_bin_centres():
   np.testing.assert_allclose(got, 2 * centres_y[:, None] + 3 * centres_x[None, :], atol=1e-4)
 
 
+def test_unaligned_roi_align_reads_cell_i_at_i_and_tiles_at_least_one_cell():
+  """aligned=False (torchvision's default, its Mask R-CNN's): the same ramp, whose cell i
+  now sits at i, so every bin reads half a cell more; a box under one cell is tiled as one."""
+  size = 16
+  yy, xx = np.meshgrid(np.arange(size) + 0.5, np.arange(size) + 0.5, indexing="ij")
+  ramp = (2 * yy + 3 * xx).astype(np.float32)[None, :, :, None]
+  boxes = np.array([[[8.0, 12.0, 40.0, 52.0], [20.0, 20.0, 21.0, 22.0]]], np.float32)
+  got = roi_ops.multilevel_roi_align({2: ramp}, boxes, output_size=5, sampling_ratio=2,
+                                     aligned=False)[0, ..., 0].numpy()
+  for r, (height, width) in enumerate([(32 / 4, 40 / 4), (1.0, 1.0)]):  # Cells, >= 1.
+    centres_y = boxes[0, r, 0] / 4 + (np.arange(5) + 0.5) * height / 5
+    centres_x = boxes[0, r, 1] / 4 + (np.arange(5) + 0.5) * width / 5
+    np.testing.assert_allclose(got[r], 2 * (centres_y[:, None] + 0.5) +
+                               3 * (centres_x[None, :] + 0.5), atol=1e-4, err_msg=str(r))
+
+
+def test_level_epsilon_keeps_exact_canonical_multiples_on_their_level():
+  """torchvision's LevelMapper adds 1e-6 before the floor: sides 224 * 2^j land on 4 + j
+  however log2 rounds; just under them, one level lower."""
+  sides = np.array([56.0, 112.0, 224.0, 448.0, 111.9, 223.9], np.float32)
+  boxes = np.stack([np.zeros_like(sides), np.zeros_like(sides), sides, sides], -1)
+  np.testing.assert_array_equal(roi_ops.assign_levels(boxes, 2, 5, level_epsilon=1e-6),
+                                [2, 3, 4, 5, 2, 3])
+
+
 def test_roi_align_compiles_with_xla_keeps_bfloat16_and_has_gradients():
   pyramid = {level: tf.constant(v) for level, v in _pyramid(batch=1).items()}
   boxes = tf.constant([[[4.0, 4.0, 40.0, 30.0], [0.0, 0.0, 64.0, 64.0]]])

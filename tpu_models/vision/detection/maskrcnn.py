@@ -11,8 +11,8 @@ model config:
 
 Stages (every shape fixed by the config, nothing data-dependent):
   backbone  ResNet v1.5 C2-C5 and the FPN P2-P6 of `retinanet.resnet_fpn`
-            (P6 a stride-2 conv of P5, as Model Garden's FPN), no BN on the FPN
-            by default.
+            (P6 a stride-2 conv of P5, as Model Garden's FPN, or a stride-2
+            max pool: coarser_levels), no BN on the FPN by default.
   rpn       one 3x3 conv + ReLU shared by all levels, then 1x1 convs for A
             objectness logits and 4A box deltas per position; anchors of
             `anchors.multilevel_anchors` over P2-P6 (1 scale, ratios 0.5/1/2,
@@ -47,6 +47,11 @@ Inference outputs:
   detection_classes int32 [B, D] (0..K-1, -1 padding), num_detections int32 [B],
   detection_masks [B, D, 28, 28] (probabilities over each box), plus the RPN outputs.
 
+torchvision's `maskrcnn_resnet50_fpn` (v1) is this model with options that
+change no variable (`torchvision_maskrcnn.TORCHVISION_MASKRCNN_V1`: its
+anchors, padding, frozen-BN epsilon, max-pool P6, per-level RPN filter,
+unaligned RoIAlign, size filters); its importer maps the rest.
+
 Variable paths: backbone/... and fpn/... as RetinaNet's (`retinanet.py`),
 rpn/{conv,class_logits,box_deltas}/..., box_head/{fc1,fc2,class_logits,box_deltas}/...,
 mask_head/{conv{i},upsample,mask_logits}/....
@@ -54,7 +59,7 @@ mask_head/{conv{i},upsample,mask_logits}/....
 
 import dataclasses
 import inspect
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import keras
 import tensorflow as tf
@@ -79,7 +84,7 @@ _ROI_MAX_LEVEL = 5  # RoIs pool from P2-P5; P6 only serves the RPN.
 class TwoStageSettings:
   """The fixed sizes and thresholds of proposal generation, sampling and detection."""
   num_classes: int
-  image_size: int
+  image_size: Tuple[int, int]  # (height, width)
   rpn_pre_nms_top_k: int
   rpn_nms_iou: float
   train_proposals: int
@@ -97,6 +102,12 @@ class TwoStageSettings:
   detection_score_threshold: float
   detection_nms_iou: float
   max_detections: int
+  # torchvision's conventions (off by default; see `maskrcnn`'s arguments).
+  rpn_level_sizes: Optional[Tuple[int, ...]] = None  # Given: top-k and NMS per RPN level.
+  rpn_min_size: float = 0.0
+  detection_min_size: float = 0.0
+  roi_aligned: bool = True
+  roi_level_epsilon: float = 0.0
 
   @property
   def max_positive_rois(self) -> int:
@@ -177,11 +188,13 @@ class MaskRCNN(keras.Model):
     self.built = True  # Every variable exists already (the parts are built functional models).
 
   def call(self, inputs, training=False):
-    ground_truth = None
+    ground_truth, clip_size = None, self.settings.image_size
     if isinstance(inputs, dict):
       images = inputs["image"]
       if "gt_boxes" in inputs:
         ground_truth = inputs
+      if "image_hw" in inputs:  # The content inside the padding (torchvision's image_sizes).
+        clip_size = tf.reshape(tf.cast(inputs["image_hw"], tf.float32), [-1, 2])
     else:
       images = inputs
     features = self.pyramid(images, training=training)
@@ -192,27 +205,69 @@ class MaskRCNN(keras.Model):
                    for level in range(s.roi_min_level, s.roi_max_level + 1)}
     count = s.train_proposals if ground_truth is not None else s.eval_proposals
     proposals, proposal_valid = self.proposals(rpn["rpn_class_logits"], rpn["rpn_box_deltas"],
-                                               count)
+                                               count, clip_size)
     if ground_truth is not None:
       return dict(rpn, **self._training_heads(roi_pyramid, proposals, proposal_valid,
                                               ground_truth, training))
-    return dict(rpn, **self.detect(roi_pyramid, proposals, proposal_valid))
+    return dict(rpn, **self.detect(roi_pyramid, proposals, proposal_valid, clip_size))
 
-  def proposals(self, rpn_class_logits, rpn_box_deltas, count: int):
-    """The RPN's `count` best boxes after NMS: (boxes float32 [B, count, 4], valid bool [B, count])."""
+  def proposals(self, rpn_class_logits, rpn_box_deltas, count: int, clip_size=None):
+    """The RPN's `count` best boxes after NMS: (boxes float32 [B, count, 4], valid bool [B, count]).
+
+    clip_size: what the boxes are clipped to: (height, width), or float32 [B, 2]
+    per image; None = the model input.
+    """
     s = self.settings
-    found = nms_lib.postprocess(
-        tf.stop_gradient(rpn_class_logits), tf.stop_gradient(rpn_box_deltas), self._anchors,
-        pre_nms_top_k=s.rpn_pre_nms_top_k, score_threshold=0.0, iou_threshold=s.rpn_nms_iou,
-        max_detections=count, image_size=s.image_size)
+    clip_size = s.image_size if clip_size is None else clip_size
+    rpn_class_logits = tf.stop_gradient(rpn_class_logits)
+    rpn_box_deltas = tf.stop_gradient(rpn_box_deltas)
+    if s.rpn_level_sizes is None:
+      found = nms_lib.postprocess(
+          rpn_class_logits, rpn_box_deltas, self._anchors, pre_nms_top_k=s.rpn_pre_nms_top_k,
+          score_threshold=0.0, iou_threshold=s.rpn_nms_iou, max_detections=count,
+          image_size=clip_size)
+    else:
+      found = self._proposals_per_level(rpn_class_logits[..., 0], rpn_box_deltas, count,
+                                        clip_size)
     valid = tf.range(count)[None, :] < found["num_detections"][:, None]
     return found["boxes"], valid
+
+  def _proposals_per_level(self, logits, deltas, count: int, clip_size):
+    """torchvision's RPN filter: per level the top-k logits, boxes clipped, those narrower or
+    shorter than rpn_min_size dropped, NMS within each level, the `count` best kept."""
+    s = self.settings
+    top, index, level = [], [], []
+    start = 0
+    for i, size in enumerate(s.rpn_level_sizes):
+      level_top, level_index = tf.math.top_k(logits[:, start:start + size],
+                                             k=min(s.rpn_pre_nms_top_k, size))
+      top.append(level_top)
+      index.append(level_index + start)
+      level.append(tf.fill(tf.shape(level_index), i))
+      start += size
+    top, index, level = (tf.concat(x, axis=1) for x in (top, index, level))
+    boxes = box_ops.decode_boxes(tf.gather(deltas, index, batch_dims=1),
+                                 tf.gather(self._anchors, index))
+    boxes = box_ops.clip_boxes(boxes, clip_size)
+    scores = tf.sigmoid(top)
+    if s.rpn_min_size > 0:
+      large = tf.reduce_all(boxes[..., 2:] - boxes[..., :2] >= s.rpn_min_size, axis=-1)
+      scores = tf.where(large, scores, -1.0)  # Below the threshold below: never a proposal.
+    # Every probability (>= 0) passes -0.5, as every one passes torchvision's ">= 0.0".
+    return nms_lib.batched_nms(boxes, scores, level, iou_threshold=s.rpn_nms_iou,
+                               score_threshold=-0.5, max_detections=count)
+
+  def _roi_align(self, roi_pyramid, rois, output_size: int):
+    s = self.settings
+    return roi_ops.multilevel_roi_align(roi_pyramid, rois, output_size=output_size,
+                                        sampling_ratio=s.roi_sampling_ratio,
+                                        level_epsilon=s.roi_level_epsilon,
+                                        aligned=s.roi_aligned)
 
   def _box_head_outputs(self, roi_pyramid, rois, training):
     """(class logits [B, R, K + 1], deltas [B, R, K, 4]) of boxes [B, R, 4]."""
     s = self.settings
-    crops = roi_ops.multilevel_roi_align(roi_pyramid, rois, output_size=s.box_roi_size,
-                                         sampling_ratio=s.roi_sampling_ratio)
+    crops = self._roi_align(roi_pyramid, rois, s.box_roi_size)
     batch, regions = tf.shape(rois)[0], rois.shape[1]
     flat = tf.reshape(crops, [-1, s.box_roi_size, s.box_roi_size, crops.shape[-1]])
     logits, deltas = self.box_head(flat, training=training)
@@ -222,8 +277,7 @@ class MaskRCNN(keras.Model):
   def _mask_logits(self, roi_pyramid, rois, classes, training):
     """Mask logits [B, R, 28, 28] of boxes [B, R, 4] for their classes int32 [B, R] (0..K-1)."""
     s = self.settings
-    crops = roi_ops.multilevel_roi_align(roi_pyramid, rois, output_size=s.mask_roi_size,
-                                         sampling_ratio=s.roi_sampling_ratio)
+    crops = self._roi_align(roi_pyramid, rois, s.mask_roi_size)
     batch, regions = tf.shape(rois)[0], rois.shape[1]
     flat = tf.reshape(crops, [-1, s.mask_roi_size, s.mask_roi_size, crops.shape[-1]])
     logits = self.mask_head(flat, training=training)
@@ -276,18 +330,26 @@ class MaskRCNN(keras.Model):
         "mask_valid": tf.cast(is_positive[:, :p], tf.float32),
     }
 
-  def detect(self, roi_pyramid, proposals, proposal_valid) -> Dict[str, tf.Tensor]:
-    """Final detections and their masks from the proposals (inference; see the module doc)."""
+  def detect(self, roi_pyramid, proposals, proposal_valid, clip_size=None
+             ) -> Dict[str, tf.Tensor]:
+    """Final detections and their masks from the proposals (inference; see the module doc).
+
+    clip_size: as `proposals`' (None = the model input).
+    """
     s = self.settings
+    clip_size = s.image_size if clip_size is None else clip_size
     class_logits, deltas = self._box_head_outputs(roi_pyramid, proposals, training=False)
     scores = tf.nn.softmax(class_logits, axis=-1)[..., 1:]  # [B, R, K]
     scores = tf.where(proposal_valid[..., None], scores, 0.0)
     boxes = box_ops.decode_boxes(deltas, proposals[:, :, None, :], ROI_BOX_WEIGHTS)
-    boxes = box_ops.clip_boxes(boxes, s.image_size)  # [B, R, K, 4]
     batch, pairs = tf.shape(boxes)[0], proposals.shape[1] * s.num_classes
+    boxes = box_ops.clip_boxes(tf.reshape(boxes, [batch, pairs, 4]), clip_size)
     flat_scores = tf.reshape(scores, [batch, pairs])
+    if s.detection_min_size > 0:  # Below any score threshold: never a detection.
+      large = tf.reduce_all(boxes[..., 2:] - boxes[..., :2] >= s.detection_min_size, axis=-1)
+      flat_scores = tf.where(large, flat_scores, 0.0)
     top_scores, top = tf.math.top_k(flat_scores, k=min(s.detection_pre_nms_top_k, pairs))
-    top_boxes = tf.gather(tf.reshape(boxes, [batch, pairs, 4]), top, batch_dims=1)
+    top_boxes = tf.gather(boxes, top, batch_dims=1)
     found = nms_lib.batched_nms(top_boxes, top_scores, top % s.num_classes,
                                 iou_threshold=s.detection_nms_iou,
                                 score_threshold=s.detection_score_threshold,
@@ -306,12 +368,14 @@ class MaskRCNN(keras.Model):
 def maskrcnn(*,
              backbone_depth: int = 50,
              num_classes: int = 80,
-             image_size: int = 1024,
+             image_size: Union[int, List[int]] = 1024,
              max_level: int = 6,
              num_scales: int = 1,
              aspect_ratios: List[float] = (0.5, 1.0, 2.0),
              anchor_size: float = 8.0,
+             anchor_convention: str = "model_garden",
              fpn_channels: int = 256,
+             coarser_levels: str = "conv",
              rpn_channels: Optional[int] = None,
              rpn_pre_nms_top_k: int = 2000,
              rpn_nms_iou: float = 0.7,
@@ -343,17 +407,27 @@ def maskrcnn(*,
              backbone_trainable: bool = True,
              backbone_frozen_bn: bool = False,
              backbone_pointwise_matmul: Optional[bool] = None,
+             rpn_per_level: bool = False,
+             rpn_min_size: float = 0.0,
+             roi_aligned: bool = True,
+             roi_level_epsilon: float = 0.0,
+             detection_min_size: float = 0.0,
              name: Optional[str] = None) -> MaskRCNN:
   """Builds a Mask R-CNN with a ResNet-FPN backbone (P2-P6).
 
   Args:
     backbone_depth: a registered ResNet depth (18, 34, 50, ...).
     num_classes: K real classes (the box head adds a background logit).
-    image_size: S, the square model input side; a multiple of 32.
-    max_level: the RPN's coarsest level (6: P6 from a stride-2 conv of P5).
-    num_scales, aspect_ratios, anchor_size: the RPN anchors
-      (`anchors.multilevel_anchors` from level 2).
+    image_size: S, the square model input side, or [height, width]; multiples
+      of 32. (The task feeds squares; [height, width] serves e.g. parity at
+      torchvision's padded sizes.)
+    max_level: the RPN's coarsest level (6: P6 from P5, see coarser_levels).
+    num_scales, aspect_ratios, anchor_size, anchor_convention: the RPN anchors
+      (`anchors.multilevel_anchors` from level 2; "torchvision": its
+      AnchorGenerator's boxes, see anchors.py).
     fpn_channels: channels of every pyramid level.
+    coarser_levels: P6 from P5 by a 3x3 stride-2 conv ("conv", Model Garden)
+      or a 1x1 stride-2 max pool ("max_pool", torchvision's LastLevelMaxPool).
     rpn_channels: of the RPN's 3x3 conv; None = fpn_channels.
     rpn_pre_nms_top_k, rpn_nms_iou: proposal generation.
     train_proposals, eval_proposals: the fixed number of proposals.
@@ -369,20 +443,37 @@ def maskrcnn(*,
       max_detections: inference post-processing (D = max_detections).
     use_batch_norm: BN after each FPN output (RetinaNet's; off as in Detectron).
     bn_momentum, bn_epsilon, fused_bn, backbone_*: as `retinanet`.
+    rpn_per_level: take the rpn_pre_nms_top_k best anchors of EACH level and
+      run NMS within each level (torchvision's RPN), instead of one top-k and
+      one NMS over all levels.
+    rpn_min_size, detection_min_size: proposals / detections narrower or
+      shorter than this (pixels, after clipping) are dropped (torchvision:
+      1e-3 and 1e-2); 0 keeps all.
+    roi_aligned, roi_level_epsilon: RoIAlign's pixel convention and level
+      assignment (`roi_ops.multilevel_roi_align`; torchvision's Mask R-CNN:
+      aligned False, epsilon 1e-6).
     name: model name, default "maskrcnn".
+
+  Inference input: images [B, H, W, 3], or {"image": images, "image_hw":
+  float [B, 2]}: the height and width of each image's content inside the
+  padding, which proposals and detections are clipped to (torchvision clips
+  to its resized image); default the whole input.
 
   Returns:
     A `MaskRCNN` (keras.Model) with all variables built.
   """
-  if isinstance(image_size, (list, tuple)):
-    if len(image_size) != 2 or image_size[0] != image_size[1]:
-      raise ConfigError(f"Mask R-CNN inputs are square: image_size must be one int, got "
-                        f"{image_size!r}.")
-    image_size = int(image_size[0])
-  image_size = int(image_size)
-  if image_size <= 0 or image_size % 32:
-    raise ConfigError(f"Mask R-CNN image_size must be a positive multiple of 32, got "
-                      f"{image_size}.")
+  if isinstance(image_size, (list, tuple)) and len(image_size) != 2:
+    raise ConfigError(f"Mask R-CNN image_size must be one int or [height, width], got "
+                      f"{image_size!r}.")
+  height, width = box_ops.image_hw(image_size)
+  if min(height, width) <= 0 or height % 32 or width % 32:
+    raise ConfigError(f"Mask R-CNN image_size must be a positive multiple of 32 (one int or "
+                      f"[height, width]), got {image_size!r}.")
+  image_hw = (height, width)
+  anchor_ops.check_convention(anchor_convention)
+  if min(rpn_min_size, detection_min_size, roi_level_epsilon) < 0:
+    raise ConfigError(f"rpn_min_size, detection_min_size and roi_level_epsilon must be >= 0; "
+                      f"got {rpn_min_size}, {detection_min_size}, {roi_level_epsilon}.")
   if not _ROI_MAX_LEVEL <= max_level <= 6:
     raise ConfigError(f"Mask R-CNN max_level must be 5 or 6, got {max_level}.")
   if num_classes < 1 or not 0.0 < roi_positive_fraction <= 1.0 or min(
@@ -394,15 +485,16 @@ def maskrcnn(*,
         f"roi_positive_fraction={roi_positive_fraction}, train/eval_proposals="
         f"{train_proposals}/{eval_proposals}, num_sampled_rois={num_sampled_rois}, "
         f"max_detections={max_detections}.")
-  layout = dict(image_size=image_size, min_level=2, max_level=max_level, num_scales=num_scales,
-                aspect_ratios=tuple(float(r) for r in aspect_ratios), anchor_size=anchor_size)
+  layout = dict(image_size=image_hw, min_level=2, max_level=max_level, num_scales=num_scales,
+                aspect_ratios=tuple(float(r) for r in aspect_ratios), anchor_size=anchor_size,
+                anchor_convention=anchor_convention)
   anchors = anchor_ops.multilevel_anchors(**layout)
   if num_sampled_rois > train_proposals:
     raise ConfigError(f"num_sampled_rois ({num_sampled_rois}) must be <= train_proposals "
                       f"({train_proposals}).")
   per_location = anchor_ops.anchors_per_location(num_scales, aspect_ratios)
   settings = TwoStageSettings(
-      num_classes=int(num_classes), image_size=image_size,
+      num_classes=int(num_classes), image_size=image_hw,
       rpn_pre_nms_top_k=min(int(rpn_pre_nms_top_k), int(anchors.shape[0])),
       rpn_nms_iou=float(rpn_nms_iou), train_proposals=int(train_proposals),
       eval_proposals=int(eval_proposals), num_sampled_rois=int(num_sampled_rois),
@@ -413,9 +505,14 @@ def maskrcnn(*,
       class_agnostic_masks=bool(class_agnostic_masks),
       detection_pre_nms_top_k=int(detection_pre_nms_top_k),
       detection_score_threshold=float(detection_score_threshold),
-      detection_nms_iou=float(detection_nms_iou), max_detections=int(max_detections))
+      detection_nms_iou=float(detection_nms_iou), max_detections=int(max_detections),
+      rpn_level_sizes=tuple(anchor_ops.level_sizes(
+          image_hw, min_level=2, max_level=max_level, num_scales=num_scales,
+          aspect_ratios=aspect_ratios)) if rpn_per_level else None,
+      rpn_min_size=float(rpn_min_size), detection_min_size=float(detection_min_size),
+      roi_aligned=bool(roi_aligned), roi_level_epsilon=float(roi_level_epsilon))
 
-  images = keras.Input(shape=(image_size, image_size, 3), name="image")
+  images = keras.Input(shape=(height, width, 3), name="image")
   pyramid, _ = retinanet_lib.resnet_fpn(
       images, backbone_depth=backbone_depth, min_level=2, max_level=max_level,
       fpn_channels=fpn_channels, use_batch_norm=use_batch_norm, bn_momentum=bn_momentum,
@@ -423,7 +520,7 @@ def maskrcnn(*,
       backbone_width=backbone_width, backbone_stage_widths=backbone_stage_widths,
       backbone_padding=backbone_padding, backbone_bn_epsilon=backbone_bn_epsilon,
       backbone_trainable=backbone_trainable, backbone_frozen_bn=backbone_frozen_bn,
-      backbone_pointwise_matmul=backbone_pointwise_matmul)
+      backbone_pointwise_matmul=backbone_pointwise_matmul, coarser_levels=coarser_levels)
   rpn_logits, rpn_deltas = _rpn_outputs(pyramid, rpn_channels or fpn_channels, per_location)
   outputs = {f"p{level}": x for level, x in pyramid.items()}
   outputs.update(rpn_class_logits=rpn_logits, rpn_box_deltas=rpn_deltas)
@@ -439,18 +536,21 @@ def anchor_layout(**model_params) -> Dict[str, Any]:
   """The RPN's anchor layout of a Mask R-CNN config (`anchors.multilevel_anchors` arguments).
 
   Returns:
-    {"image_size", "min_level" (2), "max_level", "num_scales", "aspect_ratios",
-    "anchor_size"}; missing params take `maskrcnn`'s defaults.
+    {"image_size" (int for a square, else (height, width)), "min_level" (2),
+    "max_level", "num_scales", "aspect_ratios", "anchor_size"}, and
+    "anchor_convention" when it is not the default; missing params take
+    `maskrcnn`'s defaults.
   """
   defaults = inspect.signature(maskrcnn).parameters
   get = lambda key: model_params.get(key, defaults[key].default)
-  image_size = get("image_size")
-  if isinstance(image_size, (list, tuple)):
-    image_size = int(image_size[0])
-  return {"image_size": int(image_size), "min_level": 2, "max_level": int(get("max_level")),
-          "num_scales": int(get("num_scales")),
-          "aspect_ratios": tuple(float(r) for r in get("aspect_ratios")),
-          "anchor_size": float(get("anchor_size"))}
+  height, width = box_ops.image_hw(get("image_size"))
+  layout = {"image_size": height if height == width else (height, width), "min_level": 2,
+            "max_level": int(get("max_level")), "num_scales": int(get("num_scales")),
+            "aspect_ratios": tuple(float(r) for r in get("aspect_ratios")),
+            "anchor_size": float(get("anchor_size"))}
+  if get("anchor_convention") != defaults["anchor_convention"].default:
+    layout["anchor_convention"] = get("anchor_convention")  # Existing layouts stay as they were.
+  return layout
 
 
 maskrcnn_resnet50_fpn = register_model("maskrcnn_resnet50_fpn")(preset(

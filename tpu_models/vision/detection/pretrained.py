@@ -1,6 +1,7 @@
-"""The detection family's importers and catalogue of public COCO RetinaNet weights.
+"""The detection family's importers and catalogue of public COCO RetinaNet / Mask R-CNN weights.
 
-Facts from torchvision's `RetinaNet_ResNet50_FPN*_Weights`, keras-hub's
+Facts from torchvision's `RetinaNet_ResNet50_FPN*_Weights` and
+`MaskRCNN_ResNet50_FPN_Weights`, keras-hub's
 RetinaNet presets (converted from torchvision's) and Model Garden's
 MODEL_GARDEN.md; nothing is downloaded.
 """
@@ -8,6 +9,7 @@ MODEL_GARDEN.md; nothing is downloaded.
 from tpu_models.vision.detection import keras_hub  # (registers its importer)
 from tpu_models.vision.detection import model_garden  # noqa: F401 (registers its importer)
 from tpu_models.vision.detection import torchvision  # (registers its importer)
+from tpu_models.vision.detection import torchvision_maskrcnn  # (registers its importer)
 from tpu_models.weights.catalogue import LabelSet, Preprocessing, WeightsEntry, register_weights
 
 _IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -75,6 +77,37 @@ register_weights(WeightsEntry(
     refused="v2's head normalises every subnet conv with GroupNorm (32 groups; its convs have "
             "no bias): our RetinaNet has per-level BatchNorm or no norm, so those weights have "
             "no place (it also takes P6 from C5, which p67_input: c5 could express)."))
+COCO_90_FROM_TORCHVISION = LabelSet(
+    "coco-2017 (90 classes)", 90, needed=_COCO_NAMES_NEEDED,
+    convention="our class c = COCO category id c + 1 (ids 12, 26, 29, 30, 45, 66, 68, 69, 71, "
+               "83 unused): torchvision's 91 softmax outputs have background at 0, which "
+               "our box head keeps as its own background logit (its deltas and mask "
+               "channel are dropped on import)")
+register_weights(WeightsEntry(
+    name="torchvision_maskrcnn_resnet50_fpn_coco", family="maskrcnn",
+    source_format="torchvision",
+    download="https://download.pytorch.org/models/maskrcnn_resnet50_fpn_coco-bf2d0c1e.pth "
+             "(torchvision MaskRCNN_ResNet50_FPN_Weights.COCO_V1)",
+    files=("maskrcnn_resnet50_fpn_coco-bf2d0c1e.safetensors",
+           "maskrcnn_resnet50_fpn_coco-bf2d0c1e.pth"),
+    model="maskrcnn_resnet50_fpn",
+    params={"num_classes": 90, "image_size": TORCHVISION_IMAGE_SIZE,
+            **torchvision_maskrcnn.TORCHVISION_MASKRCNN_V1},
+    task={"name": "maskrcnn", "image_size": TORCHVISION_IMAGE_SIZE,
+          "mean": [round(m * 255, 6) for m in _IMAGENET_MEAN],
+          "std": [round(s * 255, 6) for s in _IMAGENET_STD]},
+    accuracy={"box_ap": 37.9, "mask_ap": 34.6}, preprocessing=_TORCHVISION_PRE,
+    labels=COCO_90_FROM_TORCHVISION,
+    notes="torchvision resizes the shorter side to 800 (longer at most 1333) and pads to a "
+          "multiple of 32; the imported model_dir resizes the longer side to 1024 and pads to "
+          "1024x1024 (our task's fixed input), and clips boxes to that input rather than to "
+          "the image inside the padding (give the model {'image', 'image_hw'} for "
+          "torchvision's clipping), so its COCO APs are near, not equal to, the published "
+          "37.9 box / 34.6 mask (not measured here). Our detections take the 1000 best "
+          "(RoI, class) pairs into NMS; torchvision takes every pair above 0.05 (equal "
+          "whenever at most 1000 pass). RPN outputs, proposals, box-head outputs, detections "
+          "and masks equal torchvision's at its own padded sizes "
+          "(benchmarks/torch/parity.py). Inputs RGB; the .pth needs torch to read."))
 # keras-hub's preset at its 800x800 input; the importer's params (keras_hub.py).
 KERAS_HUB_IMAGE_SIZE = 800
 _KERAS_HUB_PRE = Preprocessing(crop=KERAS_HUB_IMAGE_SIZE, resize=None, interpolation="bilinear",

@@ -241,7 +241,8 @@ def resnet_fpn(inputs: keras.KerasTensor, *, backbone_depth: int, min_level: int
                backbone_padding: str = "same", backbone_bn_epsilon: Optional[float] = None,
                backbone_trainable: bool = True, backbone_frozen_bn: bool = False,
                backbone_pointwise_matmul: Optional[bool] = None,
-               backbone_project_first_shortcut: bool = False):
+               backbone_project_first_shortcut: bool = False,
+               coarser_levels: str = "conv"):
   """The detection family's ResNet backbone and FPN on a functional input (RetinaNet, Mask R-CNN).
 
   Builds the ResNet (`backbone/...` variables) and the FPN (`fpn/...`) as
@@ -251,6 +252,10 @@ def resnet_fpn(inputs: keras.KerasTensor, *, backbone_depth: int, min_level: int
   Args:
     inputs: keras.Input [B, H, W, 3] (static H, W).
     min_level: 2..5 (C_min_level from the backbone); max_level >= min_level.
+    coarser_levels: how the levels above 5 are made: "conv" (the stride-2
+      3x3 convs of the module docstring) or "max_pool" (each the previous
+      level subsampled by a 1x1 stride-2 max pool, no variables:
+      torchvision's LastLevelMaxPool, its Faster/Mask R-CNN's P6).
 
   Returns:
     ({level: KerasTensor [B, H / 2^l, W / 2^l, fpn_channels]} for
@@ -280,15 +285,18 @@ def resnet_fpn(inputs: keras.KerasTensor, *, backbone_depth: int, min_level: int
   def batch_norm(name: str) -> keras.layers.Layer:
     return bn_class(axis=-1, momentum=bn_momentum, epsilon=bn_epsilon, name=name)
 
+  if coarser_levels not in ("conv", "max_pool"):
+    raise ConfigError(f"coarser_levels must be 'conv' or 'max_pool', got {coarser_levels!r}.")
   with keras.name_scope("fpn"):
     pyramid = _fpn(stages, min_level, max_level, fpn_channels, p67_input, use_batch_norm,
-                   batch_norm, p67_padding)
+                   batch_norm, p67_padding, coarser_levels)
   return pyramid, batch_norm
 
 
 def _fpn(stages: Dict[str, keras.KerasTensor], min_level: int, max_level: int,
          channels: int, p67_input: str, use_batch_norm: bool, batch_norm,
-         p67_padding: str = "same") -> Dict[int, keras.KerasTensor]:
+         p67_padding: str = "same", coarser_levels: str = "conv"
+         ) -> Dict[int, keras.KerasTensor]:
   """{level: [B, H_l, W_l, channels]} for min_level..max_level."""
   top = min(max_level, _BACKBONE_MAX_LEVEL)
   laterals = {level: _fpn_conv(channels, 1, 1, f"lateral_p{level}")(stages[f"C{level}"])
@@ -301,6 +309,10 @@ def _fpn(stages: Dict[str, keras.KerasTensor], min_level: int, max_level: int,
   pyramid = {level: _fpn_conv(channels, 3, 1, f"output_p{level}")(merged[level])
              for level in range(min_level, top + 1)}
   for level in range(top + 1, max_level + 1):
+    if coarser_levels == "max_pool":  # ceil(n / 2) of every other row and column.
+      pyramid[level] = keras.layers.MaxPooling2D(1, strides=2, name=f"pool_p{level}")(
+          pyramid[level - 1])
+      continue
     if level == _BACKBONE_MAX_LEVEL + 1:
       x = stages["C5"] if p67_input == "c5" else pyramid[level - 1]
     else:

@@ -24,13 +24,17 @@ CANONICAL_LEVEL = 4
 
 def assign_levels(boxes, min_level: int, max_level: int, *,
                   canonical_size: float = CANONICAL_SIZE,
-                  canonical_level: int = CANONICAL_LEVEL) -> tf.Tensor:
-  """The pyramid level each box is pooled from: floor(k0 + log2(sqrt(area) / 224)), clipped.
+                  canonical_level: int = CANONICAL_LEVEL,
+                  level_epsilon: float = 0.0) -> tf.Tensor:
+  """The pyramid level each box is pooled from: floor(k0 + log2(sqrt(area) / 224) + eps), clipped.
 
   Args:
     boxes: float [..., 4] pixels.
     min_level, max_level: the levels available.
     canonical_size, canonical_level: k0 and the box side pooled from it.
+    level_epsilon: eps, added before the floor (torchvision's LevelMapper: 1e-6,
+      so a side of exactly 224 * 2^j lands on level k0 + j whatever the float
+      rounding of log2).
 
   Returns:
     int32 [...] in min_level..max_level.
@@ -38,7 +42,8 @@ def assign_levels(boxes, min_level: int, max_level: int, *,
   boxes = tf.cast(boxes, tf.float32)
   side = tf.sqrt(tf.maximum((boxes[..., 2] - boxes[..., 0]) * (boxes[..., 3] - boxes[..., 1]),
                             1e-6))
-  level = tf.floor(canonical_level + tf.math.log(side / canonical_size) / math.log(2.0))
+  level = tf.floor(canonical_level + tf.math.log(side / canonical_size) / math.log(2.0) +
+                   level_epsilon)
   return tf.cast(tf.clip_by_value(level, min_level, max_level), tf.int32)
 
 
@@ -63,12 +68,15 @@ def _bilinear_axis(coords: tf.Tensor, size: tf.Tensor):
           high_weight * inside)
 
 
-def _sample_grid(boxes: tf.Tensor, grid: int) -> tf.Tensor:
-  """[..., 4] boxes -> (ys [..., grid], xs [..., grid]): the centres of a grid x grid tiling."""
+def _sample_grid(boxes: tf.Tensor, grid: int, min_side: float = 0.0) -> tf.Tensor:
+  """[..., 4] boxes -> (ys [..., grid], xs [..., grid]): the centres of a grid x grid tiling.
+
+  min_side: boxes are tiled as if at least this high and wide (from their top-left corner).
+  """
   ymin, xmin, ymax, xmax = tf.unstack(boxes, axis=-1)
   fractions = (tf.range(grid, dtype=boxes.dtype) + 0.5) / grid
-  ys = ymin[..., None] + (ymax - ymin)[..., None] * fractions
-  xs = xmin[..., None] + (xmax - xmin)[..., None] * fractions
+  ys = ymin[..., None] + tf.maximum(ymax - ymin, min_side)[..., None] * fractions
+  xs = xmin[..., None] + tf.maximum(xmax - xmin, min_side)[..., None] * fractions
   return ys, xs
 
 
@@ -165,7 +173,8 @@ def _pooled_samples(flat_features: tf.Tensor, ys: tf.Tensor, xs: tf.Tensor, heig
 def multilevel_roi_align(features: Dict[int, tf.Tensor], boxes, *, output_size: int,
                          sampling_ratio: int = 2,
                          canonical_size: float = CANONICAL_SIZE,
-                         canonical_level: int = CANONICAL_LEVEL) -> tf.Tensor:
+                         canonical_level: int = CANONICAL_LEVEL,
+                         level_epsilon: float = 0.0, aligned: bool = True) -> tf.Tensor:
   """RoIAlign over an FPN: each box pooled from its level at fixed size, by a gather and matmuls.
 
   Box r goes to level `assign_levels(box)`; its box (divided by the level's
@@ -182,7 +191,13 @@ def multilevel_roi_align(features: Dict[int, tf.Tensor], boxes, *, output_size: 
     boxes: float [B, R, 4] in input pixels.
     output_size: S, bins per side.
     sampling_ratio: samples per bin per side (>= 1).
-    canonical_size, canonical_level: see `assign_levels`.
+    canonical_size, canonical_level, level_epsilon: see `assign_levels`.
+    aligned: True: a box's corner at pixel x samples the feature grid at
+      x / stride (cell i's value at i + 0.5: torchvision's `aligned=True`,
+      Detectron2's ROIAlignV2). False: the original RoIAlign (torchvision's
+      default `aligned=False`, its Mask R-CNN's): cell i's value at i, i.e. the
+      box is half a cell to the top-left of the features, and tiled as if at
+      least one cell high and wide.
 
   Returns:
     [B, R, S, S, C] in the features' dtype.
@@ -207,13 +222,18 @@ def multilevel_roi_align(features: Dict[int, tf.Tensor], boxes, *, output_size: 
 
   boxes = tf.cast(boxes, tf.float32)
   level_index = assign_levels(boxes, min_level, max_level, canonical_size=canonical_size,
-                              canonical_level=canonical_level) - min_level  # [B, R]
+                              canonical_level=canonical_level,
+                              level_epsilon=level_epsilon) - min_level  # [B, R]
   strides = tf.gather(tf.constant([2.0**level for level in levels]), level_index)
   heights = tf.gather(tf.constant([float(h) for h, _ in sizes]), level_index)
   widths = tf.gather(tf.constant([float(w) for _, w in sizes]), level_index)
   offsets = tf.gather(tf.constant(starts, tf.int32), level_index)
   grid = output_size * sampling_ratio
-  ys, xs = _sample_grid(boxes / strides[..., None], grid)
+  scaled = boxes / strides[..., None]
+  if aligned:
+    ys, xs = _sample_grid(scaled, grid)
+  else:  # Our coordinates are half a cell on from the unaligned op's (see above).
+    ys, xs = _sample_grid(scaled + 0.5, grid, min_side=1.0)
   return _pooled_samples(flat, ys, xs, heights, widths, offsets, output_size, sampling_ratio)
 
 

@@ -1,0 +1,142 @@
+"""torchvision's Mask R-CNN v1 imports into ours with torchvision's outputs, stage by stage.
+
+The fixtures (tests/fixtures/torch/tv_maskrcnn_narrow*, written by
+benchmarks/torch/write_tiny_fixtures.py in the torch venv) are torchvision's
+own MaskRCNN on a narrow ResNet-50 (FPN 16 channels, box head 32, 8 classes +
+background), its state dict in the current and the pre-0.13 key layouts, and
+its per-stage outputs on two photos at torchvision's own resized and padded
+sizes: chelsea 127x192 in 128x192 (so clipping to the content matters),
+astronaut 128x128.
+"""
+
+import dataclasses
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import REPO
+from tpu_models.errors import ConfigError
+from tpu_models.registry import create_model
+from tpu_models.vision.detection import torchvision as tv_retinanet
+from tpu_models.vision.detection import torchvision_maskrcnn as tv_maskrcnn
+from tpu_models.weights import catalogue, importing
+from tpu_models.weights.mapping import WeightsMismatchError
+
+FIXTURES = os.path.join(REPO, "tests", "fixtures", "torch")
+WEIGHTS = os.path.join(FIXTURES, "tv_maskrcnn_narrow.safetensors")
+LEGACY = os.path.join(FIXTURES, "tv_maskrcnn_narrow_legacy_keys.safetensors")
+# The fixture's narrow widths.
+NARROW = dict(tv_maskrcnn.TORCHVISION_MASKRCNN_V1, backbone_width=4, fpn_channels=16,
+              box_head_dims=32, mask_head_channels=16, num_classes=8)
+
+pytestmark = pytest.mark.skipif(not os.path.exists(WEIGHTS),
+                                reason="tests/fixtures/torch (the torch peer's fixtures) not here")
+
+
+@pytest.fixture(scope="module")
+def reference():
+  return dict(np.load(os.path.join(FIXTURES, "tv_maskrcnn_narrow_reference.npz")))
+
+
+def _params(reference, photo):
+  return dict(NARROW, image_size=list(reference[f"{photo}/transformed_nhwc"].shape[1:3]))
+
+
+@pytest.fixture(scope="module")
+def chelsea_model(reference):
+  """Our narrow Mask R-CNN at chelsea's padded 128x192, torchvision's weights loaded."""
+  model = create_model("maskrcnn_resnet50_fpn", **_params(reference, "chelsea"))
+  report = importing.load_weights(model, WEIGHTS, "torchvision")
+  assert len(report.loaded) == len(model.variables) == 307
+  return model
+
+
+def test_every_stage_equals_torchvisions(reference, chelsea_model):
+  """chelsea: RPN outputs and anchors, proposals, box head, detections, mask logits, masks."""
+  compared = tv_maskrcnn.compare_outputs(chelsea_model, reference, "chelsea",
+                                         _params(reference, "chelsea"))
+  for level in tv_maskrcnn.TORCHVISION_LEVELS:
+    assert compared[f"max_abs_diff_anchors/{level}"] == 0.0  # torchvision's own anchors.
+    for kind in ("objectness", "rpn_deltas"):
+      # 1e-4 relative to the level's largest value (torch's own float32 rounding on
+      # this net is ~1e-5 of it).
+      scale = max(1.0, compared[f"max_abs_{kind}/{level}"])
+      assert compared[f"max_abs_diff_{kind}/{level}"] <= 1e-4 * scale, (kind, level, compared)
+  proposals = compared["proposals"]
+  assert proposals["count_ours"] == proposals["count_theirs"] == proposals["matched"] > 900
+  assert proposals["max_box_diff"] < 1e-2  # Pixels.
+  for kind in ("class_logits", "box_deltas", "mask_logits"):
+    assert compared[f"max_abs_diff_{kind}"] <= 1e-4 * max(1.0, compared[f"max_abs_{kind}"]), (
+        kind, compared)
+  for name in ("detections_on_their_proposals", "detections"):
+    detections = compared[name]
+    assert detections["equal"] and detections["count_theirs"] > 50, (name, detections)
+    assert detections["max_box_diff"] < 1e-2 and detections["max_score_diff"] < 1e-4
+  masks = compared["mask_iou_torchvision_paste"]
+  assert masks["count"] == compared["detections"]["count_theirs"]
+  assert masks["min"] >= 0.99, masks
+
+
+def test_the_pre_013_key_layout_gives_the_same_model(chelsea_model):
+  model = chelsea_model
+  importing.load_weights(model, WEIGHTS, "torchvision")
+  current = [v.numpy() for v in model.variables]
+  for v in model.variables:
+    v.assign(tf.zeros_like(v))
+  report = importing.load_weights(model, LEGACY, "torchvision")
+  loaded = {theirs for _, theirs, _ in report.loaded}
+  assert {"roi_heads.mask_head.mask_fcn1.weight", "rpn.head.conv.weight"} <= loaded
+  for ours, theirs in zip(current, model.variables):
+    np.testing.assert_array_equal(ours, theirs.numpy())
+
+
+def test_a_file_that_does_not_fit_fails_naming_the_tensor(chelsea_model):
+  retinanet = os.path.join(FIXTURES, "tv_retinanet_narrow.safetensors")
+  with pytest.raises(WeightsMismatchError) as error:
+    importing.load_weights(chelsea_model, retinanet, "torchvision")
+  message = str(error.value)
+  # RetinaNet's FPN starts at C3: its inner block 3 does not exist.
+  assert message.split("\n")[0].endswith(
+      "backbone.fpn.inner_blocks.3.0.weight is not in the file (expected for our "
+      "fpn/lateral_p5/kernel [1, 1, 128, 16]).")
+  assert "box_head/fc1/kernel (looked for roi_heads.box_head.fc6.weight)" in message
+  assert "Hint: the file is not a torchvision Mask R-CNN v1" in message
+  # The backbone epsilon the file's BNs ran with is checked against the model's (0 here).
+  with pytest.raises(ConfigError, match=r"BN epsilon \[0\.0\].*1e-05 \(backbone_bn_epsilon\)"):
+    importing.load_weights(chelsea_model, WEIGHTS, "torchvision", backbone_bn_epsilon=1e-5)
+
+
+def test_fc6_rows_move_from_nchw_to_nhwc_flattening():
+  channels, side, dims = 3, 2, 5
+  weight = np.arange(dims * channels * side * side, dtype=np.float32).reshape(dims, -1)
+  kernel = tv_maskrcnn._fc6_kernel(channels)(weight)
+  features = np.random.default_rng(0).normal(size=(channels, side, side)).astype(np.float32)
+  np.testing.assert_allclose(features.transpose(1, 2, 0).reshape(-1) @ kernel,
+                             weight @ features.reshape(-1), rtol=1e-5)
+
+
+def test_catalogue_entry_and_the_imported_model_dir(reference, tmp_path):
+  """The catalogue path on the square photo (astronaut, 128x128): model_dir ->
+  export.load_model (what evaluate/export/predict read) gives torchvision's detections."""
+  import catalogue_import
+  entry = catalogue.get_weights("torchvision_maskrcnn_resnet50_fpn_coco")
+  assert entry.family == "maskrcnn" and entry.refused is None
+  assert entry.accuracy == {"box_ap": 37.9, "mask_ap": 34.6}
+  assert entry.files[1] == "maskrcnn_resnet50_fpn_coco-bf2d0c1e.pth"
+  assert entry.params["num_classes"] == 90 and not entry.params["roi_aligned"]
+  tiny = dataclasses.replace(
+      entry, name="test_tiny_tv_maskrcnn", files=(os.path.basename(WEIGHTS),),
+      params=dict(entry.params, **_params(reference, "astronaut")),
+      task=dict(entry.task, image_size=128))
+  _, model = catalogue_import.import_entry(tiny, FIXTURES, str(tmp_path / "imported"))
+  outputs = model(reference["astronaut/transformed_nhwc"], training=False)
+  compared = tv_retinanet.compare_detections(
+      {key: outputs[f"detection_{key}"] for key in ("boxes", "scores", "classes")} |
+      {"num_detections": outputs["num_detections"]},
+      reference["astronaut/detections_resized/boxes"],
+      reference["astronaut/detections_resized/scores"],
+      reference["astronaut/detections_resized/labels"] - 1)
+  assert compared["equal"] and compared["count_theirs"] == 100, compared
+  assert compared["max_box_diff"] < 1e-2 and compared["max_score_diff"] < 1e-4
