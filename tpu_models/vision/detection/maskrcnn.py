@@ -50,11 +50,16 @@ Inference outputs:
 Variable paths: backbone/... and fpn/... as RetinaNet's (`retinanet.py`),
 rpn/{conv,class_logits,box_deltas}/..., box_head/{fc1,fc2,class_logits,box_deltas}/...,
 mask_head/{conv{i},upsample,mask_logits}/....
+
+Model Garden's `maskrcnn_resnetfpn_coco` is this model with head_batch_norm
+(rpn/conv_bn_p{l}, box_head/{conv{i},fc{i}}_bn, mask_head/{conv{i},upsample}_bn),
+box_head_convs 4 / box_head_fcs 1, rpn_nms_per_level, roi_max_level 6,
+roi_aligned False and roi_sampling_ratio 1 (model_garden.py maps its config).
 """
 
 import dataclasses
 import inspect
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import keras
 import tensorflow as tf
@@ -97,6 +102,9 @@ class TwoStageSettings:
   detection_score_threshold: float
   detection_nms_iou: float
   max_detections: int
+  rpn_nms_per_level: bool = False
+  rpn_level_sizes: Tuple[int, ...] = ()  # Anchors of each RPN level, in the flat order.
+  roi_aligned: bool = True
 
   @property
   def max_positive_rois(self) -> int:
@@ -113,15 +121,23 @@ def _conv(filters: int, kernel_size: int, name: str, **kwargs) -> keras.layers.L
                      kernel_initializer=keras.initializers.RandomNormal(stddev=0.01), **kwargs)
 
 
-def _rpn_outputs(pyramid: Dict[int, keras.KerasTensor], channels: int, per_location: int):
-  """The RPN head on every level: (logits [B, N, 1], deltas [B, N, 4]) in the anchor order."""
+def _rpn_outputs(pyramid: Dict[int, keras.KerasTensor], channels: int, per_location: int,
+                 batch_norm=None):
+  """The RPN head on every level: (logits [B, N, 1], deltas [B, N, 4]) in the anchor order.
+
+  batch_norm: None, or a BN layer factory: then the shared conv is followed by
+  one BN per level before its ReLU (Model Garden's RPNHead).
+  """
   with keras.name_scope("rpn"):
-    shared = _conv(channels, 3, "conv", activation="relu")
+    shared = _conv(channels, 3, "conv", activation=None if batch_norm else "relu")
     objectness = _conv(per_location, 1, "class_logits")
     deltas = _conv(per_location * 4, 1, "box_deltas")
     logits, boxes = [], []
     for level, x in pyramid.items():
       x = shared(x)
+      if batch_norm:
+        x = batch_norm(f"conv_bn_p{level}")(x)
+        x = keras.layers.ReLU(name=f"rpn_relu_p{level}")(x)
       h, w = x.shape[1], x.shape[2]
       logits.append(keras.layers.Reshape((h * w * per_location, 1),
                                          name=f"rpn_class_logits_p{level}")(objectness(x)))
@@ -131,13 +147,28 @@ def _rpn_outputs(pyramid: Dict[int, keras.KerasTensor], channels: int, per_locat
           keras.layers.Concatenate(axis=1, name="rpn_box_deltas", dtype="float32")(boxes))
 
 
-def _box_head(roi_size: int, channels: int, fc_dims: int, num_classes: int) -> keras.Model:
-  """[R, s, s, C] RoI features -> (class logits [R, K + 1], class-specific deltas [R, 4K])."""
+def _box_head(roi_size: int, channels: int, fc_dims: int, num_classes: int,
+              num_convs: int = 0, num_fcs: int = 2, batch_norm=None) -> keras.Model:
+  """[R, s, s, C] RoI features -> (class logits [R, K + 1], class-specific deltas [R, 4K]).
+
+  num_convs 3x3 convs of C channels, then num_fcs fully connected layers of
+  fc_dims, each followed by ReLU; with batch_norm (a BN layer factory), by BN
+  and then ReLU (Model Garden's DetectionHead).
+  """
   with keras.name_scope("box_head"):
     features = keras.Input((roi_size, roi_size, channels), name="roi_features")
-    x = keras.layers.Flatten(name="flatten")(features)
-    x = keras.layers.Dense(fc_dims, activation="relu", name="fc1")(x)
-    x = keras.layers.Dense(fc_dims, activation="relu", name="fc2")(x)
+    x = features
+    activation = None if batch_norm else "relu"
+    for i in range(num_convs):
+      x = EigenConv2D(channels, 3, padding="same", activation=activation, name=f"conv{i}",
+                      kernel_initializer=keras.initializers.VarianceScaling(2.0))(x)
+      if batch_norm:
+        x = keras.layers.ReLU(name=f"conv{i}_relu")(batch_norm(f"conv{i}_bn")(x))
+    x = keras.layers.Flatten(name="flatten")(x)
+    for i in range(1, num_fcs + 1):
+      x = keras.layers.Dense(fc_dims, activation=activation, name=f"fc{i}")(x)
+      if batch_norm:
+        x = keras.layers.ReLU(name=f"fc{i}_relu")(batch_norm(f"fc{i}_bn")(x))
     logits = keras.layers.Dense(num_classes + 1, name="class_logits", dtype="float32",
                                 kernel_initializer=keras.initializers.RandomNormal(stddev=0.01))(x)
     deltas = keras.layers.Dense(4 * num_classes, name="box_deltas", dtype="float32",
@@ -147,17 +178,29 @@ def _box_head(roi_size: int, channels: int, fc_dims: int, num_classes: int) -> k
 
 
 def _mask_head(roi_size: int, channels: int, num_convs: int, head_channels: int,
-               mask_classes: int) -> keras.Model:
-  """[R, s, s, C] RoI features -> mask logits [R, 2s, 2s, mask_classes] (float32)."""
+               mask_classes: int, batch_norm=None) -> keras.Model:
+  """[R, s, s, C] RoI features -> mask logits [R, 2s, 2s, mask_classes] (float32).
+
+  With batch_norm (a BN layer factory), every conv and the upsampling are
+  followed by BN, then ReLU (Model Garden's MaskHead).
+  """
+  activation = None if batch_norm else "relu"
+
+  def normalized(x, name):
+    return keras.layers.ReLU(name=f"{name}_relu")(batch_norm(f"{name}_bn")(x)) if batch_norm else x
+
   with keras.name_scope("mask_head"):
     features = keras.Input((roi_size, roi_size, channels), name="mask_roi_features")
     x = features
     for i in range(num_convs):
-      x = EigenConv2D(head_channels, 3, padding="same", activation="relu", name=f"conv{i}",
-                      kernel_initializer=keras.initializers.VarianceScaling(2.0))(x)
-    x = keras.layers.Conv2DTranspose(head_channels, MASK_SIZE_FACTOR, strides=MASK_SIZE_FACTOR,
-                                     activation="relu", name="upsample",
-                                     kernel_initializer=keras.initializers.VarianceScaling(2.0))(x)
+      x = normalized(EigenConv2D(head_channels, 3, padding="same", activation=activation,
+                                 name=f"conv{i}",
+                                 kernel_initializer=keras.initializers.VarianceScaling(2.0))(x),
+                     f"conv{i}")
+    x = normalized(keras.layers.Conv2DTranspose(
+        head_channels, MASK_SIZE_FACTOR, strides=MASK_SIZE_FACTOR, activation=activation,
+        name="upsample", kernel_initializer=keras.initializers.VarianceScaling(2.0))(x),
+                   "upsample")
     logits = keras.layers.Conv2D(mask_classes, 1, name="mask_logits", dtype="float32",
                                  kernel_initializer=keras.initializers.VarianceScaling(2.0))(x)
   return keras.Model(features, logits, name="mask_head")
@@ -199,20 +242,44 @@ class MaskRCNN(keras.Model):
     return dict(rpn, **self.detect(roi_pyramid, proposals, proposal_valid))
 
   def proposals(self, rpn_class_logits, rpn_box_deltas, count: int):
-    """The RPN's `count` best boxes after NMS: (boxes float32 [B, count, 4], valid bool [B, count])."""
+    """The RPN's `count` best boxes after NMS: (boxes float32 [B, count, 4], valid bool [B, count]).
+
+    One NMS over the rpn_pre_nms_top_k best anchors of the pyramid; with
+    rpn_nms_per_level (Model Garden's MultilevelROIGenerator), the
+    rpn_pre_nms_top_k best of each level and an NMS within each level, then
+    the `count` best of all levels' survivors.
+    """
     s = self.settings
-    found = nms_lib.postprocess(
-        tf.stop_gradient(rpn_class_logits), tf.stop_gradient(rpn_box_deltas), self._anchors,
-        pre_nms_top_k=s.rpn_pre_nms_top_k, score_threshold=0.0, iou_threshold=s.rpn_nms_iou,
-        max_detections=count, image_size=s.image_size)
-    valid = tf.range(count)[None, :] < found["num_detections"][:, None]
-    return found["boxes"], valid
+    rpn_class_logits = tf.stop_gradient(rpn_class_logits)
+    rpn_box_deltas = tf.stop_gradient(rpn_box_deltas)
+    if not s.rpn_nms_per_level:
+      found = nms_lib.postprocess(
+          rpn_class_logits, rpn_box_deltas, self._anchors, pre_nms_top_k=s.rpn_pre_nms_top_k,
+          score_threshold=0.0, iou_threshold=s.rpn_nms_iou, max_detections=count,
+          image_size=s.image_size)
+      valid = tf.range(count)[None, :] < found["num_detections"][:, None]
+      return found["boxes"], valid
+    sizes = list(s.rpn_level_sizes)
+    boxes, scores = [], []
+    for logits, deltas, anchors in zip(tf.split(rpn_class_logits, sizes, axis=1),
+                                       tf.split(rpn_box_deltas, sizes, axis=1),
+                                       tf.split(self._anchors, sizes, axis=0)):
+      found = nms_lib.postprocess(
+          logits, deltas, anchors, pre_nms_top_k=s.rpn_pre_nms_top_k, score_threshold=0.0,
+          iou_threshold=s.rpn_nms_iou, max_detections=min(count, anchors.shape[0]),
+          image_size=s.image_size)
+      kept = tf.range(found["scores"].shape[1])[None, :] < found["num_detections"][:, None]
+      boxes.append(found["boxes"])
+      scores.append(tf.where(kept, found["scores"], -1.0))  # Padding ranks last.
+    best, index = tf.math.top_k(tf.concat(scores, axis=1), k=count)
+    return tf.gather(tf.concat(boxes, axis=1), index, batch_dims=1), best >= 0.0
 
   def _box_head_outputs(self, roi_pyramid, rois, training):
     """(class logits [B, R, K + 1], deltas [B, R, K, 4]) of boxes [B, R, 4]."""
     s = self.settings
     crops = roi_ops.multilevel_roi_align(roi_pyramid, rois, output_size=s.box_roi_size,
-                                         sampling_ratio=s.roi_sampling_ratio)
+                                         sampling_ratio=s.roi_sampling_ratio,
+                                         aligned=s.roi_aligned)
     batch, regions = tf.shape(rois)[0], rois.shape[1]
     flat = tf.reshape(crops, [-1, s.box_roi_size, s.box_roi_size, crops.shape[-1]])
     logits, deltas = self.box_head(flat, training=training)
@@ -223,7 +290,8 @@ class MaskRCNN(keras.Model):
     """Mask logits [B, R, 28, 28] of boxes [B, R, 4] for their classes int32 [B, R] (0..K-1)."""
     s = self.settings
     crops = roi_ops.multilevel_roi_align(roi_pyramid, rois, output_size=s.mask_roi_size,
-                                         sampling_ratio=s.roi_sampling_ratio)
+                                         sampling_ratio=s.roi_sampling_ratio,
+                                         aligned=s.roi_aligned)
     batch, regions = tf.shape(rois)[0], rois.shape[1]
     flat = tf.reshape(crops, [-1, s.mask_roi_size, s.mask_roi_size, crops.shape[-1]])
     logits = self.mask_head(flat, training=training)
@@ -343,6 +411,13 @@ def maskrcnn(*,
              backbone_trainable: bool = True,
              backbone_frozen_bn: bool = False,
              backbone_pointwise_matmul: Optional[bool] = None,
+             backbone_project_first_shortcut: bool = False,
+             head_batch_norm: bool = False,
+             box_head_convs: int = 0,
+             box_head_fcs: int = 2,
+             rpn_nms_per_level: bool = False,
+             roi_max_level: int = _ROI_MAX_LEVEL,
+             roi_aligned: bool = True,
              name: Optional[str] = None) -> MaskRCNN:
   """Builds a Mask R-CNN with a ResNet-FPN backbone (P2-P6).
 
@@ -369,6 +444,21 @@ def maskrcnn(*,
       max_detections: inference post-processing (D = max_detections).
     use_batch_norm: BN after each FPN output (RetinaNet's; off as in Detectron).
     bn_momentum, bn_epsilon, fused_bn, backbone_*: as `retinanet`.
+    head_batch_norm: BN (bn_momentum, bn_epsilon) before the ReLU of every
+      hidden layer of the heads: per level after the RPN's conv, after the box
+      head's convs and FCs, after the mask head's convs and upsampling (Model
+      Garden's heads; Detectron's have none).
+    box_head_convs, box_head_fcs: the box head's 3x3 convs (fpn_channels
+      wide) before its FCs, and its FCs (Detectron's "2fc": 0 and 2; Model
+      Garden's maskrcnn_resnetfpn_coco: 4 and 1).
+    rpn_nms_per_level: proposals by level, as Model Garden's
+      MultilevelROIGenerator: the rpn_pre_nms_top_k best anchors of each level,
+      NMS within each level, then the best train/eval_proposals of all levels.
+      False: one top-k and one NMS over the whole pyramid.
+    roi_max_level: the coarsest level RoIs are pooled from: 5 (Detectron,
+      torchvision) or max_level (Model Garden pools from all FPN levels).
+    roi_aligned: RoIAlign's sampling convention (`roi_ops.multilevel_roi_align`'s
+      `aligned`; False and roi_sampling_ratio 1 are Model Garden's).
     name: model name, default "maskrcnn".
 
   Returns:
@@ -385,6 +475,12 @@ def maskrcnn(*,
                       f"{image_size}.")
   if not _ROI_MAX_LEVEL <= max_level <= 6:
     raise ConfigError(f"Mask R-CNN max_level must be 5 or 6, got {max_level}.")
+  if not _ROI_MAX_LEVEL <= roi_max_level <= max_level:
+    raise ConfigError(f"Mask R-CNN roi_max_level must be between 5 and max_level "
+                      f"({max_level}), got {roi_max_level}.")
+  if box_head_convs < 0 or box_head_fcs < 1:
+    raise ConfigError(f"Mask R-CNN needs box_head_convs >= 0 and box_head_fcs >= 1, got "
+                      f"{box_head_convs} and {box_head_fcs}.")
   if num_classes < 1 or not 0.0 < roi_positive_fraction <= 1.0 or min(
       train_proposals, eval_proposals, num_sampled_rois, max_detections, box_roi_size,
       mask_roi_size, roi_sampling_ratio, rpn_pre_nms_top_k, detection_pre_nms_top_k) < 1:
@@ -409,28 +505,36 @@ def maskrcnn(*,
       roi_positive_fraction=float(roi_positive_fraction),
       roi_positive_iou=float(roi_positive_iou), box_roi_size=int(box_roi_size),
       mask_roi_size=int(mask_roi_size), roi_sampling_ratio=int(roi_sampling_ratio),
-      roi_min_level=2, roi_max_level=_ROI_MAX_LEVEL,
+      roi_min_level=2, roi_max_level=int(roi_max_level),
       class_agnostic_masks=bool(class_agnostic_masks),
       detection_pre_nms_top_k=int(detection_pre_nms_top_k),
       detection_score_threshold=float(detection_score_threshold),
-      detection_nms_iou=float(detection_nms_iou), max_detections=int(max_detections))
+      detection_nms_iou=float(detection_nms_iou), max_detections=int(max_detections),
+      rpn_nms_per_level=bool(rpn_nms_per_level),
+      rpn_level_sizes=tuple(anchor_ops.anchors_per_level(
+          image_size, 2, max_level, num_scales, aspect_ratios).values()),
+      roi_aligned=bool(roi_aligned))
 
   images = keras.Input(shape=(image_size, image_size, 3), name="image")
-  pyramid, _ = retinanet_lib.resnet_fpn(
+  pyramid, batch_norm = retinanet_lib.resnet_fpn(
       images, backbone_depth=backbone_depth, min_level=2, max_level=max_level,
       fpn_channels=fpn_channels, use_batch_norm=use_batch_norm, bn_momentum=bn_momentum,
       bn_epsilon=bn_epsilon, fused_bn=fused_bn, backbone_stem=backbone_stem,
       backbone_width=backbone_width, backbone_stage_widths=backbone_stage_widths,
       backbone_padding=backbone_padding, backbone_bn_epsilon=backbone_bn_epsilon,
       backbone_trainable=backbone_trainable, backbone_frozen_bn=backbone_frozen_bn,
-      backbone_pointwise_matmul=backbone_pointwise_matmul)
-  rpn_logits, rpn_deltas = _rpn_outputs(pyramid, rpn_channels or fpn_channels, per_location)
+      backbone_pointwise_matmul=backbone_pointwise_matmul,
+      backbone_project_first_shortcut=backbone_project_first_shortcut)
+  head_norm = batch_norm if head_batch_norm else None
+  rpn_logits, rpn_deltas = _rpn_outputs(pyramid, rpn_channels or fpn_channels, per_location,
+                                        head_norm)
   outputs = {f"p{level}": x for level, x in pyramid.items()}
   outputs.update(rpn_class_logits=rpn_logits, rpn_box_deltas=rpn_deltas)
   pyramid_model = keras.Model(images, outputs, name="pyramid")
-  box_head = _box_head(box_roi_size, fpn_channels, box_head_dims, num_classes)
+  box_head = _box_head(box_roi_size, fpn_channels, box_head_dims, num_classes,
+                       box_head_convs, box_head_fcs, head_norm)
   mask_head = _mask_head(mask_roi_size, fpn_channels, mask_head_convs, mask_head_channels,
-                         1 if class_agnostic_masks else num_classes)
+                         1 if class_agnostic_masks else num_classes, head_norm)
   return MaskRCNN(pyramid_model, box_head, mask_head, anchors, settings,
                   name=name or "maskrcnn")
 

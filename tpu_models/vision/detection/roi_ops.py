@@ -163,7 +163,8 @@ def _pooled_samples(flat_features: tf.Tensor, ys: tf.Tensor, xs: tf.Tensor, heig
 def multilevel_roi_align(features: Dict[int, tf.Tensor], boxes, *, output_size: int,
                          sampling_ratio: int = 2,
                          canonical_size: float = CANONICAL_SIZE,
-                         canonical_level: int = CANONICAL_LEVEL) -> tf.Tensor:
+                         canonical_level: int = CANONICAL_LEVEL,
+                         aligned: bool = True) -> tf.Tensor:
   """RoIAlign over an FPN: each box pooled from its level at fixed size, by a gather and matmuls.
 
   Box r goes to level `assign_levels(box)`; its box (divided by the level's
@@ -181,6 +182,13 @@ def multilevel_roi_align(features: Dict[int, tf.Tensor], boxes, *, output_size: 
     output_size: S, bins per side.
     sampling_ratio: samples per bin per side (>= 1).
     canonical_size, canonical_level: see `assign_levels`.
+    aligned: True: a box corner at pixel x samples the level's grid at
+      x / stride, where cell i's value sits at i + 0.5 (RoIAlign as Detectron2's
+      ROIAlignV2, torchvision's aligned=True). False: cell i's value sits at i
+      (the original RoIAlign; Model Garden's `multilevel_crop_and_resize` with
+      sample_offset 0.5, one sample per bin): the samples fall half a cell
+      further down and right, and samples at or past the last cell take its
+      value (even on the grid's far edge, where aligned=True gives 0).
 
   Returns:
     [B, R, S, S, C] in the features' dtype.
@@ -212,6 +220,11 @@ def multilevel_roi_align(features: Dict[int, tf.Tensor], boxes, *, output_size: 
   offsets = tf.gather(tf.constant(starts, tf.int32), level_index)
   grid = output_size * sampling_ratio
   ys, xs = _sample_grid(boxes / strides[..., None], grid)
+  if not aligned:  # Our grid coordinates put cell i at i + 0.5; this convention at i.
+    # A sample at or past the last cell takes its value (not 0 past the grid's end):
+    # e.g. a zero-height box on the image's bottom edge.
+    ys = tf.minimum(ys + 0.5, heights[..., None] - 0.5)
+    xs = tf.minimum(xs + 0.5, widths[..., None] - 0.5)
   return _pooled_samples(flat, ys, xs, heights, widths, offsets, output_size, sampling_ratio)
 
 
