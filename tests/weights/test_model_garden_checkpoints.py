@@ -88,7 +88,7 @@ def test_maskrcnn_stages_detections_and_masks_match():
   assert result["max_abs_diff_anchors"] <= 1e-3, result
   # Per-level top-k and NMS, then the best 50 of all levels: the same boxes in the same order.
   assert result["proposals_valid"] == [50, 50]
-  assert result["max_abs_diff_proposals"] <= 1e-3, result
+  assert result["max_abs_diff_proposals"] <= 1e-3 and result["proposals_unmatched"] == 0, result
   assert result["max_abs_diff_box_head"] <= ATOL, result  # On Model Garden's proposals.
   assert result["max_abs_diff_mask_head"] <= ATOL, result  # On its detections.
   assert result["num_detections"] == [10, 10]

@@ -427,8 +427,10 @@ def compare_maskrcnn_outputs(model, arrays: Mapping[str, np.ndarray],
 
     rpn        raw objectness / box outputs of every level (max_abs_diff_rpn_l{l}),
                anchors (max_abs_diff_anchors);
-    proposals  ours from our RPN outputs vs its MultilevelROIGenerator's rois
-               (max_abs_diff_proposals, over the proposals both rank alike);
+    proposals  ours from our RPN outputs vs its MultilevelROIGenerator's rois, as
+               sets (max_abs_diff_proposals: the largest distance from one of
+               ours to the nearest of its; proposals_unmatched: how many of ours
+               have none within 1e-3 px, near-ties at the cut);
     box head   ours on ITS proposals: class logits (background included) and
                the K classes' deltas (max_abs_diff_box_head);
     mask head  ours on ITS detection boxes and classes: probabilities
@@ -471,7 +473,12 @@ def compare_maskrcnn_outputs(model, arrays: Mapping[str, np.ndarray],
                                      s.eval_proposals)
   proposals = proposals.numpy()
   result["proposals_valid"] = [int(v) for v in valid.numpy().sum(axis=1)]
-  result["max_abs_diff_proposals"] = float(np.abs(proposals - arrays["rois"]).max())
+  # As sets: proposals whose scores are within float rounding may trade places (and, the
+  # last one, membership): each of ours is compared with its nearest of theirs.
+  nearest = np.stack([np.abs(ours[:, None] - theirs[None]).max(-1).min(-1)
+                      for ours, theirs in zip(proposals, arrays["rois"])])
+  result["max_abs_diff_proposals"] = float(nearest.max())
+  result["proposals_unmatched"] = int((nearest > 1e-3).sum())
 
   roi_pyramid = {level: features[f"p{level}"]
                  for level in range(s.roi_min_level, s.roi_max_level + 1)}
