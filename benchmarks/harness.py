@@ -279,9 +279,10 @@ def cpu_ratio(ours, runs) -> str:
 
 def mfu_per_round(runs, ours) -> list:
   """MFU of each round of a side: its images/s x OUR training FLOPs per image / OUR matmul
-  peak, both measured by our worker in the same round (one yardstick for every side)."""
+  peak, both measured by our worker in the same round (one yardstick for every side); empty
+  where our worker could not count the FLOPs (train_flops_per_example None)."""
   return [r["images_per_second"] * o["train_flops_per_example"] / (o["peak_tflops"] * 1e12)
-          for r, o in zip(runs, ours) if r and o]
+          for r, o in zip(runs, ours) if r and o and o.get("train_flops_per_example")]
 
 
 def train_rows(results, sides):

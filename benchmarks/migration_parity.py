@@ -11,10 +11,14 @@ family's model_garden.py) and compares:
   retinanet    raw class / box outputs of every level (<= 1e-4; Model Garden's
                background class 0 dropped), anchors, and the detections after
                NMS (equal: count, classes, scores, boxes)
+  maskrcnn     on two photos: RPN outputs of every level, proposals, the box head
+               on its proposals and the mask head on its detections (<= 1e-4),
+               the detections (equal) and their pasted masks (IoU >= 0.99)
   transformer  teacher-forced logits (<= 1e-4) and beam-search ids (equal) and scores
 
 Full size by default (ResNet-50 at 224 px / 1000 classes, RetinaNet R50-FPN at
-256 px / 91 classes, Transformer base with a 33,708 vocabulary); `--small` runs
+256 px / 91 classes, Mask R-CNN R50-FPN as maskrcnn_resnetfpn_coco at 256 px /
+91 classes, Transformer base with a 33,708 vocabulary); `--small` runs
 the tiny test-fixture sizes. Prints a table; exits 1 on any mismatch.
 
     python benchmarks/migration_parity.py                      # full size, ~3-5 min
@@ -32,13 +36,22 @@ import time
 
 import harness  # pylint: disable=g-import-not-at-top  (benchmarks/, this script's folder)
 
+sys.path.insert(0, harness.REPO)  # This tree's tpu_models.
+
 WORKER = os.path.join(harness.BENCHMARKS, "model_garden", "migration_worker.py")
+PHOTOS = os.path.join(harness.BENCHMARKS, "model_garden", "write_photos.py")
 ATOL = 1e-4
 
 FULL = {
     "resnet": ["--depth", "50", "--image-size", "224", "--num-classes", "1000"],
     "retinanet": ["--depth", "50", "--num-classes", "91", "--fpn-channels", "256",
                   "--head-convs", "4"],
+    # maskrcnn_resnetfpn_coco's model: heads of 4 convs (+ 1 FC of 1024) / 4 convs of 256,
+    # 1000 proposals, 100 detections.
+    "maskrcnn": ["--depth", "50", "--num-classes", "91", "--fpn-channels", "256",
+                 "--head-convs", "4", "--box-head-fcs", "1", "--fc-dims", "1024",
+                 "--mask-head-convs", "4", "--mask-head-channels", "256", "--proposals", "1000",
+                 "--max-detections", "100"],
     "transformer": ["--vocab-size", "33708", "--hidden-size", "512", "--num-layers", "6",
                     "--num-heads", "8", "--filter-size", "2048"],
 }
@@ -46,9 +59,20 @@ SMALL = {  # The sizes of tests/data/model_garden (make_test_fixtures.sh).
     "resnet": ["--depth", "18", "--width", "8", "--image-size", "32", "--num-classes", "10"],
     "retinanet": ["--depth", "18", "--width", "8", "--num-classes", "5", "--fpn-channels", "16",
                   "--head-convs", "2"],
+    "maskrcnn": ["--depth", "18", "--width", "8", "--num-classes", "5", "--fpn-channels", "16",
+                 "--head-convs", "2", "--box-head-fcs", "1", "--fc-dims", "32",
+                 "--mask-head-convs", "2", "--mask-head-channels", "16", "--proposals", "50",
+                 "--max-detections", "10"],
     "transformer": ["--vocab-size", "40", "--hidden-size", "32", "--num-layers", "2",
                     "--num-heads", "4", "--filter-size", "64"],
 }
+# family -> (module, its model_params, its compare_outputs).
+_DETECTION = "tpu_models.vision.detection.model_garden"
+PARITY = {"resnet": ("tpu_models.vision.classification.model_garden", "model_params",
+                     "compare_outputs"),
+          "retinanet": (_DETECTION, "model_params", "compare_outputs"),
+          "maskrcnn": (_DETECTION, "maskrcnn_model_params", "compare_maskrcnn_outputs"),
+          "transformer": ("tpu_models.text.model_garden", "model_params", "compare_outputs")}
 
 
 def run_worker(family: str, output: str, extra) -> float:
@@ -62,30 +86,40 @@ def run_worker(family: str, output: str, extra) -> float:
   return time.perf_counter() - start
 
 
+def write_photos(path: str, size: int, count: int) -> None:
+  """Real photos for the Mask R-CNN worker (its venv has no scikit-image)."""
+  done = subprocess.run([sys.executable, PHOTOS, path, "--size", str(size), "--count",
+                         str(count)], capture_output=True, text=True, check=False,
+                        env=dict(os.environ, PYTHONPATH=harness.REPO))
+  if done.returncode:
+    sys.exit(f"Writing the photos failed:\n{done.stderr[-3000:]}")
+
+
 def check(family: str, directory: str) -> dict:
   """Loads the worker's checkpoint into ours and compares; one table row."""
   import importlib
   import numpy as np
   from tpu_models.registry import create_model
   from tpu_models.weights import importing
-  family_module = importlib.import_module({
-      "resnet": "tpu_models.vision.classification.model_garden",
-      "retinanet": "tpu_models.vision.detection.model_garden",
-      "transformer": "tpu_models.text.model_garden"}[family])
+  module_name, params_name, compare_name = PARITY[family]
+  family_module = importlib.import_module(module_name)
   with open(os.path.join(directory, "model_garden.json")) as f:
     info = json.load(f)
   arrays = dict(np.load(os.path.join(directory, "outputs.npz")))
-  name, params = family_module.model_params(info["model_config"])
+  name, params = getattr(family_module, params_name)(info["model_config"])
   model = create_model(name, **params)
   start = time.perf_counter()
   report = importing.load_weights(model, os.path.join(directory, info["checkpoint"]),
                                   "model_garden", family=family)
   load_seconds = time.perf_counter() - start
-  result = family_module.compare_outputs(model, arrays, params)
+  result = getattr(family_module, compare_name)(model, arrays, params)
   ok = result["max_abs_diff"] <= ATOL
   if family == "retinanet":
     ok = (ok and result["detections_unexplained"] == 0 and
           result["max_abs_diff_anchors"] <= 1e-3)
+  if family == "maskrcnn":
+    ok = (ok and result["detections_unexplained"] == 0 and result["mask_iou_min"] >= 0.99 and
+          result["max_abs_diff_anchors"] <= 1e-3 and result["proposals_unmatched"] == 0)
   if family == "transformer":
     ok = ok and result["beam_ids_equal"] and result["max_abs_diff_beam_scores"] <= ATOL
   parameters = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
@@ -103,6 +137,17 @@ def describe(row: dict) -> str:
             f"(matched {'/'.join(map(str, row['detections_matched']))} of "
             f"{'/'.join(map(str, row['detections_total']))}; "
             f"{row['detections_unexplained']} not explained by a near-tie)")
+  if row["family"] == "maskrcnn":
+    rpn = max(v for k, v in row.items() if k.startswith("max_abs_diff_rpn_l"))
+    return (f"RPN P2-P6 max abs diff {rpn:.1e}; anchors {row['max_abs_diff_anchors']:.1e}; "
+            f"proposals (as sets) {row['max_abs_diff_proposals']:.1e} px, "
+            f"{row['proposals_unmatched']} unmatched; box head "
+            f"{row['max_abs_diff_box_head']:.1e}; mask head {row['max_abs_diff_mask_head']:.1e}; "
+            f"detections {'equal' if row['detections_equal'] else 'DIFFERENT'} (matched "
+            f"{'/'.join(map(str, row['detections_matched']))} of "
+            f"{'/'.join(map(str, row['detections_total']))}; "
+            f"{row['detections_unexplained']} not explained by a near-tie); mask IoU min "
+            f"{row['mask_iou_min']:.4f} over {row['masks_compared']} pairs")
   return (f"logits max |diff| {row['max_abs_diff']:.2e}; beam ids "
           f"{'equal' if row['beam_ids_equal'] else 'DIFFERENT'}, scores max |diff| "
           f"{row['max_abs_diff_beam_scores']:.1e}")
@@ -111,10 +156,12 @@ def describe(row: dict) -> str:
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--families", default="resnet,retinanet,transformer")
+  parser.add_argument("--families", default="resnet,retinanet,maskrcnn,transformer")
   parser.add_argument("--small", action="store_true", help="tiny test-fixture sizes")
   parser.add_argument("--retinanet-image-size", type=int, default=None,
                       help="default 256 (full) / 128 (small); a multiple of 128 (2^max_level)")
+  parser.add_argument("--maskrcnn-image-size", type=int, default=None,
+                      help="default 256 (full) / 128 (small); a multiple of 64 (2^max_level)")
   parser.add_argument("--resnet-depth", type=int, default=None)
   parser.add_argument("--batch", type=int, default=2)
   parser.add_argument("--work-dir", default=None, help="keep the checkpoints here")
@@ -128,7 +175,13 @@ def main() -> int:
     extra = list(sizes[family]) + ["--batch", str(args.batch)]
     if family == "retinanet":
       extra += ["--image-size", str(args.retinanet_image_size or (128 if args.small else 256))]
-    if family in ("resnet", "retinanet") and args.resnet_depth:
+    if family == "maskrcnn":
+      size = args.maskrcnn_image_size or (128 if args.small else 256)
+      os.makedirs(work, exist_ok=True)
+      photos = os.path.join(work, f"photos{size}.npy")
+      write_photos(photos, size, args.batch)
+      extra += ["--image-size", str(size), "--images", photos]
+    if family in ("resnet", "retinanet", "maskrcnn") and args.resnet_depth:
       extra += ["--depth", str(args.resnet_depth)]
     directory = os.path.join(work, family)
     worker_seconds = run_worker(family, directory, extra)

@@ -12,6 +12,13 @@ config used and what was measured):
   retinanet    `retinanet_resnetfpn_coco` RetinaNetModel: raw cls/box outputs per
                level (cls_l3 ... [B, H, W, A * K]), anchors per level, and the
                detections of its own generator (NMS v2) on the same images.
+  maskrcnn     `maskrcnn_resnetfpn_coco` MaskRCNNModel at inference: raw RPN
+               outputs per level (rpn_scores_l2 ... [B, H, W, A], rpn_boxes_l*),
+               anchors per level, the proposals of its MultilevelROIGenerator
+               (rois [B, R, 4]), its DetectionHead's outputs on them
+               (class_outputs [B, R, K + 1], box_outputs [B, R, 4(K + 1)]), and
+               its DetectionGenerator's detections and their masks
+               (detection_masks [B, D, 28, 28]); on photos (`--images`).
   transformer  `Seq2SeqTransformer` (the translation task's): teacher-forced
                logits [B, T, V] and beam-search ids/scores.
 
@@ -142,6 +149,70 @@ def run_retinanet(args) -> dict:
   return {"checkpoint": path, "model_config": mc.as_dict(), "arrays": arrays}
 
 
+def photos(path: str, batch: int, size: int) -> np.ndarray:
+  """The first `batch` uint8 photos of an .npy [N, size, size, 3], normalised as `images`."""
+  pixels = np.load(path)
+  if pixels.shape[0] < batch or pixels.shape[1:] != (size, size, 3):
+    raise SystemExit(f"--images {path} holds {pixels.shape}; expected at least {batch} "
+                     f"images of {size}x{size}x3.")
+  return ((pixels[:batch].astype(np.float64) - 128.0) / 64.0).astype(np.float32)
+
+
+def run_maskrcnn(args) -> dict:
+  mc = vision_model_config("maskrcnn_resnetfpn_coco", args)
+  mc.decoder.fpn.num_filters = args.fpn_channels
+  mc.rpn_head.num_filters = args.fpn_channels
+  mc.detection_head.num_filters = args.fpn_channels
+  mc.detection_head.num_convs = args.head_convs
+  mc.detection_head.num_fcs = args.box_head_fcs
+  mc.detection_head.fc_dims = args.fc_dims
+  mc.mask_head.num_filters = args.mask_head_channels
+  mc.mask_head.num_convs = args.mask_head_convs
+  mc.roi_generator.test_num_proposals = args.proposals
+  mc.roi_generator.test_pre_nms_top_k = args.rpn_pre_nms_top_k
+  mc.detection_generator.max_num_detections = args.max_detections
+  mc.norm_activation.use_sync_bn = False  # One CPU; the same layers unsynchronised.
+  model = factory.build_maskrcnn(input_spec(args), mc)
+  x = (photos(args.images, args.batch, args.image_size) if args.images
+       else images(args.batch, args.image_size, args.seed + 1))
+  size = args.image_size
+  image_shape = tf.constant([[size, size]] * args.batch, tf.float32)
+  model(x, image_shape=image_shape, training=False)  # Builds the heads' variables.
+  # Every kernel LeCun-normal (as RetinaNet's, so activations stay in range); the
+  # box regressors' kernels a tenth of that (deltas ~0.1-0.5: boxes near their anchors
+  # and proposals, not stretched to the image edges), and the detection classifier's
+  # background bias 3 lower, so that real classes pass the generator's 0.05 threshold.
+  randomize(model, args.seed, fan_in_scaled=("",))
+  for variable in model.variables:
+    if "rpn-boxes/kernel" in variable.name or "detection-boxes/kernel" in variable.name:
+      variable.assign(variable * 0.1)
+    if "detection-scores/bias" in variable.name:
+      variable.assign(variable - tf.one_hot(0, variable.shape[0]) * 3.0)
+  out = model(x, image_shape=image_shape, training=False)
+  arrays = {"images": x}
+  from official.vision.ops import anchor  # pylint: disable=g-import-not-at-top
+  anchors = anchor.Anchor(min_level=mc.min_level, max_level=mc.max_level,
+                          num_scales=mc.anchor.num_scales, aspect_ratios=mc.anchor.aspect_ratios,
+                          anchor_size=mc.anchor.anchor_size,
+                          image_size=(size, size)).multilevel_boxes
+  for level in range(mc.min_level, mc.max_level + 1):
+    arrays[f"rpn_scores_l{level}"] = out["rpn_scores"][str(level)].numpy()
+    arrays[f"rpn_boxes_l{level}"] = out["rpn_boxes"][str(level)].numpy()
+    arrays[f"anchors_l{level}"] = anchors[str(level)].numpy()
+  # The proposals the model's own call made (the generator is deterministic).
+  tiled = {level: tf.tile(boxes[None], [args.batch, 1, 1, 1]) for level, boxes in anchors.items()}
+  rois, roi_scores = model.roi_generator(out["rpn_boxes"], out["rpn_scores"], tiled, image_shape,
+                                         False)
+  arrays["rois"], arrays["roi_scores"] = rois.numpy(), roi_scores.numpy()
+  arrays["class_outputs"] = out["cls_outputs"].numpy()
+  arrays["box_outputs"] = out["box_outputs"].numpy()
+  for key in ("detection_boxes", "detection_scores", "detection_classes", "num_detections",
+              "detection_masks"):
+    arrays[key] = out[key].numpy()
+  path = save_like_model_garden(model, args.output)
+  return {"checkpoint": path, "model_config": mc.as_dict(), "arrays": arrays}
+
+
 def run_transformer(args) -> dict:
   # The translation task's model (official/nlp/tasks/translation.py build_model with
   # its ModelConfig/EncDecoder defaults), built here without importing the task,
@@ -185,7 +256,8 @@ def run_transformer(args) -> dict:
                      "beam_size": np.array(args.beam_size), "alpha": np.array(args.alpha)}}
 
 
-FAMILIES = {"resnet": run_resnet, "retinanet": run_retinanet, "transformer": run_transformer}
+FAMILIES = {"resnet": run_resnet, "retinanet": run_retinanet, "maskrcnn": run_maskrcnn,
+            "transformer": run_transformer}
 
 
 def main() -> None:
@@ -203,7 +275,18 @@ def main() -> None:
   parser.add_argument("--num-classes", type=int, default=1000,
                       help="Model Garden num_classes (RetinaNet: including background 0)")
   parser.add_argument("--fpn-channels", type=int, default=256)
-  parser.add_argument("--head-convs", type=int, default=4)
+  parser.add_argument("--head-convs", type=int, default=4,
+                      help="RetinaNet head / Mask R-CNN detection head convs")
+  # Mask R-CNN (defaults: maskrcnn_resnetfpn_coco's).
+  parser.add_argument("--box-head-fcs", type=int, default=1)
+  parser.add_argument("--fc-dims", type=int, default=1024)
+  parser.add_argument("--mask-head-convs", type=int, default=4)
+  parser.add_argument("--mask-head-channels", type=int, default=256)
+  parser.add_argument("--proposals", type=int, default=1000, help="test_num_proposals")
+  parser.add_argument("--rpn-pre-nms-top-k", type=int, default=1000, help="test_pre_nms_top_k")
+  parser.add_argument("--max-detections", type=int, default=100)
+  parser.add_argument("--images", default="",
+                      help="Mask R-CNN: .npy of uint8 photos [N, S, S, 3] (default random pixels)")
   # Transformer (Transformer-base; the inputs' lengths and the beam search).
   for flag, default in (("--vocab-size", 33708), ("--hidden-size", 512), ("--num-layers", 6),
                         ("--num-heads", 8), ("--filter-size", 2048), ("--source-length", 12),

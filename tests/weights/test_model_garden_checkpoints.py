@@ -8,6 +8,7 @@ outputs on fixed inputs. No Model Garden install is needed here.
 
 import json
 import os
+import types
 
 import numpy as np
 import pytest
@@ -22,7 +23,10 @@ from tpu_models.weights.mapping import WeightsMismatchError
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "model_garden")
 ATOL = 1e-4
-FAMILIES = {"resnet": resnet_mg, "retinanet": retinanet_mg, "transformer": transformer_mg}
+MASKRCNN = types.SimpleNamespace(model_params=retinanet_mg.maskrcnn_model_params,
+                                 compare_outputs=retinanet_mg.compare_maskrcnn_outputs)
+FAMILIES = {"resnet": resnet_mg, "retinanet": retinanet_mg, "maskrcnn": MASKRCNN,
+            "transformer": transformer_mg}
 
 
 def _fixture(family):
@@ -69,6 +73,38 @@ def test_retinanet_outputs_anchors_and_detections_match():
   assert result["detections_unexplained"] == 0, result
   for matched, total in zip(result["detections_matched"], result["detections_total"]):
     assert matched >= 0.9 * total, result
+
+
+def test_maskrcnn_stages_detections_and_masks_match():
+  model, params, arrays, report = _load("maskrcnn")
+  assert params["num_classes"] == 4  # Model Garden's 5 include background 0.
+  assert len(report.loaded) == len(model.variables)
+  notes = {ours: note for ours, _, note in report.loaded}
+  assert "background" in notes["box_head/box_deltas/kernel"]
+  assert "background" in notes["mask_head/mask_logits/bias"]
+  result = MASKRCNN.compare_outputs(model, arrays, params)
+  for level in range(2, 7):
+    assert result[f"max_abs_diff_rpn_l{level}"] <= ATOL, result
+  assert result["max_abs_diff_anchors"] <= 1e-3, result
+  # Per-level top-k and NMS, then the best 50 of all levels: the same boxes in the same order.
+  assert result["proposals_valid"] == [50, 50]
+  assert result["max_abs_diff_proposals"] <= 1e-3 and result["proposals_unmatched"] == 0, result
+  assert result["max_abs_diff_box_head"] <= ATOL, result  # On Model Garden's proposals.
+  assert result["max_abs_diff_mask_head"] <= ATOL, result  # On its detections.
+  assert result["num_detections"] == [10, 10]
+  assert result["detections_unexplained"] == 0, result
+  assert result["detections_equal"], result
+  assert result["masks_compared"] == 20
+  assert result["mask_iou_min"] >= 0.99, result
+
+
+def test_maskrcnn_roi_align_convention_matters():
+  # The half-pixel RoIAlign (our default) on the same weights: the RPN still agrees,
+  # the heads do not. roi_aligned=False is what makes them equal.
+  model, params, arrays, _ = _load("maskrcnn", roi_aligned=True)
+  result = MASKRCNN.compare_outputs(model, arrays, params)
+  assert result["max_abs_diff_rpn_l2"] <= ATOL
+  assert result["max_abs_diff_box_head"] > 1e-2, result
 
 
 def test_transformer_logits_and_beam_search_match():

@@ -94,6 +94,32 @@ def test_bad_model_configs_fail_clearly():
     _tiny_model(image_size=72)
   with pytest.raises(config_lib.ConfigError, match="num_sampled_rois"):
     _tiny_model(num_sampled_rois=128)
+  with pytest.raises(config_lib.ConfigError, match="roi_max_level must be between 5 and "
+                                                   "max_level"):
+    _tiny_model(roi_max_level=6, max_level=5)
+  with pytest.raises(config_lib.ConfigError, match="box_head_fcs >= 1"):
+    _tiny_model(box_head_fcs=0)
+
+
+def test_model_garden_options_build_its_layers_and_keep_fixed_shapes():
+  # The options that express Model Garden's Mask R-CNN (model_garden.maskrcnn_model_params;
+  # its outputs are compared in tests/weights/test_model_garden_checkpoints.py).
+  model = _tiny_model(head_batch_norm=True, box_head_convs=2, box_head_fcs=1,
+                      rpn_per_level=True, roi_max_level=6, roi_aligned=False,
+                      roi_sampling_ratio=1, use_batch_norm=True)
+  paths = {v.path for v in model.variables}
+  assert {"rpn/conv_bn_p2/gamma", "rpn/conv_bn_p6/moving_variance", "box_head/conv1/kernel",
+          "box_head/conv1_bn/beta", "box_head/fc1_bn/gamma", "mask_head/conv0_bn/gamma",
+          "mask_head/upsample_bn/moving_mean"} <= paths
+  assert "box_head/fc2/kernel" not in paths
+  train = model(_ground_truth(), training=True)
+  assert train["roi_class_logits"].shape == (2, 32, 11)
+  assert train["mask_logits"].shape == (2, 8, 14, 14)
+  out = model(_ground_truth()["image"], training=False)
+  assert out["detection_masks"].shape == (2, 8, 14, 14)
+  # Proposals of every level, NMS'd within their level, the best 32 of all.
+  proposals, valid = model.proposals(out["rpn_class_logits"], out["rpn_box_deltas"], 32)
+  assert proposals.shape == (2, 32, 4) and bool(tf.reduce_all(valid))
 
 
 def test_pasted_masks_invert_the_pipeline_crops():

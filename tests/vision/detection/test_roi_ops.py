@@ -75,14 +75,15 @@ def test_roi_align_of_a_linear_ramp_is_the_ramp_at_the_bin_centres():
 
 
 def test_unaligned_roi_align_reads_cell_i_at_i_and_tiles_at_least_one_cell():
-  """aligned=False (torchvision's default, its Mask R-CNN's): the same ramp, whose cell i
-  now sits at i, so every bin reads half a cell more; a box under one cell is tiled as one."""
+  """aligned=False with min_side 1 (torchvision's default op, its Mask R-CNN's): the same
+  ramp, whose cell i now sits at i, so every bin reads half a cell more; a box under one
+  cell is tiled as one."""
   size = 16
   yy, xx = np.meshgrid(np.arange(size) + 0.5, np.arange(size) + 0.5, indexing="ij")
   ramp = (2 * yy + 3 * xx).astype(np.float32)[None, :, :, None]
   boxes = np.array([[[8.0, 12.0, 40.0, 52.0], [20.0, 20.0, 21.0, 22.0]]], np.float32)
   got = roi_ops.multilevel_roi_align({2: ramp}, boxes, output_size=5, sampling_ratio=2,
-                                     aligned=False)[0, ..., 0].numpy()
+                                     aligned=False, min_side=1.0)[0, ..., 0].numpy()
   for r, (height, width) in enumerate([(32 / 4, 40 / 4), (1.0, 1.0)]):  # Cells, >= 1.
     centres_y = boxes[0, r, 0] / 4 + (np.arange(5) + 0.5) * height / 5
     centres_x = boxes[0, r, 1] / 4 + (np.arange(5) + 0.5) * width / 5

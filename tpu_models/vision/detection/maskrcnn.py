@@ -55,6 +55,11 @@ unaligned RoIAlign, size filters); its importer maps the rest.
 Variable paths: backbone/... and fpn/... as RetinaNet's (`retinanet.py`),
 rpn/{conv,class_logits,box_deltas}/..., box_head/{fc1,fc2,class_logits,box_deltas}/...,
 mask_head/{conv{i},upsample,mask_logits}/....
+
+Model Garden's `maskrcnn_resnetfpn_coco` is this model with head_batch_norm
+(rpn/conv_bn_p{l}, box_head/{conv{i},fc{i}}_bn, mask_head/{conv{i},upsample}_bn),
+box_head_convs 4 / box_head_fcs 1, rpn_per_level, roi_max_level 6,
+roi_aligned False and roi_sampling_ratio 1 (model_garden.py maps its config).
 """
 
 import dataclasses
@@ -108,6 +113,7 @@ class TwoStageSettings:
   detection_min_size: float = 0.0
   roi_aligned: bool = True
   roi_level_epsilon: float = 0.0
+  roi_min_side: float = 0.0  # RoIAlign's boxes at least this many cells (torchvision: 1).
 
   @property
   def max_positive_rois(self) -> int:
@@ -124,15 +130,23 @@ def _conv(filters: int, kernel_size: int, name: str, **kwargs) -> keras.layers.L
                      kernel_initializer=keras.initializers.RandomNormal(stddev=0.01), **kwargs)
 
 
-def _rpn_outputs(pyramid: Dict[int, keras.KerasTensor], channels: int, per_location: int):
-  """The RPN head on every level: (logits [B, N, 1], deltas [B, N, 4]) in the anchor order."""
+def _rpn_outputs(pyramid: Dict[int, keras.KerasTensor], channels: int, per_location: int,
+                 batch_norm=None):
+  """The RPN head on every level: (logits [B, N, 1], deltas [B, N, 4]) in the anchor order.
+
+  batch_norm: None, or a BN layer factory: then the shared conv is followed by
+  one BN per level before its ReLU (Model Garden's RPNHead).
+  """
   with keras.name_scope("rpn"):
-    shared = _conv(channels, 3, "conv", activation="relu")
+    shared = _conv(channels, 3, "conv", activation=None if batch_norm else "relu")
     objectness = _conv(per_location, 1, "class_logits")
     deltas = _conv(per_location * 4, 1, "box_deltas")
     logits, boxes = [], []
     for level, x in pyramid.items():
       x = shared(x)
+      if batch_norm:
+        x = batch_norm(f"conv_bn_p{level}")(x)
+        x = keras.layers.ReLU(name=f"rpn_relu_p{level}")(x)
       h, w = x.shape[1], x.shape[2]
       logits.append(keras.layers.Reshape((h * w * per_location, 1),
                                          name=f"rpn_class_logits_p{level}")(objectness(x)))
@@ -142,13 +156,28 @@ def _rpn_outputs(pyramid: Dict[int, keras.KerasTensor], channels: int, per_locat
           keras.layers.Concatenate(axis=1, name="rpn_box_deltas", dtype="float32")(boxes))
 
 
-def _box_head(roi_size: int, channels: int, fc_dims: int, num_classes: int) -> keras.Model:
-  """[R, s, s, C] RoI features -> (class logits [R, K + 1], class-specific deltas [R, 4K])."""
+def _box_head(roi_size: int, channels: int, fc_dims: int, num_classes: int,
+              num_convs: int = 0, num_fcs: int = 2, batch_norm=None) -> keras.Model:
+  """[R, s, s, C] RoI features -> (class logits [R, K + 1], class-specific deltas [R, 4K]).
+
+  num_convs 3x3 convs of C channels, then num_fcs fully connected layers of
+  fc_dims, each followed by ReLU; with batch_norm (a BN layer factory), by BN
+  and then ReLU (Model Garden's DetectionHead).
+  """
   with keras.name_scope("box_head"):
     features = keras.Input((roi_size, roi_size, channels), name="roi_features")
-    x = keras.layers.Flatten(name="flatten")(features)
-    x = keras.layers.Dense(fc_dims, activation="relu", name="fc1")(x)
-    x = keras.layers.Dense(fc_dims, activation="relu", name="fc2")(x)
+    x = features
+    activation = None if batch_norm else "relu"
+    for i in range(num_convs):
+      x = EigenConv2D(channels, 3, padding="same", activation=activation, name=f"conv{i}",
+                      kernel_initializer=keras.initializers.VarianceScaling(2.0))(x)
+      if batch_norm:
+        x = keras.layers.ReLU(name=f"conv{i}_relu")(batch_norm(f"conv{i}_bn")(x))
+    x = keras.layers.Flatten(name="flatten")(x)
+    for i in range(1, num_fcs + 1):
+      x = keras.layers.Dense(fc_dims, activation=activation, name=f"fc{i}")(x)
+      if batch_norm:
+        x = keras.layers.ReLU(name=f"fc{i}_relu")(batch_norm(f"fc{i}_bn")(x))
     logits = keras.layers.Dense(num_classes + 1, name="class_logits", dtype="float32",
                                 kernel_initializer=keras.initializers.RandomNormal(stddev=0.01))(x)
     deltas = keras.layers.Dense(4 * num_classes, name="box_deltas", dtype="float32",
@@ -158,17 +187,29 @@ def _box_head(roi_size: int, channels: int, fc_dims: int, num_classes: int) -> k
 
 
 def _mask_head(roi_size: int, channels: int, num_convs: int, head_channels: int,
-               mask_classes: int) -> keras.Model:
-  """[R, s, s, C] RoI features -> mask logits [R, 2s, 2s, mask_classes] (float32)."""
+               mask_classes: int, batch_norm=None) -> keras.Model:
+  """[R, s, s, C] RoI features -> mask logits [R, 2s, 2s, mask_classes] (float32).
+
+  With batch_norm (a BN layer factory), every conv and the upsampling are
+  followed by BN, then ReLU (Model Garden's MaskHead).
+  """
+  activation = None if batch_norm else "relu"
+
+  def normalized(x, name):
+    return keras.layers.ReLU(name=f"{name}_relu")(batch_norm(f"{name}_bn")(x)) if batch_norm else x
+
   with keras.name_scope("mask_head"):
     features = keras.Input((roi_size, roi_size, channels), name="mask_roi_features")
     x = features
     for i in range(num_convs):
-      x = EigenConv2D(head_channels, 3, padding="same", activation="relu", name=f"conv{i}",
-                      kernel_initializer=keras.initializers.VarianceScaling(2.0))(x)
-    x = keras.layers.Conv2DTranspose(head_channels, MASK_SIZE_FACTOR, strides=MASK_SIZE_FACTOR,
-                                     activation="relu", name="upsample",
-                                     kernel_initializer=keras.initializers.VarianceScaling(2.0))(x)
+      x = normalized(EigenConv2D(head_channels, 3, padding="same", activation=activation,
+                                 name=f"conv{i}",
+                                 kernel_initializer=keras.initializers.VarianceScaling(2.0))(x),
+                     f"conv{i}")
+    x = normalized(keras.layers.Conv2DTranspose(
+        head_channels, MASK_SIZE_FACTOR, strides=MASK_SIZE_FACTOR, activation=activation,
+        name="upsample", kernel_initializer=keras.initializers.VarianceScaling(2.0))(x),
+                   "upsample")
     logits = keras.layers.Conv2D(mask_classes, 1, name="mask_logits", dtype="float32",
                                  kernel_initializer=keras.initializers.VarianceScaling(2.0))(x)
   return keras.Model(features, logits, name="mask_head")
@@ -262,7 +303,7 @@ class MaskRCNN(keras.Model):
     return roi_ops.multilevel_roi_align(roi_pyramid, rois, output_size=output_size,
                                         sampling_ratio=s.roi_sampling_ratio,
                                         level_epsilon=s.roi_level_epsilon,
-                                        aligned=s.roi_aligned)
+                                        aligned=s.roi_aligned, min_side=s.roi_min_side)
 
   def _box_head_outputs(self, roi_pyramid, rois, training):
     """(class logits [B, R, K + 1], deltas [B, R, K, 4]) of boxes [B, R, 4]."""
@@ -412,6 +453,12 @@ def maskrcnn(*,
              roi_aligned: bool = True,
              roi_level_epsilon: float = 0.0,
              detection_min_size: float = 0.0,
+             roi_min_side: float = 0.0,
+             backbone_project_first_shortcut: bool = False,
+             head_batch_norm: bool = False,
+             box_head_convs: int = 0,
+             box_head_fcs: int = 2,
+             roi_max_level: int = _ROI_MAX_LEVEL,
              name: Optional[str] = None) -> MaskRCNN:
   """Builds a Mask R-CNN with a ResNet-FPN backbone (P2-P6).
 
@@ -444,14 +491,27 @@ def maskrcnn(*,
     use_batch_norm: BN after each FPN output (RetinaNet's; off as in Detectron).
     bn_momentum, bn_epsilon, fused_bn, backbone_*: as `retinanet`.
     rpn_per_level: take the rpn_pre_nms_top_k best anchors of EACH level and
-      run NMS within each level (torchvision's RPN), instead of one top-k and
-      one NMS over all levels.
+      run NMS within each level, then the best train/eval_proposals of all
+      levels (torchvision's RPN and Model Garden's MultilevelROIGenerator),
+      instead of one top-k and one NMS over all levels.
     rpn_min_size, detection_min_size: proposals / detections narrower or
       shorter than this (pixels, after clipping) are dropped (torchvision:
       1e-3 and 1e-2); 0 keeps all.
     roi_aligned, roi_level_epsilon: RoIAlign's pixel convention and level
       assignment (`roi_ops.multilevel_roi_align`; torchvision's Mask R-CNN:
-      aligned False, epsilon 1e-6).
+      aligned False, epsilon 1e-6; Model Garden's: aligned False with
+      roi_sampling_ratio 1).
+    roi_min_side: RoIAlign tiles every box as if at least this many cells high
+      and wide (torchvision's unaligned op: 1; Model Garden and Detectron2: 0).
+    head_batch_norm: BN (bn_momentum, bn_epsilon) before the ReLU of every
+      hidden layer of the heads: per level after the RPN's conv, after the box
+      head's convs and FCs, after the mask head's convs and upsampling (Model
+      Garden's heads; Detectron's have none).
+    box_head_convs, box_head_fcs: the box head's 3x3 convs (fpn_channels
+      wide) before its FCs, and its FCs (Detectron's "2fc": 0 and 2; Model
+      Garden's maskrcnn_resnetfpn_coco: 4 and 1).
+    roi_max_level: the coarsest level RoIs are pooled from: 5 (Detectron,
+      torchvision) or max_level (Model Garden pools from all FPN levels).
     name: model name, default "maskrcnn".
 
   Inference input: images [B, H, W, 3], or {"image": images, "image_hw":
@@ -476,6 +536,12 @@ def maskrcnn(*,
                       f"got {rpn_min_size}, {detection_min_size}, {roi_level_epsilon}.")
   if not _ROI_MAX_LEVEL <= max_level <= 6:
     raise ConfigError(f"Mask R-CNN max_level must be 5 or 6, got {max_level}.")
+  if not _ROI_MAX_LEVEL <= roi_max_level <= max_level:
+    raise ConfigError(f"Mask R-CNN roi_max_level must be between 5 and max_level "
+                      f"({max_level}), got {roi_max_level}.")
+  if box_head_convs < 0 or box_head_fcs < 1:
+    raise ConfigError(f"Mask R-CNN needs box_head_convs >= 0 and box_head_fcs >= 1, got "
+                      f"{box_head_convs} and {box_head_fcs}.")
   if num_classes < 1 or not 0.0 < roi_positive_fraction <= 1.0 or min(
       train_proposals, eval_proposals, num_sampled_rois, max_detections, box_roi_size,
       mask_roi_size, roi_sampling_ratio, rpn_pre_nms_top_k, detection_pre_nms_top_k) < 1:
@@ -501,7 +567,7 @@ def maskrcnn(*,
       roi_positive_fraction=float(roi_positive_fraction),
       roi_positive_iou=float(roi_positive_iou), box_roi_size=int(box_roi_size),
       mask_roi_size=int(mask_roi_size), roi_sampling_ratio=int(roi_sampling_ratio),
-      roi_min_level=2, roi_max_level=_ROI_MAX_LEVEL,
+      roi_min_level=2, roi_max_level=int(roi_max_level),
       class_agnostic_masks=bool(class_agnostic_masks),
       detection_pre_nms_top_k=int(detection_pre_nms_top_k),
       detection_score_threshold=float(detection_score_threshold),
@@ -510,24 +576,29 @@ def maskrcnn(*,
           image_hw, min_level=2, max_level=max_level, num_scales=num_scales,
           aspect_ratios=aspect_ratios)) if rpn_per_level else None,
       rpn_min_size=float(rpn_min_size), detection_min_size=float(detection_min_size),
-      roi_aligned=bool(roi_aligned), roi_level_epsilon=float(roi_level_epsilon))
+      roi_aligned=bool(roi_aligned), roi_level_epsilon=float(roi_level_epsilon),
+      roi_min_side=float(roi_min_side))
 
   images = keras.Input(shape=(height, width, 3), name="image")
-  pyramid, _ = retinanet_lib.resnet_fpn(
+  pyramid, batch_norm = retinanet_lib.resnet_fpn(
       images, backbone_depth=backbone_depth, min_level=2, max_level=max_level,
       fpn_channels=fpn_channels, use_batch_norm=use_batch_norm, bn_momentum=bn_momentum,
       bn_epsilon=bn_epsilon, fused_bn=fused_bn, backbone_stem=backbone_stem,
       backbone_width=backbone_width, backbone_stage_widths=backbone_stage_widths,
       backbone_padding=backbone_padding, backbone_bn_epsilon=backbone_bn_epsilon,
       backbone_trainable=backbone_trainable, backbone_frozen_bn=backbone_frozen_bn,
-      backbone_pointwise_matmul=backbone_pointwise_matmul, coarser_levels=coarser_levels)
-  rpn_logits, rpn_deltas = _rpn_outputs(pyramid, rpn_channels or fpn_channels, per_location)
+      backbone_pointwise_matmul=backbone_pointwise_matmul, coarser_levels=coarser_levels,
+      backbone_project_first_shortcut=backbone_project_first_shortcut)
+  head_norm = batch_norm if head_batch_norm else None
+  rpn_logits, rpn_deltas = _rpn_outputs(pyramid, rpn_channels or fpn_channels, per_location,
+                                        head_norm)
   outputs = {f"p{level}": x for level, x in pyramid.items()}
   outputs.update(rpn_class_logits=rpn_logits, rpn_box_deltas=rpn_deltas)
   pyramid_model = keras.Model(images, outputs, name="pyramid")
-  box_head = _box_head(box_roi_size, fpn_channels, box_head_dims, num_classes)
+  box_head = _box_head(box_roi_size, fpn_channels, box_head_dims, num_classes,
+                       box_head_convs, box_head_fcs, head_norm)
   mask_head = _mask_head(mask_roi_size, fpn_channels, mask_head_convs, mask_head_channels,
-                         1 if class_agnostic_masks else num_classes)
+                         1 if class_agnostic_masks else num_classes, head_norm)
   return MaskRCNN(pyramid_model, box_head, mask_head, anchors, settings,
                   name=name or "maskrcnn")
 

@@ -244,3 +244,293 @@ def compare_outputs(model, arrays: Mapping[str, np.ndarray],
   result["detections_equal"] = all(m["matched"] == m["total"] for m in matches)
   result["num_detections"] = [int(n) for n in arrays["num_detections"]]
   return result
+
+
+# ----------------------------------------------------------------------------
+# Mask R-CNN: `maskrcnn_resnetfpn_coco` MaskRCNNModel -> our `maskrcnn`.
+#
+# Its checkpoint holds the model and, as trainer items, `backbone`, `decoder`,
+# `rpn_head`, `detection_head` (a list: one head, `detection_head/0`) and
+# `mask_head`. Model Garden counts K + 1 classes with background at 0 in all
+# three class-sized layers; our box head has K + 1 logits too (background 0: no
+# change) but K class-specific deltas and K mask channels: the importer drops
+# Model Garden's background deltas and mask channel (our class c = its c + 1).
+
+_MASKRCNN_ROOTS = {"rpn": ("rpn_head", "model/rpn_head"),
+                   "box": ("detection_head/0", "model/detection_head/0"),
+                   "mask": ("mask_head", "model/mask_head")}
+
+
+def drop_leading_transform(count: int, what: str) -> Callable[[np.ndarray], np.ndarray]:
+  """[..., n] -> [..., n - count]: drops Model Garden's background outputs in front."""
+
+  def transform(value: np.ndarray) -> np.ndarray:
+    if value.shape[-1] <= count:
+      raise WeightsMismatchError(f"Model Garden {what} has {value.shape[-1]} outputs; expected "
+                                 f"more than the {count} background ones.")
+    return value[..., count:]
+
+  return transform
+
+
+def maskrcnn_paths_name_map(our_paths: Sequence[str]) -> NameMap:
+  """Our Mask R-CNN variable paths -> Model Garden's MaskRCNNModel (no background handling).
+
+  backbone/..., fpn/...        as RetinaNet's (`retinanet_paths_name_map`).
+  rpn/conv, class_logits,      rpn_head `_convs/0`, `_classifier`, `_box_regressor`;
+    box_deltas, conv_bn_p{l}     `_norms/{l - 2}/0` (one BN per level).
+  box_head/conv{i}, conv{i}_bn detection_head `_convs/{i}`, `_conv_norms/{i}`.
+  box_head/fc{i}, fc{i}_bn     `_fcs/{i - 1}`, `_fc_norms/{i - 1}`.
+  box_head/class_logits,       `_classifier`, `_box_regressor`.
+    box_deltas
+  mask_head/conv{i}, conv{i}_bn  mask_head `_convs/{i}`, `_conv_norms/{i}`.
+  mask_head/upsample(_bn)      `_deconv`, `_deconv_bn`; mask_logits `_mask_regressor`.
+  """
+  name_map = retinanet_paths_name_map(
+      [p for p in our_paths if p.startswith(("backbone/", "fpn/"))])
+  ours_to_theirs = {"rpn/conv": ("rpn", "_convs/0"), "rpn/class_logits": ("rpn", "_classifier"),
+                    "rpn/box_deltas": ("rpn", "_box_regressor"),
+                    "box_head/class_logits": ("box", "_classifier"),
+                    "box_head/box_deltas": ("box", "_box_regressor"),
+                    "mask_head/upsample": ("mask", "_deconv"),
+                    "mask_head/upsample_bn": ("mask", "_deconv_bn"),
+                    "mask_head/mask_logits": ("mask", "_mask_regressor")}
+  patterns = ((r"^rpn/conv_bn_p(\d)$", "rpn", lambda n: f"_norms/{n - 2}/0"),
+              (r"^box_head/conv(\d+)$", "box", lambda n: f"_convs/{n}"),
+              (r"^box_head/conv(\d+)_bn$", "box", lambda n: f"_conv_norms/{n}"),
+              (r"^box_head/fc(\d+)$", "box", lambda n: f"_fcs/{n - 1}"),
+              (r"^box_head/fc(\d+)_bn$", "box", lambda n: f"_fc_norms/{n - 1}"),
+              (r"^mask_head/conv(\d+)$", "mask", lambda n: f"_convs/{n}"),
+              (r"^mask_head/conv(\d+)_bn$", "mask", lambda n: f"_conv_norms/{n}"))
+  for path in our_paths:
+    layer, _, variable = path.rpartition("/")
+    if not layer.startswith(("rpn/", "box_head/", "mask_head/")):
+      continue
+    target = ours_to_theirs.get(layer)
+    for pattern, head, theirs in patterns:
+      match = re.match(pattern, layer)
+      if match:
+        target = (head, theirs(int(match.group(1))))
+    if target is None:
+      raise WeightsMismatchError(f"Our Mask R-CNN variable {path} has no Model Garden "
+                                 f"counterpart (an option Model Garden's heads lack?).")
+    head, theirs = target
+    name_map[path] = Source(resnet_mg.under(_MASKRCNN_ROOTS[head], f"{theirs}/{variable}"))
+  return name_map
+
+
+@register_importer("model_garden", "maskrcnn", models=("maskrcnn*",),
+                   store_format="object_graph",
+                   description="Model Garden maskrcnn_resnetfpn_coco MaskRCNNModel checkpoint")
+def maskrcnn_name_map(model, store=None) -> NameMap:
+  """Our Mask R-CNN -> Model Garden's MaskRCNNModel; its background deltas and mask dropped."""
+  name_map = maskrcnn_paths_name_map([v.path for v in model.variables])
+  for path, count, what in (("box_head/box_deltas", 4, "box regressor"),
+                            ("mask_head/mask_logits", 1, "mask regressor")):
+    for name in ("kernel", "bias"):
+      source = name_map[f"{path}/{name}"]
+      source.transform = drop_leading_transform(count, what)
+      source.note = "background class 0 dropped"
+  name_map.hint_when_mismatched(
+      "box_head/", "the box head differs: box_head_convs / box_head_fcs / box_head_dims / "
+      "num_classes (Model Garden's num_classes counts the background) must match its "
+      "detection_head; maskrcnn_model_params derives them.")
+  return name_map
+
+
+def maskrcnn_model_params(mg: Mapping[str, Any]) -> Tuple[str, Dict[str, Any]]:
+  """(registered model name, builder kwargs) of our Mask R-CNN equal to a Model Garden one.
+
+  `mg`: Model Garden's `task.model` (MaskRCNN) config as a dict. The inference
+  settings are its test-time ones (roi_generator.test_*, detection_generator).
+  """
+  resnet = mg["backbone"]["resnet"]
+  resnet_mg.check_resnet_options(resnet)
+  depth = int(resnet["model_id"])
+  height, width = int(mg["input_size"][0]), int(mg["input_size"][1])
+  if height != width:
+    raise ConfigError(f"Our Mask R-CNN takes square inputs; Model Garden's input_size is "
+                      f"{mg['input_size']}.")
+  head, mask = mg["detection_head"], mg["mask_head"]
+  generator, proposals, sampler = mg["roi_generator"], mg["detection_generator"], mg["roi_sampler"]
+  fpn_channels = int(mg["decoder"]["fpn"]["num_filters"])
+  unsupported = {
+      "min_level": (int(mg["min_level"]), 2), "include_mask": (mg["include_mask"], True),
+      "outer_boxes_scale": (float(mg["outer_boxes_scale"]), 1.0),
+      "rpn_head.num_convs": (int(mg["rpn_head"]["num_convs"]), 1),
+      "detection_head.num_filters": (int(head["num_filters"]), fpn_channels),
+      "detection_head.class_agnostic_bbox_pred": (head["class_agnostic_bbox_pred"], False),
+      "mask_head.upsample_factor": (int(mask["upsample_factor"]), 2),
+      "roi_aligner.sample_offset": (float(mg["roi_aligner"]["sample_offset"]), 0.5),
+      "mask_roi_aligner.sample_offset": (float(mg["mask_roi_aligner"]["sample_offset"]), 0.5),
+      "detection_generator.use_sigmoid_probability": (proposals["use_sigmoid_probability"],
+                                                      False),
+  }
+  for key, (value, supported) in unsupported.items():
+    if value != supported:
+      raise ConfigError(f"Model Garden Mask R-CNN option {key}={value!r} has no equivalent in "
+                        f"our maskrcnn (supported: {supported!r}).")
+  return "maskrcnn", {
+      "backbone_depth": depth,
+      "num_classes": int(mg["num_classes"]) - 1,  # Model Garden's class 0 is background.
+      "image_size": height,
+      "max_level": int(mg["max_level"]),
+      "num_scales": int(mg["anchor"]["num_scales"]),
+      "aspect_ratios": [float(r) for r in mg["anchor"]["aspect_ratios"]],
+      "anchor_size": float(mg["anchor"]["anchor_size"]),
+      "fpn_channels": fpn_channels,
+      "rpn_channels": int(mg["rpn_head"]["num_filters"]),
+      "rpn_pre_nms_top_k": int(generator["test_pre_nms_top_k"]),
+      "rpn_nms_iou": float(generator["test_nms_iou_threshold"]),
+      "train_proposals": int(generator["num_proposals"]),
+      "eval_proposals": int(generator["test_num_proposals"]),
+      "num_sampled_rois": int(sampler["num_sampled_rois"]),
+      "roi_positive_fraction": float(sampler["foreground_fraction"]),
+      "roi_positive_iou": float(sampler["foreground_iou_threshold"]),
+      "roi_sampling_ratio": 1,
+      "box_roi_size": int(mg["roi_aligner"]["crop_size"]),
+      "box_head_dims": int(head["fc_dims"]),
+      "box_head_convs": int(head["num_convs"]),
+      "box_head_fcs": int(head["num_fcs"]),
+      "mask_roi_size": int(mg["mask_roi_aligner"]["crop_size"]),
+      "mask_head_convs": int(mask["num_convs"]),
+      "mask_head_channels": int(mask["num_filters"]),
+      "class_agnostic_masks": bool(mask["class_agnostic"]),
+      "detection_pre_nms_top_k": int(proposals["pre_nms_top_k"]),
+      "detection_score_threshold": float(proposals["pre_nms_score_threshold"]),
+      "detection_nms_iou": float(proposals["nms_iou_threshold"]),
+      "max_detections": int(proposals["max_num_detections"]),
+      "use_batch_norm": True,  # Model Garden's FPN normalises every level.
+      "head_batch_norm": True,
+      "rpn_per_level": True,
+      "roi_max_level": int(mg["max_level"]),  # It pools from every FPN level.
+      "roi_aligned": False,
+      "bn_epsilon": float(mg["norm_activation"]["norm_epsilon"]),
+      "bn_momentum": float(mg["norm_activation"]["norm_momentum"]),
+      "backbone_width": int(round(64 * float(resnet.get("depth_multiplier", 1.0)))),
+      "backbone_project_first_shortcut": depth in (18, 34),
+  }
+
+
+def _mask_iou(a: np.ndarray, b: np.ndarray) -> float:
+  """IoU of two binary masks; 1.0 when both are empty."""
+  union = np.logical_or(a, b).sum()
+  return float(np.logical_and(a, b).sum() / union) if union else 1.0
+
+
+def compare_maskrcnn_outputs(model, arrays: Mapping[str, np.ndarray],
+                             params: Mapping[str, Any]) -> Dict[str, Any]:
+  """Our loaded Mask R-CNN on the Model Garden worker's images vs its outputs, stage by stage.
+
+  Each stage is fed Model Garden's own inputs where it has them, so a
+  difference points at one stage:
+
+    rpn        raw objectness / box outputs of every level (max_abs_diff_rpn_l{l}),
+               anchors (max_abs_diff_anchors);
+    proposals  ours from our RPN outputs vs its MultilevelROIGenerator's rois, as
+               sets (max_abs_diff_proposals: the largest distance from one of
+               ours to the nearest of its; proposals_unmatched: how many of ours
+               have none within 1e-3 px, near-ties at the cut);
+    box head   ours on ITS proposals: class logits (background included) and
+               the K classes' deltas (max_abs_diff_box_head);
+    mask head  ours on ITS detection boxes and classes: probabilities
+               (max_abs_diff_mask_head);
+    end to end our detections (model(images)) matched one to one with its own
+               (`match_detections`: detections_matched / _total / _unexplained),
+               and the IoU of each matched pair's masks pasted into the image
+               at 0.5 (mask_iou_min, mask_iou_mean).
+
+  Returns those keys, plus max_abs_diff (the largest of the raw stages:
+  rpn, box head, mask head) and num_detections (theirs).
+  """
+  import tensorflow as tf
+  from tpu_models.vision.detection import anchors as anchor_ops
+  from tpu_models.vision.detection import maskrcnn as maskrcnn_lib
+  from tpu_models.vision.detection import masks as mask_ops
+  result: Dict[str, Any] = {}
+  images = tf.constant(arrays["images"])
+  batch, size = images.shape[0], images.shape[1]
+  features = model.pyramid(images, training=False)
+  s = model.settings
+  levels = sorted(int(k[len("rpn_scores_l"):]) for k in arrays if k.startswith("rpn_scores_l"))
+  logits = features["rpn_class_logits"].numpy()[..., 0]
+  deltas = features["rpn_box_deltas"].numpy()
+  start, worst = 0, 0.0
+  for level in levels:
+    theirs_logits = arrays[f"rpn_scores_l{level}"].reshape(batch, -1)
+    n = theirs_logits.shape[1]
+    theirs_deltas = arrays[f"rpn_boxes_l{level}"].reshape(batch, n, 4)
+    diff = max(float(np.abs(logits[:, start:start + n] - theirs_logits).max()),
+               float(np.abs(deltas[:, start:start + n] - theirs_deltas).max()))
+    result[f"max_abs_diff_rpn_l{level}"] = diff
+    worst = max(worst, diff)
+    start += n
+  their_anchors = np.concatenate([arrays[f"anchors_l{l}"].reshape(-1, 4) for l in levels])
+  ours_anchors = anchor_ops.multilevel_anchors(**maskrcnn_lib.anchor_layout(**params)).numpy()
+  result["max_abs_diff_anchors"] = float(np.abs(ours_anchors - their_anchors).max())
+
+  proposals, valid = model.proposals(features["rpn_class_logits"], features["rpn_box_deltas"],
+                                     s.eval_proposals)
+  proposals = proposals.numpy()
+  result["proposals_valid"] = [int(v) for v in valid.numpy().sum(axis=1)]
+  # As sets: proposals whose scores are within float rounding may trade places (and, the
+  # last one, membership): each of ours is compared with its nearest of theirs.
+  nearest = np.stack([np.abs(ours[:, None] - theirs[None]).max(-1).min(-1)
+                      for ours, theirs in zip(proposals, arrays["rois"])])
+  result["max_abs_diff_proposals"] = float(nearest.max())
+  result["proposals_unmatched"] = int((nearest > 1e-3).sum())
+
+  roi_pyramid = {level: features[f"p{level}"]
+                 for level in range(s.roi_min_level, s.roi_max_level + 1)}
+  class_logits, box_deltas = model._box_head_outputs(  # pylint: disable=protected-access
+      roi_pyramid, tf.constant(arrays["rois"]), training=False)
+  their_deltas = arrays["box_outputs"].reshape(batch, arrays["rois"].shape[1], -1, 4)[:, :, 1:]
+  result["max_abs_diff_box_head"] = max(
+      float(np.abs(class_logits.numpy() - arrays["class_outputs"]).max()),
+      float(np.abs(box_deltas.numpy() - their_deltas).max()))
+  mask_logits = model._mask_logits(  # pylint: disable=protected-access
+      roi_pyramid, tf.constant(arrays["detection_boxes"]),
+      tf.constant(arrays["detection_classes"].astype(np.int32) - 1), False)
+  real = np.arange(arrays["detection_masks"].shape[1])[None, :] < arrays["num_detections"][:, None]
+  result["max_abs_diff_mask_head"] = float(np.abs(
+      tf.sigmoid(mask_logits).numpy() - arrays["detection_masks"])[real].max())
+  result["max_abs_diff"] = max(worst, result["max_abs_diff_box_head"],
+                               result["max_abs_diff_mask_head"])
+
+  outputs = model(images, training=False)
+  ours = {f"ours_{k[len('detection_'):]}" if k.startswith("detection_") else f"ours_{k}":
+          outputs[k].numpy() for k in ("detection_boxes", "detection_scores",
+                                       "detection_classes", "num_detections")}
+  theirs = {f"mg_{k[len('detection_'):]}" if k.startswith("detection_") else f"mg_{k}": arrays[k]
+            for k in ("detection_boxes", "detection_scores", "detection_classes",
+                      "num_detections")}
+  our_masks = outputs["detection_masks"].numpy()
+  matches, ious = [], []
+  for image in range(batch):
+    a = _detections(ours, image, "ours_", class_offset=1)  # Our class c = MG class c + 1.
+    b = _detections(theirs, image, "mg_")
+    matches.append(match_detections(a, b))
+    # Mask IoU of each detection paired with its equal (same class, score and box).
+    n_ours, n_theirs = int(ours["ours_num_detections"][image]), int(arrays["num_detections"][image])
+    for i in range(n_ours):
+      row = ours["ours_scores"][image, i]
+      j = next((j for j in range(n_theirs)
+                if arrays["detection_classes"][image, j] == ours["ours_classes"][image, i] + 1
+                and abs(arrays["detection_scores"][image, j] - row) <= 1e-5
+                and np.allclose(arrays["detection_boxes"][image, j],
+                                ours["ours_boxes"][image, i], atol=1e-3)), None)
+      if j is None:
+        continue
+      pasted = [mask_ops.paste_masks(m[None], box[None], size, size)[0] for m, box in (
+          (our_masks[image, i], ours["ours_boxes"][image, i]),
+          (arrays["detection_masks"][image, j], arrays["detection_boxes"][image, j]))]
+      ious.append(_mask_iou(*pasted))
+  result["detections_matched"] = [m["matched"] for m in matches]
+  result["detections_total"] = [m["total"] for m in matches]
+  result["detections_unexplained"] = sum(m["unexplained"] for m in matches)
+  result["detections_equal"] = all(m["matched"] == m["total"] for m in matches)
+  result["num_detections"] = [int(n) for n in arrays["num_detections"]]
+  result["mask_iou_min"] = min(ious) if ious else 0.0
+  result["mask_iou_mean"] = float(np.mean(ious)) if ious else 0.0
+  result["masks_compared"] = len(ious)
+  return result

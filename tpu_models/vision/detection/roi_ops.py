@@ -50,14 +50,15 @@ def assign_levels(boxes, min_level: int, max_level: int, *,
 def _bilinear_axis(coords: tf.Tensor, size: tf.Tensor):
   """Interpolation along one axis at continuous `coords` of a grid of `size` cells.
 
-  Pixel i covers [i, i + 1); its value sits at i + 0.5. Outside (-0.5, size + 0.5)
-  a sample is 0 (weights 0); inside, it is clamped to the edge cells.
+  Pixel i covers [i, i + 1); its value sits at i + 0.5. Outside [-0.5, size + 0.5]
+  a sample is 0 (weights 0); inside, it is clamped to the edge cells (torchvision's
+  and Model Garden's rule: a sample on the grid's far edge reads the last cell).
 
   Returns:
     (low index int32, high index int32, low weight, high weight), shapes of coords.
   """
   position = coords - 0.5
-  inside = tf.logical_and(position > -1.0, position < size)
+  inside = tf.logical_and(position >= -1.0, position <= size)
   position = tf.clip_by_value(position, 0.0, size - 1.0)
   low = tf.floor(position)
   high = tf.minimum(low + 1.0, size - 1.0)
@@ -146,8 +147,8 @@ def _pooled_samples(flat_features: tf.Tensor, ys: tf.Tensor, xs: tf.Tensor, heig
   The 2g rows x 2g columns of cells that the g x g samples of a region touch
   are gathered once ([B, R, 2g, 2g, C]); interpolation and the mean over each
   bin's samples are separable, so they are a [bins, 2g] weight matrix per
-  axis applied on either side (batched matmuls: no per-corner stack, and the
-  gradient is two matmuls and one scatter).
+  axis applied on either side (two batched matmuls: no per-corner stack, and
+  the gradient is matmuls and one scatter).
 
   Args: as `bilinear_sample`, with ys, xs [B, R, bins * sampling_ratio].
 
@@ -167,14 +168,18 @@ def _pooled_samples(flat_features: tf.Tensor, ys: tf.Tensor, xs: tf.Tensor, heig
   dtype = gathered.dtype
   rows = tf.matmul(tf.cast(y_weight, dtype), gathered)  # [B, R, bins, 2g * C]
   rows = tf.reshape(rows, [batch, regions, bins, cells, channels])
-  return tf.einsum("brjx,brixc->brijc", tf.cast(x_weight, dtype), rows)
+  # [B, R, 1, bins, 2g] @ [B, R, bins, 2g, C]: one batched matmul, the weights broadcast
+  # over the rows (the same sums as einsum "brjx,brixc->brijc", which TensorFlow's CPU
+  # einsum ran 4-6x slower, forward + backward, at the heads' shapes).
+  return tf.matmul(tf.cast(x_weight, dtype)[:, :, None], rows)
 
 
 def multilevel_roi_align(features: Dict[int, tf.Tensor], boxes, *, output_size: int,
                          sampling_ratio: int = 2,
                          canonical_size: float = CANONICAL_SIZE,
                          canonical_level: int = CANONICAL_LEVEL,
-                         level_epsilon: float = 0.0, aligned: bool = True) -> tf.Tensor:
+                         level_epsilon: float = 0.0, aligned: bool = True,
+                         min_side: float = 0.0) -> tf.Tensor:
   """RoIAlign over an FPN: each box pooled from its level at fixed size, by a gather and matmuls.
 
   Box r goes to level `assign_levels(box)`; its box (divided by the level's
@@ -192,12 +197,15 @@ def multilevel_roi_align(features: Dict[int, tf.Tensor], boxes, *, output_size: 
     output_size: S, bins per side.
     sampling_ratio: samples per bin per side (>= 1).
     canonical_size, canonical_level, level_epsilon: see `assign_levels`.
-    aligned: True: a box's corner at pixel x samples the feature grid at
-      x / stride (cell i's value at i + 0.5: torchvision's `aligned=True`,
-      Detectron2's ROIAlignV2). False: the original RoIAlign (torchvision's
-      default `aligned=False`, its Mask R-CNN's): cell i's value at i, i.e. the
-      box is half a cell to the top-left of the features, and tiled as if at
-      least one cell high and wide.
+    aligned: True: a box corner at pixel x samples the level's grid at
+      x / stride, where cell i's value sits at i + 0.5 (RoIAlign as Detectron2's
+      ROIAlignV2, torchvision's aligned=True). False: cell i's value sits at i
+      (the original RoIAlign: torchvision's default aligned=False, its Mask
+      R-CNN's; Model Garden's `multilevel_crop_and_resize`): the samples fall
+      half a cell further down and right (a zero-height box on the image's
+      bottom edge reads the last row).
+    min_side: every box is tiled as if at least this many cells high and wide,
+      from its top-left corner (torchvision's unaligned op: 1; others: 0).
 
   Returns:
     [B, R, S, S, C] in the features' dtype.
@@ -231,9 +239,9 @@ def multilevel_roi_align(features: Dict[int, tf.Tensor], boxes, *, output_size: 
   grid = output_size * sampling_ratio
   scaled = boxes / strides[..., None]
   if aligned:
-    ys, xs = _sample_grid(scaled, grid)
-  else:  # Our coordinates are half a cell on from the unaligned op's (see above).
-    ys, xs = _sample_grid(scaled + 0.5, grid, min_side=1.0)
+    ys, xs = _sample_grid(scaled, grid, min_side=min_side)
+  else:  # Our grid coordinates put cell i at i + 0.5; this convention at i.
+    ys, xs = _sample_grid(scaled + 0.5, grid, min_side=min_side)
   return _pooled_samples(flat, ys, xs, heights, widths, offsets, output_size, sampling_ratio)
 
 

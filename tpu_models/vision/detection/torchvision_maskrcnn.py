@@ -60,7 +60,7 @@ TORCHVISION_MASKRCNN_V1 = {
     "rpn_per_level": True, "rpn_pre_nms_top_k": 1000, "rpn_nms_iou": 0.7, "rpn_min_size": 1e-3,
     "train_proposals": 2000, "eval_proposals": 1000,
     "num_sampled_rois": 512, "roi_positive_fraction": 0.25, "roi_positive_iou": 0.5,
-    "roi_aligned": False, "roi_level_epsilon": 1e-6, "roi_sampling_ratio": 2,
+    "roi_aligned": False, "roi_min_side": 1.0, "roi_level_epsilon": 1e-6, "roi_sampling_ratio": 2,
     "box_roi_size": 7, "box_head_dims": 1024, "mask_roi_size": 14, "mask_head_convs": 4,
     "mask_head_channels": 256, "class_agnostic_masks": False,
     "detection_score_threshold": 0.05, "detection_nms_iou": 0.5, "detection_min_size": 1e-2,
