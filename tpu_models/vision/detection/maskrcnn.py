@@ -268,35 +268,16 @@ class MaskRCNN(keras.Model):
           score_threshold=0.0, iou_threshold=s.rpn_nms_iou, max_detections=count,
           image_size=clip_size)
     else:
-      found = self._proposals_per_level(rpn_class_logits[..., 0], rpn_box_deltas, count,
-                                        clip_size)
+      # torchvision's RPN filter: per level the top-k, boxes clipped, those narrower or
+      # shorter than rpn_min_size dropped, NMS within each level, the `count` best kept.
+      # Every probability (>= 0) passes -0.5, as every one passes torchvision's ">= 0.0".
+      found = nms_lib.postprocess(
+          rpn_class_logits, rpn_box_deltas, self._anchors, pre_nms_top_k=s.rpn_pre_nms_top_k,
+          score_threshold=-0.5, iou_threshold=s.rpn_nms_iou, max_detections=count,
+          image_size=clip_size, level_sizes=s.rpn_level_sizes, min_size=s.rpn_min_size,
+          nms_within_levels=True)
     valid = tf.range(count)[None, :] < found["num_detections"][:, None]
     return found["boxes"], valid
-
-  def _proposals_per_level(self, logits, deltas, count: int, clip_size):
-    """torchvision's RPN filter: per level the top-k logits, boxes clipped, those narrower or
-    shorter than rpn_min_size dropped, NMS within each level, the `count` best kept."""
-    s = self.settings
-    top, index, level = [], [], []
-    start = 0
-    for i, size in enumerate(s.rpn_level_sizes):
-      level_top, level_index = tf.math.top_k(logits[:, start:start + size],
-                                             k=min(s.rpn_pre_nms_top_k, size))
-      top.append(level_top)
-      index.append(level_index + start)
-      level.append(tf.fill(tf.shape(level_index), i))
-      start += size
-    top, index, level = (tf.concat(x, axis=1) for x in (top, index, level))
-    boxes = box_ops.decode_boxes(tf.gather(deltas, index, batch_dims=1),
-                                 tf.gather(self._anchors, index))
-    boxes = box_ops.clip_boxes(boxes, clip_size)
-    scores = tf.sigmoid(top)
-    if s.rpn_min_size > 0:
-      large = tf.reduce_all(boxes[..., 2:] - boxes[..., :2] >= s.rpn_min_size, axis=-1)
-      scores = tf.where(large, scores, -1.0)  # Below the threshold below: never a proposal.
-    # Every probability (>= 0) passes -0.5, as every one passes torchvision's ">= 0.0".
-    return nms_lib.batched_nms(boxes, scores, level, iou_threshold=s.rpn_nms_iou,
-                               score_threshold=-0.5, max_detections=count)
 
   def _roi_align(self, roi_pyramid, rois, output_size: int):
     s = self.settings

@@ -72,7 +72,8 @@ def nms_keep_mask(boxes, valid, classes=None, *, iou_threshold: float = 0.5) -> 
 
 def batched_nms(boxes, scores, classes, *, iou_threshold: float = 0.5,
                 score_threshold: float = 0.05, max_detections: int = 100,
-                class_agnostic: bool = False) -> Dict[str, tf.Tensor]:
+                class_agnostic: bool = False, min_size: float = 0.0,
+                groups=None) -> Dict[str, tf.Tensor]:
   """Per-class NMS of candidate boxes into a fixed number of padded detections.
 
   Args:
@@ -83,6 +84,10 @@ def batched_nms(boxes, scores, classes, *, iou_threshold: float = 0.5,
     score_threshold: only candidates scoring > this are considered.
     max_detections: D, the fixed output length.
     class_agnostic: True: boxes of any classes suppress each other.
+    min_size: only boxes at least this high and wide are considered
+      (torchvision's remove_small_boxes); 0 considers all.
+    groups: int [B, C]: boxes suppress only boxes of their group (e.g. one
+      per pyramid level, as an RPN's NMS); None: their class.
 
   Returns:
     dict of boxes float32 [B, D, 4], scores float32 [B, D], classes int32
@@ -99,8 +104,14 @@ def batched_nms(boxes, scores, classes, *, iou_threshold: float = 0.5,
   scores, order = tf.math.top_k(scores, k=num_candidates, sorted=True)
   boxes = tf.gather(boxes, order, batch_dims=1)
   classes = tf.gather(classes, order, batch_dims=1)
-  keep = nms_keep_mask(boxes, scores > score_threshold, None if class_agnostic else classes,
-                       iou_threshold=iou_threshold)
+  if groups is not None:
+    groups = tf.gather(tf.cast(groups, tf.int32), order, batch_dims=1)
+  elif not class_agnostic:
+    groups = classes
+  considered = scores > score_threshold
+  if min_size > 0:
+    considered &= tf.reduce_all(boxes[..., 2:] - boxes[..., :2] >= min_size, axis=-1)
+  keep = nms_keep_mask(boxes, considered, groups, iou_threshold=iou_threshold)
 
   # Kept candidates are still in score order: take the first D of them.
   take = min(max_detections, num_candidates)
@@ -147,7 +158,8 @@ def postprocess(class_logits, box_deltas, anchors, *, pre_nms_top_k: int = 1000,
                 box_weights: Sequence[float] = box_ops.RETINANET_BOX_WEIGHTS,
                 image_size=None,
                 level_sizes: Optional[Sequence[int]] = None,
-                class_agnostic: bool = False) -> Dict[str, tf.Tensor]:
+                class_agnostic: bool = False, min_size: float = 0.0,
+                nms_within_levels: bool = False) -> Dict[str, tf.Tensor]:
   """RetinaNet outputs -> padded detections (fixed shapes; XLA-compilable).
 
   1. Scores are sigmoid(class_logits); the pre_nms_top_k highest
@@ -189,6 +201,11 @@ def postprocess(class_logits, box_deltas, anchors, *, pre_nms_top_k: int = 1000,
       top-k over all levels.
     class_agnostic: one candidate per anchor (its best class) and NMS across
       classes (see above); not with level_sizes.
+    min_size: boxes (after clipping) narrower or shorter than this are dropped
+      before NMS (torchvision's RPN and detector); 0 keeps all.
+    nms_within_levels: with level_sizes, boxes suppress only boxes of their own
+      level and class (a two-stage detector's RPN: torchvision's, Model
+      Garden's MultilevelROIGenerator); False: of their class on any level.
 
   Returns:
     dict: boxes float32 [B, D, 4] (pixels of the model input, [ymin, xmin,
@@ -215,6 +232,8 @@ def postprocess(class_logits, box_deltas, anchors, *, pre_nms_top_k: int = 1000,
     classes = tf.gather(tf.argmax(class_logits, axis=-1, output_type=tf.int32), anchor_index,
                         batch_dims=1)
   elif level_sizes is None:
+    if nms_within_levels:
+      raise ValueError("postprocess: nms_within_levels needs level_sizes.")
     top_logits, anchor_index, classes = _top_pairs(
         class_logits, min(int(pre_nms_top_k), num_anchors * num_classes))
   else:
@@ -223,17 +242,19 @@ def postprocess(class_logits, box_deltas, anchors, *, pre_nms_top_k: int = 1000,
       raise ValueError(f"level_sizes {level_sizes} must be positive and sum to the "
                        f"{num_anchors} anchors.")
     pieces, start = [], 0
-    for size, level_logits in zip(level_sizes, tf.split(class_logits, level_sizes, axis=1)):
+    for level, (size, level_logits) in enumerate(
+        zip(level_sizes, tf.split(class_logits, level_sizes, axis=1))):
       logits, index, level_classes = _top_pairs(
           level_logits, min(int(pre_nms_top_k), size * num_classes))
-      pieces.append((logits, index + start, level_classes))
+      pieces.append((logits, index + start, level_classes, tf.fill(tf.shape(index), level)))
       start += size
-    top_logits, anchor_index, classes = (tf.concat(p, axis=1) for p in zip(*pieces))
+    top_logits, anchor_index, classes, levels = (tf.concat(p, axis=1) for p in zip(*pieces))
   scores = tf.sigmoid(top_logits)
   boxes = box_ops.decode_boxes(tf.gather(box_deltas, anchor_index, batch_dims=1),
                                tf.gather(anchors, anchor_index), box_weights)
   if image_size is not None:
     boxes = box_ops.clip_boxes(boxes, image_size)
+  groups = levels * num_classes + classes if nms_within_levels else None
   return batched_nms(boxes, scores, classes, iou_threshold=iou_threshold,
                      score_threshold=score_threshold, max_detections=max_detections,
-                     class_agnostic=class_agnostic)
+                     class_agnostic=class_agnostic, min_size=min_size, groups=groups)
