@@ -226,6 +226,13 @@ def check_mask_box(mask: np.ndarray, box_xyxy: Sequence[float],
                                        f"box, below {min_iou}")
 
 
+def mask_iou(a: np.ndarray, b: np.ndarray) -> float:
+  """IoU of two masks of one shape, nonzero pixels inside (1.0 when both are empty)."""
+  a, b = np.asarray(a) > 0, np.asarray(b) > 0
+  union = np.logical_or(a, b).sum()
+  return float(np.logical_and(a, b).sum() / union) if union else 1.0
+
+
 def encode_mask_png(mask: np.ndarray) -> bytes:
   """uint8/bool [H, W] (nonzero = inside) -> a grayscale PNG, 0 outside and 255 inside."""
   from PIL import Image

@@ -412,12 +412,6 @@ def maskrcnn_model_params(mg: Mapping[str, Any]) -> Tuple[str, Dict[str, Any]]:
   }
 
 
-def _mask_iou(a: np.ndarray, b: np.ndarray) -> float:
-  """IoU of two binary masks; 1.0 when both are empty."""
-  union = np.logical_or(a, b).sum()
-  return float(np.logical_and(a, b).sum() / union) if union else 1.0
-
-
 def compare_maskrcnn_outputs(model, arrays: Mapping[str, np.ndarray],
                              params: Mapping[str, Any]) -> Dict[str, Any]:
   """Our loaded Mask R-CNN on the Model Garden worker's images vs its outputs, stage by stage.
@@ -524,7 +518,7 @@ def compare_maskrcnn_outputs(model, arrays: Mapping[str, np.ndarray],
       pasted = [mask_ops.paste_masks(m[None], box[None], size, size)[0] for m, box in (
           (our_masks[image, i], ours["ours_boxes"][image, i]),
           (arrays["detection_masks"][image, j], arrays["detection_boxes"][image, j]))]
-      ious.append(_mask_iou(*pasted))
+      ious.append(mask_ops.mask_iou(*pasted))
   result["detections_matched"] = [m["matched"] for m in matches]
   result["detections_total"] = [m["total"] for m in matches]
   result["detections_unexplained"] = sum(m["unexplained"] for m in matches)

@@ -38,6 +38,7 @@ from tpu_models.errors import DataError
 from tpu_models.task import Agreement, Deployable, DeployFunction, FilePredictor, Servable
 from tpu_models.vision import image as image_lib
 from tpu_models.vision.detection import inputs as detection_data
+from tpu_models.vision.detection import masks as mask_ops
 
 POSTPROCESS_SCOPE = "postprocess"  # deploy_functions' float32 part of an int8 export.
 # The agreement check: matched detections overlap by box IoU >= this, and their masks too.
@@ -528,17 +529,10 @@ def same_detections(a, b, i: int, min_score: float, margin: float = 0.01) -> boo
       best = int(np.argmax(overlap)) if len(overlap) else -1
       if best < 0 or overlap[best] < SAME_IOU:
         return False
-      if with_masks and mask_iou(sure_masks[k], masks[best]) < SAME_IOU:
+      if with_masks and mask_ops.mask_iou(sure_masks[k], masks[best]) < SAME_IOU:
         return False
       used[best] = True
   return True
-
-
-def mask_iou(a: np.ndarray, b: np.ndarray) -> float:
-  """IoU of two binary masks of one shape (1.0 when both are empty)."""
-  a, b = np.asarray(a) > 0, np.asarray(b) > 0
-  union = np.logical_or(a, b).sum()
-  return float(np.logical_and(a, b).sum() / union) if union else 1.0
 
 
 def _iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
@@ -555,7 +549,6 @@ def _write_detections_json(path: str, image_path: str, image_hw, boxes, classes,
   """`predict`'s JSON of one image: its size and the detections at or above `min_score`,
   best first, each with its mask as COCO RLE when there are masks."""
   from tpu_models.vision.detection import draw
-  from tpu_models.vision.detection import masks as mask_ops
 
   detections = []
   for i in np.argsort(-np.asarray(scores), kind="stable"):

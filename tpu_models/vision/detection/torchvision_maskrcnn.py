@@ -257,14 +257,6 @@ def paste_masks_torchvision(masks: np.ndarray, boxes_xyxy: np.ndarray, height: i
   return out
 
 
-def mask_ious(ours: np.ndarray, theirs: np.ndarray) -> np.ndarray:
-  """float64 [D]: IoU of each pair of bool masks [D, H, W] (1 where both are empty)."""
-  pixels = int(np.prod(ours.shape[1:]))
-  ours, theirs = ours.reshape(len(ours), pixels), theirs.reshape(len(theirs), pixels)
-  union = (ours | theirs).sum(1)
-  return np.where(union > 0, (ours & theirs).sum(1) / np.maximum(union, 1), 1.0)
-
-
 def _first_image(found) -> Dict[str, np.ndarray]:
   """A Mask R-CNN output's detections of image 0, numpy, padded as they come."""
   return {key: np.asarray(found[f"detection_{key}"][0]) for key in ("boxes", "scores", "classes")}
@@ -383,7 +375,7 @@ def compare_outputs(model, arrays: Mapping[str, np.ndarray], photo: str,
   our_rule = mask_ops.paste_masks(our_masks, our_boxes, height, width) > 0
   for name, pasted in (("mask_iou_torchvision_paste", tv_rule),
                        ("mask_iou_our_paste", our_rule)):
-    ious = mask_ious(pasted, theirs_pasted)
+    ious = np.array([mask_ops.mask_iou(a, b) for a, b in zip(pasted, theirs_pasted)])
     result[name] = {"min": float(ious.min()) if len(ious) else 1.0,
                     "mean": float(ious.mean()) if len(ious) else 1.0,
                     "below_0.99": int((ious < 0.99).sum()), "count": len(ious)}
