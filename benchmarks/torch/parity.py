@@ -73,27 +73,44 @@ MASKRCNN = "tv_maskrcnn_resnet50_fpn"
 PHOTOS = ("astronaut", "coffee", "chelsea")
 
 
-def detector_parity(fixtures: str, rtol: float):
-  """Rows of the RetinaNet table and whether all pass; None when the files are absent."""
+def _imported_at_each_photo(fixtures: str, stem: str, entry_name: str):
+  """(photo, padded [H, W], model, params, arrays, start time) per photo, or None without
+  the files: the catalogue entry's model built at the photo's padded size (one model per
+  size) with the library-written `stem`.safetensors imported as `tpu-models weights import`
+  does, and the library's reference outputs `arrays`."""
   import tpu_models
-  from tpu_models.vision.detection import torchvision as tv_retinanet
   from tpu_models.weights import catalogue, importing
-  weights = os.path.join(fixtures, f"{DETECTOR}.safetensors")
-  reference = os.path.join(fixtures, f"{DETECTOR}_reference.npz")
+  weights = os.path.join(fixtures, f"{stem}.safetensors")
+  reference = os.path.join(fixtures, f"{stem}_reference.npz")
   if not (os.path.exists(weights) and os.path.exists(reference)):
     return None
-  entry = catalogue.get_weights("torchvision_retinanet_resnet50_fpn_coco")
+  entry = catalogue.get_weights(entry_name)
   arrays = np.load(reference)
-  models, rows, ok_all = {}, [], True
-  for photo in PHOTOS:
-    start = time.time()
-    padded = list(arrays[f"{photo}/transformed_nhwc"].shape[1:3])
-    params = dict(entry.params, image_size=padded)
-    if tuple(padded) not in models:  # One model per padded size.
-      model = tpu_models.create_model(entry.model, **params)
-      importing.load_weights(model, weights, entry.source_format, family=entry.family)
-      models[tuple(padded)] = model
-    result = tv_retinanet.compare_outputs(models[tuple(padded)], arrays, photo, params)
+
+  def photos():
+    models = {}
+    for photo in PHOTOS:
+      start = time.time()
+      padded = list(arrays[f"{photo}/transformed_nhwc"].shape[1:3])
+      params = dict(entry.params, image_size=padded)
+      if tuple(padded) not in models:
+        model = tpu_models.create_model(entry.model, **params)
+        importing.load_weights(model, weights, entry.source_format, family=entry.family)
+        models[tuple(padded)] = model
+      yield photo, padded, models[tuple(padded)], params, arrays, start
+
+  return photos()
+
+
+def detector_parity(fixtures: str, rtol: float):
+  """Rows of the RetinaNet table and whether all pass; None when the files are absent."""
+  from tpu_models.vision.detection import torchvision as tv_retinanet
+  photos = _imported_at_each_photo(fixtures, DETECTOR, "torchvision_retinanet_resnet50_fpn_coco")
+  if photos is None:
+    return None
+  rows, ok_all = [], True
+  for photo, padded, model, params, arrays, start in photos:
+    result = tv_retinanet.compare_outputs(model, arrays, photo, params)
     raw_ok = all(result[f"max_abs_diff_{kind}/{level}"] <=
                  rtol * max(1.0, result[f"max_abs_{kind}/{level}"])
                  for kind in ("cls", "box") for level in tv_retinanet.TORCHVISION_LEVELS)
@@ -113,25 +130,13 @@ def maskrcnn_parity(fixtures: str, rtol: float):
   and through the whole pipeline; every matched mask's IoU >= 0.99 (torchvision's
   paste rule).
   """
-  import tpu_models
   from tpu_models.vision.detection import torchvision_maskrcnn as tv_maskrcnn
-  from tpu_models.weights import catalogue, importing
-  weights = os.path.join(fixtures, f"{MASKRCNN}.safetensors")
-  reference = os.path.join(fixtures, f"{MASKRCNN}_reference.npz")
-  if not (os.path.exists(weights) and os.path.exists(reference)):
+  photos = _imported_at_each_photo(fixtures, MASKRCNN, "torchvision_maskrcnn_resnet50_fpn_coco")
+  if photos is None:
     return None
-  entry = catalogue.get_weights("torchvision_maskrcnn_resnet50_fpn_coco")
-  arrays = np.load(reference)
-  models, rows, ok_all = {}, [], True
-  for photo in PHOTOS:
-    start = time.time()
-    padded = list(arrays[f"{photo}/transformed_nhwc"].shape[1:3])
-    params = dict(entry.params, image_size=padded)
-    if tuple(padded) not in models:  # One model per padded size.
-      model = tpu_models.create_model(entry.model, **params)
-      importing.load_weights(model, weights, entry.source_format, family=entry.family)
-      models[tuple(padded)] = model
-    r = tv_maskrcnn.compare_outputs(models[tuple(padded)], arrays, photo, params)
+  rows, ok_all = [], True
+  for photo, padded, model, params, arrays, start in photos:
+    r = tv_maskrcnn.compare_outputs(model, arrays, photo, params)
     levels = tv_maskrcnn.TORCHVISION_LEVELS
     raw_ok = all(r[f"max_abs_diff_{kind}/{level}"] <= rtol * max(1.0, r[f"max_abs_{kind}/{level}"])
                  for kind in ("objectness", "rpn_deltas") for level in levels)
