@@ -1,5 +1,7 @@
 """The throughput benchmark: FLOP counting and a real (tiny) run through the Trainer."""
 
+import os
+
 import keras
 import pytest
 import tensorflow as tf
@@ -95,5 +97,8 @@ def test_train_throughput_runs_the_trainer_and_reports_every_figure():
   assert result["achieved_tflops"] == pytest.approx(
       result["train_flops_per_example"] * result["examples_per_second"] / 1e12)
   assert result["page_faults_per_step"] is not None and result["page_faults_per_step"] >= 0
+  # CPU time of the timed loop (the Trainer's own measure, as the step time): positive, and
+  # at most the step time on every core this process may use (not the checkpoint after it).
+  assert 0 < result["cpu_seconds_per_step"] <= result["step_seconds"] * os.cpu_count() + 0.01
   line = benchmark.format_result(result)
   assert "examples/s" in line and "page faults/step" in line and "MFU" not in line

@@ -181,9 +181,8 @@ def train_throughput(config: config_lib.ExperimentConfig, *, steps: int = 20, wa
   Returns a dict: examples_per_second, step_seconds, global_batch, train_flops_per_example,
   achieved_tflops, peak_tflops, mfu, precision, device, page_faults_per_step,
   cpu_seconds_per_step (CPU time of this process, all threads, per timed step: the
-  cost that a shared machine's load does not inflate; measured around the whole
-  `trainer.train(steps)` call, its loop set-up and metrics row included, so with few
-  steps it is a little more than the steps alone). train_flops_per_example,
+  cost that a shared machine's load does not inflate; the Trainer's own measure
+  around its host loop, as the step time: not the checkpoint written after it). train_flops_per_example,
   achieved_tflops and mfu are None for a model `forward_flops` cannot trace (no
   static Keras inputs, e.g. a subclassed model).
   """
@@ -196,9 +195,9 @@ def train_throughput(config: config_lib.ExperimentConfig, *, steps: int = 20, wa
     run_dir = model_dir or os.path.join(tmp, "run")
     trainer = Trainer(config, run_dir, stream=open(os.devnull, "w"), synthetic_inputs=synthetic)
     trainer.train(steps=warmup)
-    faults_before, cpu_before = page_faults(), time.process_time()
+    faults_before = page_faults()
     trainer.train(steps=steps)
-    faults_after, cpu_seconds = page_faults(), time.process_time() - cpu_before
+    faults_after = page_faults()
     timed = progress.read_metrics(run_dir, "train")[-1]
     seconds = timed["seconds_per_step"] * steps
     batch = round(timed["examples_per_second"] * timed["seconds_per_step"])  # The global batch.
@@ -217,7 +216,7 @@ def train_throughput(config: config_lib.ExperimentConfig, *, steps: int = 20, wa
       "device": trainer.device,
       # Minor page faults of this process per timed step (None where not measurable):
       # freshly mapped memory each step shows up here (see training/host_memory.py).
-      "cpu_seconds_per_step": cpu_seconds / steps,
+      "cpu_seconds_per_step": timed["cpu_seconds_per_step"],
       "page_faults_per_step": (None if faults_before is None
                                else (faults_after - faults_before) / steps),
   }

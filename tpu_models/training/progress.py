@@ -59,8 +59,13 @@ class Reporter:
 
   def train_progress(self, step: int, metrics: Dict[str, float], lr: float,
                      examples_per_sec: float, seconds_per_step: float,
-                     counts: Optional[Dict[str, int]] = None) -> None:
-    """The progress line and a "train" row; `counts` are integers such as skipped records."""
+                     counts: Optional[Dict[str, int]] = None,
+                     cpu_seconds_per_step: Optional[float] = None) -> None:
+    """The progress line and a "train" row; `counts` are integers such as skipped records.
+
+    cpu_seconds_per_step (this process's CPU time over the steps, all threads:
+    what a shared machine's load does not inflate) goes into the row only.
+    """
     eta = (self.total_steps - step) * seconds_per_step
     width = len(str(self.total_steps))
     parts = [f"step {step:>{width}}/{self.total_steps}"]
@@ -73,7 +78,9 @@ class Reporter:
     self._print(" | ".join(parts), transient=self.tty)
     self.record("train", step, dict(metrics, learning_rate=lr,
                                     examples_per_second=examples_per_sec,
-                                    seconds_per_step=seconds_per_step, **(counts or {})))
+                                    seconds_per_step=seconds_per_step, **(counts or {}),
+                                    **({} if cpu_seconds_per_step is None else
+                                       {"cpu_seconds_per_step": cpu_seconds_per_step})))
 
   def eval_result(self, step: int, metrics: Dict[str, float], seconds: float,
                   split: str = "eval") -> None:

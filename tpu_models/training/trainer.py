@@ -608,13 +608,13 @@ class Trainer:
       while self.current_step < target_step:
         step = self.current_step
         num_steps = self._steps_to_boundary(step, target_step, evaluate_every)
-        start = time.time()
+        start, cpu_start = time.time(), time.process_time()
         try:
           totals, bad_step = self._train_loop_fn(self._train_iterator, tf.constant(num_steps))
         except _INPUT_ERRORS as e:
           raise self._explain_input_error(e, "train") from None
         bad_step = int(bad_step.numpy())
-        seconds = time.time() - start
+        seconds, cpu_seconds = time.time() - start, time.process_time() - cpu_start
         if bad_step >= 0:
           nan_restores += 1
           self._handle_non_finite(bad_step, step, num_steps, nan_restores)
@@ -624,7 +624,8 @@ class Trainer:
         last_metrics = self._train_metrics(totals, num_steps)
         lr = float(self.schedule(self.optimizer.iterations))
         reporter.train_progress(step, last_metrics, lr, examples / seconds, seconds / num_steps,
-                                counts=self._skip_counts("train"))
+                                counts=self._skip_counts("train"),
+                                cpu_seconds_per_step=cpu_seconds / num_steps)
         if step % cfg.checkpoint_every == 0 or step >= target_step:
           self.save_checkpoint()
         self._stop_if_signalled(reporter)

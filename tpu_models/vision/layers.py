@@ -24,6 +24,10 @@ kernels (and their gradients) are several times slower than its float32 ones on
 CPUs (the Fashion-MNIST EfficientNet-B0 train step in bfloat16: 1.8x faster,
 benchmarks/README.md).
 
+`TiledConv2DTranspose` is a `Conv2DTranspose` whose kernel equals its stride
+(Mask R-CNN's 2x2 stride-2 mask upsampling): each input pixel paints its own
+tile, so the layer is one matmul and a depth-to-space, forward and backward.
+
 `StochasticDepth` drops a residual branch per example in training (EfficientNet's
 "drop connect"); any residual network can use it.
 """
@@ -281,6 +285,47 @@ class DepthwiseConv2D(keras.layers.DepthwiseConv2D):
     if self.activation is not None:
       outputs = self.activation(outputs)
     return keras.ops.cast(outputs, self.compute_dtype)
+
+
+@keras.saving.register_keras_serializable(package="tpu_models")
+class TiledConv2DTranspose(keras.layers.Conv2DTranspose):
+  """A `keras.layers.Conv2DTranspose` with kernel_size == strides, as a matmul.
+
+  Same constructor, variables (kernel [k, k, C_out, C_in], optional bias), config
+  and outputs as the parent. When the kernel equals the stride and the padding
+  is "valid", the tiles output pixels receive do not overlap: output pixel
+  (k*i + a, k*j + b) is input pixel (i, j) times kernel[a, b]. The layer then
+  computes [B*H*W, C_in] @ [C_in, k*k*C_out] and moves each k*k*C_out row into
+  its tile (`tf.nn.depth_to_space`); its gradients are two matmuls and a
+  space-to-depth. TensorFlow's CPU kernels for the transposed convolution and
+  its filter gradient took 3-4x the time of those matmuls at Mask R-CNN's mask
+  head shapes (256 RoIs of 14 x 14 x 256, bfloat16; benchmarks/README.md). The
+  same sums, so the same outputs up to float rounding; XLA and LiteRT have
+  both ops. Any other configuration computes as the parent.
+
+  Call: inputs [B, H, W, C_in] of the compute dtype -> [B, k*H, k*W, C_out].
+  """
+
+  def _is_tiled(self) -> bool:
+    k = self.kernel_size[0]
+    return (self.kernel_size == (k, k) and self.strides == (k, k) and self.padding == "valid"
+            and self.dilation_rate == (1, 1) and self.data_format == "channels_last"
+            and self.output_padding is None)
+
+  def call(self, inputs):
+    if not self._is_tiled():
+      return super().call(inputs)
+    k, channels_in = self.kernel_size[0], inputs.shape[-1]
+    kernel = tf.convert_to_tensor(self.kernel)  # [k, k, C_out, C_in], the compute dtype.
+    # Column (a * k + b) * C_out + o of the matrix is kernel[a, b, o, :]: depth_to_space's order.
+    matrix = tf.reshape(tf.transpose(kernel, [3, 0, 1, 2]), [channels_in, k * k * self.filters])
+    dynamic = tf.shape(inputs)
+    shape = [d if d is not None else dynamic[i] for i, d in enumerate(inputs.shape[:-1])]
+    outputs = tf.matmul(tf.reshape(inputs, [-1, channels_in]), tf.cast(matrix, inputs.dtype))
+    outputs = tf.nn.depth_to_space(tf.reshape(outputs, shape + [k * k * self.filters]), k)
+    if self.use_bias:
+      outputs = tf.nn.bias_add(outputs, tf.cast(self.bias, outputs.dtype))
+    return self.activation(outputs) if self.activation is not None else outputs
 
 
 @keras.saving.register_keras_serializable(package="tpu_models")

@@ -3,6 +3,7 @@
 import json
 import os
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -86,6 +87,36 @@ def test_inference_returns_a_fixed_number_of_detections_with_masks():
   assert masks.min() >= 0.0 and masks.max() <= 1.0
   boxes = out["detection_boxes"].numpy()
   assert boxes.min() >= 0.0 and boxes.max() <= 64.0
+
+
+@pytest.mark.parametrize("num_masks", [5, 1])
+def test_class_mask_logits_are_the_1x1_conv_of_each_rois_class(num_masks):
+  """Only each RoI's own class is computed: the same logits and kernel/bias gradients as
+  the full 1x1 conv followed by picking that class (class -1, padding, reads class 0)."""
+  rng = np.random.default_rng(0)
+  features = tf.constant(rng.normal(size=[4, 6, 6, 3]), tf.float32)
+  classes = tf.constant([2, 0, -1, 4]) if num_masks > 1 else tf.constant([0, -1, 0, 0])
+  conv = keras.layers.Conv2D(num_masks, 1, bias_initializer="random_normal")
+  ours = maskrcnn.ClassMaskLogits(num_masks)
+  conv.build(features.shape)
+  ours.build([features.shape, classes.shape])
+  ours.set_weights(conv.get_weights())
+  assert [v.path.split("/")[-1] for v in ours.weights] == ["kernel", "bias"]
+
+  def run(layer, pick):
+    with tf.GradientTape() as tape:
+      logits = pick(layer)
+      loss = tf.reduce_sum(logits * tf.reshape(tf.range(tf.size(logits), dtype=tf.float32) % 3,
+                                               logits.shape))
+    return [logits] + [tf.convert_to_tensor(g) for g in tape.gradient(
+        loss, layer.trainable_variables)]  # (Gathered columns: IndexedSlices.)
+
+  want = run(conv, lambda layer: tf.gather(layer(features), tf.maximum(classes, 0), axis=-1,
+                                           batch_dims=1))
+  got = run(ours, lambda layer: layer([features, classes]))
+  assert got[0].shape == (4, 6, 6) and got[0].dtype == tf.float32
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
 def test_bad_model_configs_fail_clearly():

@@ -175,6 +175,44 @@ def test_per_level_top_k_and_per_image_clipping_match_a_numpy_reference():
     nms.postprocess(class_logits, box_deltas, anchors, level_sizes=[64, 16])
 
 
+def test_nms_within_levels_matches_a_per_level_numpy_reference():
+  """A two-stage RPN's NMS: boxes suppress only their own level's, then the best D of all."""
+  rng = np.random.default_rng(5)
+  anchors = anchor_ops.multilevel_anchors(64, 3, 5, 1, (0.5, 1.0, 2.0), 2.0).numpy()
+  sizes = list(anchor_ops.anchors_per_level(64, 3, 5, 1, (0.5, 1.0, 2.0)).values())  # 192, 48, 12
+  top_k, max_detections, min_size, iou = 40, 50, 1.0, 0.2  # Low: levels' boxes overlap.
+  class_logits, box_deltas = _random_outputs(rng, 2, anchors.shape[0], 1, 0.0)
+  box_deltas *= 0.2  # Neighbouring anchors' boxes overlap: NMS has work to do.
+
+  @tf.function(jit_compile=True)
+  def run(class_logits, box_deltas):
+    return nms.postprocess(class_logits, box_deltas, anchors, pre_nms_top_k=top_k,
+                           score_threshold=-0.5, iou_threshold=iou,
+                           max_detections=max_detections, level_sizes=sizes, image_size=64,
+                           min_size=min_size, nms_within_levels=True)
+
+  got = _numpy(run(class_logits, box_deltas))
+  suppressed_across_levels = 0
+  for b in range(2):
+    scores = 1 / (1 + np.exp(-class_logits[b, :, 0].astype(np.float64)))
+    kept, start = [], 0
+    for size in sizes:
+      order = start + np.argsort(-scores[start:start + size], kind="stable")[:top_k]
+      boxes = np.clip(box_ops.decode_boxes(box_deltas[b, order], anchors[order]).numpy(), 0, 64)
+      large = np.all(boxes[:, 2:] - boxes[:, :2] >= min_size, axis=1)
+      kept += _np_nms(boxes[large], scores[order][large], np.zeros(large.sum(), int), iou,
+                      -0.5, top_k)
+      start += size
+    kept.sort(key=lambda d: -d[0])
+    _assert_matches(got, kept[:max_detections], b)
+    # The same candidates in one NMS across levels would keep fewer: the grouping matters.
+    all_levels = _np_nms(np.array([d[1] for d in kept]), np.array([d[0] for d in kept]),
+                         np.zeros(len(kept), int), iou, -0.5, len(kept))
+    suppressed_across_levels += len(kept) - len(all_levels)
+  assert suppressed_across_levels > 0
+  assert got["boxes"].shape == (2, max_detections, 4)
+
+
 def test_postprocess_decodes_and_clips():
   anchors = np.array([[-4, -4, 12, 12], [8, 8, 24, 24]], np.float32)
   logits = np.array([[[3.0], [2.0]]], np.float32)

@@ -27,7 +27,9 @@ Stages (every shape fixed by the config, nothing data-dependent):
             two fully connected layers, K + 1 softmax logits (0 = background)
             and class-specific deltas (coder weights 10, 10, 5, 5).
   mask head RoIAlign 14x14, mask_head_convs 3x3 convs, a 2x2 stride-2
-            transposed conv, a 1x1 conv: K (or 1, class-agnostic) 28x28 logits.
+            transposed conv (a matmul: `layers.TiledConv2DTranspose`), a 1x1
+            conv of K (or 1, class-agnostic) outputs evaluated only for each
+            RoI's own class (`ClassMaskLogits`): 28x28 logits per RoI.
             Training: on the sampled positives only (the first slots of the
             sample); inference: on the final detections.
   detection (inference) class-specific boxes decoded, the pre-NMS top-k
@@ -77,7 +79,7 @@ from tpu_models.vision.detection import boxes as box_ops
 from tpu_models.vision.detection import nms as nms_lib
 from tpu_models.vision.detection import retinanet as retinanet_lib
 from tpu_models.vision.detection import roi_ops
-from tpu_models.vision.layers import EigenConv2D
+from tpu_models.vision.layers import EigenConv2D, TiledConv2DTranspose
 
 # Faster R-CNN's second-stage box coder (Detectron, Model Garden, torchvision).
 ROI_BOX_WEIGHTS = (10.0, 10.0, 5.0, 5.0)
@@ -156,6 +158,12 @@ def _rpn_outputs(pyramid: Dict[int, keras.KerasTensor], channels: int, per_locat
           keras.layers.Concatenate(axis=1, name="rpn_box_deltas", dtype="float32")(boxes))
 
 
+def _compute_dtype() -> str:
+  """The heads' input dtype: the policy's compute dtype, which RoIAlign's crops already have
+  (a float32 Input would cast them to float32 and the first layer back, both ways)."""
+  return keras.mixed_precision.global_policy().compute_dtype
+
+
 def _box_head(roi_size: int, channels: int, fc_dims: int, num_classes: int,
               num_convs: int = 0, num_fcs: int = 2, batch_norm=None) -> keras.Model:
   """[R, s, s, C] RoI features -> (class logits [R, K + 1], class-specific deltas [R, 4K]).
@@ -165,7 +173,8 @@ def _box_head(roi_size: int, channels: int, fc_dims: int, num_classes: int,
   and then ReLU (Model Garden's DetectionHead).
   """
   with keras.name_scope("box_head"):
-    features = keras.Input((roi_size, roi_size, channels), name="roi_features")
+    features = keras.Input((roi_size, roi_size, channels), dtype=_compute_dtype(),
+                           name="roi_features")
     x = features
     activation = None if batch_norm else "relu"
     for i in range(num_convs):
@@ -186,10 +195,58 @@ def _box_head(roi_size: int, channels: int, fc_dims: int, num_classes: int,
   return keras.Model(features, [logits, deltas], name="box_head")
 
 
+@keras.saving.register_keras_serializable(package="tpu_models")
+class ClassMaskLogits(keras.layers.Layer):
+  """The mask head's last 1x1 conv, evaluated for one class per RoI.
+
+  Variables as a `keras.layers.Conv2D(num_masks, 1)`'s (kernel [1, 1, C,
+  num_masks], bias [num_masks]), so checkpoints and weight imports see that
+  layer. Only the class each RoI is trained on (or detected as) is ever read,
+  so only its column is computed: [H*W, C] @ [C] per RoI (a batched matmul),
+  not all num_masks maps and a selection: at 80 classes 1/80 of the product,
+  and the gradient reaches the same kernel columns. It computes in its compute
+  dtype (bfloat16 under mixed_bfloat16, as the convs before it) and returns
+  float32 logits for the sigmoid loss.
+
+  Call: [features [R, H, W, C], classes int [R] (0..num_masks-1; clipped, so
+  -1 padding reads class 0)] -> float32 logits [R, H, W].
+  """
+
+  def __init__(self, num_masks: int, kernel_initializer="glorot_uniform", **kwargs):
+    super().__init__(**kwargs)
+    self.num_masks = int(num_masks)
+    self.kernel_initializer = keras.initializers.get(kernel_initializer)
+
+  def build(self, input_shape):
+    channels = input_shape[0][-1]
+    self.kernel = self.add_weight(name="kernel", shape=(1, 1, channels, self.num_masks),
+                                  initializer=self.kernel_initializer)
+    self.bias = self.add_weight(name="bias", shape=(self.num_masks,), initializer="zeros")
+
+  def call(self, inputs):
+    features, classes = inputs
+    classes = tf.clip_by_value(tf.cast(classes, tf.int32), 0, self.num_masks - 1)
+    features = tf.cast(features, self.compute_dtype)
+    height, width, channels = features.shape[1], features.shape[2], features.shape[3]
+    columns = tf.gather(tf.transpose(tf.convert_to_tensor(self.kernel)[0, 0]), classes)  # [R, C]
+    logits = tf.matmul(tf.reshape(features, [-1, height * width, channels]), columns[:, :, None])
+    logits = tf.reshape(logits, [-1, height, width])
+    logits += tf.gather(tf.convert_to_tensor(self.bias), classes)[:, None, None]
+    return tf.cast(logits, tf.float32)
+
+  def compute_output_shape(self, input_shape):
+    return tuple(input_shape[0][:3])
+
+  def get_config(self):
+    return {**super().get_config(), "num_masks": self.num_masks,
+            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer)}
+
+
 def _mask_head(roi_size: int, channels: int, num_convs: int, head_channels: int,
                mask_classes: int, batch_norm=None) -> keras.Model:
-  """[R, s, s, C] RoI features -> mask logits [R, 2s, 2s, mask_classes] (float32).
+  """[RoI features [R, s, s, C], classes int32 [R]] -> mask logits [R, 2s, 2s] (float32).
 
+  The logits of each RoI's own class (0..mask_classes-1; class-agnostic: one).
   With batch_norm (a BN layer factory), every conv and the upsampling are
   followed by BN, then ReLU (Model Garden's MaskHead).
   """
@@ -199,20 +256,23 @@ def _mask_head(roi_size: int, channels: int, num_convs: int, head_channels: int,
     return keras.layers.ReLU(name=f"{name}_relu")(batch_norm(f"{name}_bn")(x)) if batch_norm else x
 
   with keras.name_scope("mask_head"):
-    features = keras.Input((roi_size, roi_size, channels), name="mask_roi_features")
+    features = keras.Input((roi_size, roi_size, channels), dtype=_compute_dtype(),
+                           name="mask_roi_features")
+    classes = keras.Input((), dtype="int32", name="mask_classes")
     x = features
     for i in range(num_convs):
       x = normalized(EigenConv2D(head_channels, 3, padding="same", activation=activation,
                                  name=f"conv{i}",
                                  kernel_initializer=keras.initializers.VarianceScaling(2.0))(x),
                      f"conv{i}")
-    x = normalized(keras.layers.Conv2DTranspose(
+    x = normalized(TiledConv2DTranspose(
         head_channels, MASK_SIZE_FACTOR, strides=MASK_SIZE_FACTOR, activation=activation,
         name="upsample", kernel_initializer=keras.initializers.VarianceScaling(2.0))(x),
                    "upsample")
-    logits = keras.layers.Conv2D(mask_classes, 1, name="mask_logits", dtype="float32",
-                                 kernel_initializer=keras.initializers.VarianceScaling(2.0))(x)
-  return keras.Model(features, logits, name="mask_head")
+    logits = ClassMaskLogits(mask_classes, name="mask_logits",
+                             kernel_initializer=keras.initializers.VarianceScaling(2.0))(
+                                 [x, classes])
+  return keras.Model([features, classes], logits, name="mask_head")
 
 
 class MaskRCNN(keras.Model):
@@ -302,12 +362,8 @@ class MaskRCNN(keras.Model):
     crops = self._roi_align(roi_pyramid, rois, s.mask_roi_size)
     batch, regions = tf.shape(rois)[0], rois.shape[1]
     flat = tf.reshape(crops, [-1, s.mask_roi_size, s.mask_roi_size, crops.shape[-1]])
-    logits = self.mask_head(flat, training=training)
-    logits = tf.reshape(logits, [batch, regions, s.mask_size, s.mask_size, -1])
-    if s.class_agnostic_masks:
-      return logits[..., 0]
-    picked = tf.one_hot(tf.maximum(classes, 0), s.num_classes, dtype=logits.dtype)
-    return tf.einsum("brhwk,brk->brhw", logits, picked)
+    logits = self.mask_head([flat, tf.reshape(classes, [-1])], training=training)
+    return tf.reshape(logits, [batch, regions, s.mask_size, s.mask_size])
 
   def _training_heads(self, roi_pyramid, proposals, proposal_valid, ground_truth, training):
     s = self.settings

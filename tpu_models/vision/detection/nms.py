@@ -206,6 +206,9 @@ def postprocess(class_logits, box_deltas, anchors, *, pre_nms_top_k: int = 1000,
     nms_within_levels: with level_sizes, boxes suppress only boxes of their own
       level and class (a two-stage detector's RPN: torchvision's, Model
       Garden's MultilevelROIGenerator); False: of their class on any level.
+      Each level then runs its own NMS (L matrices of [k, k] overlaps instead
+      of one of [L*k, L*k]; at an RPN's 5 levels of 2000, a quarter of the
+      pairs) and the max_detections best of all levels are returned.
 
   Returns:
     dict: boxes float32 [B, D, 4] (pixels of the model input, [ymin, xmin,
@@ -242,19 +245,62 @@ def postprocess(class_logits, box_deltas, anchors, *, pre_nms_top_k: int = 1000,
       raise ValueError(f"level_sizes {level_sizes} must be positive and sum to the "
                        f"{num_anchors} anchors.")
     pieces, start = [], 0
-    for level, (size, level_logits) in enumerate(
-        zip(level_sizes, tf.split(class_logits, level_sizes, axis=1))):
+    for size, level_logits in zip(level_sizes, tf.split(class_logits, level_sizes, axis=1)):
       logits, index, level_classes = _top_pairs(
           level_logits, min(int(pre_nms_top_k), size * num_classes))
-      pieces.append((logits, index + start, level_classes, tf.fill(tf.shape(index), level)))
+      pieces.append((logits, index + start, level_classes))
       start += size
-    top_logits, anchor_index, classes, levels = (tf.concat(p, axis=1) for p in zip(*pieces))
-  scores = tf.sigmoid(top_logits)
+    if nms_within_levels:
+      # Boxes of different levels never suppress each other: NMS per level on its own
+      # [k, k] overlaps (the same keeps as one NMS grouped by level, at a fraction of the
+      # all-levels [L*k, L*k] matrix), then the best max_detections of all the levels.
+      return _merge_detections([
+          _decode_and_nms(logits, index, level_classes, box_deltas, anchors, box_weights,
+                          image_size, iou_threshold=iou_threshold,
+                          score_threshold=score_threshold,
+                          max_detections=min(max_detections, logits.shape[1]),
+                          min_size=min_size, class_agnostic=num_classes == 1)
+          for logits, index, level_classes in pieces], max_detections)
+    top_logits, anchor_index, classes = (tf.concat(p, axis=1) for p in zip(*pieces))
+  return _decode_and_nms(top_logits, anchor_index, classes, box_deltas, anchors, box_weights,
+                         image_size, iou_threshold=iou_threshold,
+                         score_threshold=score_threshold, max_detections=max_detections,
+                         # One class: no class comparison in the suppression matrix.
+                         class_agnostic=class_agnostic or num_classes == 1, min_size=min_size)
+
+
+def _decode_and_nms(top_logits, anchor_index, classes, box_deltas, anchors, box_weights,
+                    image_size, **nms_args) -> Dict[str, tf.Tensor]:
+  """`batched_nms` of the candidates (logits [B, k], anchor and class int32 [B, k]) decoded."""
   boxes = box_ops.decode_boxes(tf.gather(box_deltas, anchor_index, batch_dims=1),
                                tf.gather(anchors, anchor_index), box_weights)
   if image_size is not None:
     boxes = box_ops.clip_boxes(boxes, image_size)
-  groups = levels * num_classes + classes if nms_within_levels else None
-  return batched_nms(boxes, scores, classes, iou_threshold=iou_threshold,
-                     score_threshold=score_threshold, max_detections=max_detections,
-                     class_agnostic=class_agnostic, min_size=min_size, groups=groups)
+  return batched_nms(boxes, tf.sigmoid(top_logits), classes, **nms_args)
+
+
+def _merge_detections(parts, max_detections: int) -> Dict[str, tf.Tensor]:
+  """The max_detections best of several `batched_nms` results, in `batched_nms`' format.
+
+  Ties in score go to the earlier part, then the earlier slot: the order one
+  NMS over the parts' concatenated candidates would give them.
+  """
+  count = tf.concat([tf.range(p["scores"].shape[1])[None, :] < p["num_detections"][:, None]
+                     for p in parts], axis=1)  # bool [B, sum D_i]: real detections
+  scores = tf.concat([p["scores"] for p in parts], axis=1)
+  take = min(max_detections, scores.shape[1])
+  _, picked = tf.math.top_k(tf.where(count, scores, scores.dtype.min), k=take, sorted=True)
+  num_detections = tf.minimum(tf.add_n([p["num_detections"] for p in parts]), take)
+  is_real = tf.range(take)[None, :] < num_detections[:, None]
+  out = {"boxes": tf.where(is_real[..., None], tf.gather(
+             tf.concat([p["boxes"] for p in parts], axis=1), picked, batch_dims=1), 0.0),
+         "scores": tf.where(is_real, tf.gather(scores, picked, batch_dims=1), 0.0),
+         "classes": tf.where(is_real, tf.gather(
+             tf.concat([p["classes"] for p in parts], axis=1), picked, batch_dims=1), -1)}
+  if take < max_detections:
+    pad = max_detections - take
+    out = {"boxes": tf.pad(out["boxes"], [[0, 0], [0, pad], [0, 0]]),
+           "scores": tf.pad(out["scores"], [[0, 0], [0, pad]]),
+           "classes": tf.pad(out["classes"], [[0, 0], [0, pad]], constant_values=-1)}
+  out["num_detections"] = num_detections
+  return out
