@@ -59,12 +59,22 @@ def test_a_killed_trial_resumes_from_its_checkpoint_and_a_repeated_failure_is_fi
 
 def test_a_killed_driver_resumes_without_rerunning_or_losing_anything(tmp_path):
   directory = str(tmp_path / "sweep")
+  # 40 steps of 0.5 s per trial: the second trial is still running ~15 s after its first
+  # checkpoint, which the kill below must fall inside even on a loaded machine.
   args = [TOY_SWEEP, "--set", f"sweep.directory={directory}", "--set", "sweep.trials=2",
           "--set", "sweep.concurrency=1", "--set", "sweep.space.task.model.hidden={grid: [4, 8]}",
-          "--set", "task.batch_delay_seconds=0.3"]
+          "--set", "task.batch_delay_seconds=0.5"]
   log = str(tmp_path / "driver.log")
   with ray_sandbox() as ray_tmp:
     driver = start_sweep(ray_tmp, *args, log_path=log)
+    wait_for(lambda: any(r.get("state") == "running" for r in trial_records(directory).values()),
+             240, "a running trial", process=driver, log_path=log)
+    # A second driver on the same directory is refused at once, naming the lock's holder.
+    # (Checked now, not between the checkpoint and the kill: starting a driver process takes
+    # seconds under load, and the running trial could finish meanwhile.)
+    second = run_sweep(ray_tmp, *args, timeout=120)
+    assert second.returncode == 2
+    assert "Another driver runs the sweep in" in second.stderr and str(driver.pid) in second.stderr
 
     def first_done_second_checkpointed():
       records = trial_records(directory)
@@ -76,11 +86,6 @@ def test_a_killed_driver_resumes_without_rerunning_or_losing_anything(tmp_path):
     finished, running = wait_for(first_done_second_checkpointed, 240,
                                  "a finished trial and a running one with a checkpoint",
                                  process=driver, log_path=log)
-    # A second driver on the same directory is refused at once, naming the lock's holder.
-    second = run_sweep(ray_tmp, *args, timeout=120)
-    assert second.returncode == 2
-    assert "Another driver runs the sweep in" in second.stderr and str(driver.pid) in second.stderr
-
     os.kill(driver.pid, signal.SIGKILL)
     driver.wait()
     before = trial_records(directory)

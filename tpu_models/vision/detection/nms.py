@@ -113,11 +113,18 @@ def batched_nms(boxes, scores, classes, *, iou_threshold: float = 0.5,
     considered &= tf.reduce_all(boxes[..., 2:] - boxes[..., :2] >= min_size, axis=-1)
   keep = nms_keep_mask(boxes, considered, groups, iou_threshold=iou_threshold)
 
-  # Kept candidates are still in score order: take the first D of them.
-  take = min(max_detections, num_candidates)
-  ranked = tf.where(keep, scores, scores.dtype.min)
-  _, picked = tf.math.top_k(ranked, k=take, sorted=True)
-  num_detections = tf.minimum(tf.reduce_sum(tf.cast(keep, tf.int32), axis=1), take)
+  # Kept candidates are still in score order: the first D of them.
+  return _best_detections(boxes, scores, classes, keep, max_detections)
+
+
+def _best_detections(boxes, scores, classes, real, max_detections: int) -> Dict[str, tf.Tensor]:
+  """The max_detections highest-scoring `real` candidates, in `batched_nms`' padded format.
+
+  Ties in score go to the earlier candidate (top-k's order).
+  """
+  take = min(max_detections, scores.shape[1])
+  _, picked = tf.math.top_k(tf.where(real, scores, scores.dtype.min), k=take, sorted=True)
+  num_detections = tf.minimum(tf.reduce_sum(tf.cast(real, tf.int32), axis=1), take)
   is_real = tf.range(take)[None, :] < num_detections[:, None]  # [B, take]
   out = {
       "boxes": tf.where(is_real[..., None], tf.gather(boxes, picked, batch_dims=1), 0.0),
@@ -285,22 +292,7 @@ def _merge_detections(parts, max_detections: int) -> Dict[str, tf.Tensor]:
   Ties in score go to the earlier part, then the earlier slot: the order one
   NMS over the parts' concatenated candidates would give them.
   """
-  count = tf.concat([tf.range(p["scores"].shape[1])[None, :] < p["num_detections"][:, None]
-                     for p in parts], axis=1)  # bool [B, sum D_i]: real detections
-  scores = tf.concat([p["scores"] for p in parts], axis=1)
-  take = min(max_detections, scores.shape[1])
-  _, picked = tf.math.top_k(tf.where(count, scores, scores.dtype.min), k=take, sorted=True)
-  num_detections = tf.minimum(tf.add_n([p["num_detections"] for p in parts]), take)
-  is_real = tf.range(take)[None, :] < num_detections[:, None]
-  out = {"boxes": tf.where(is_real[..., None], tf.gather(
-             tf.concat([p["boxes"] for p in parts], axis=1), picked, batch_dims=1), 0.0),
-         "scores": tf.where(is_real, tf.gather(scores, picked, batch_dims=1), 0.0),
-         "classes": tf.where(is_real, tf.gather(
-             tf.concat([p["classes"] for p in parts], axis=1), picked, batch_dims=1), -1)}
-  if take < max_detections:
-    pad = max_detections - take
-    out = {"boxes": tf.pad(out["boxes"], [[0, 0], [0, pad], [0, 0]]),
-           "scores": tf.pad(out["scores"], [[0, 0], [0, pad]]),
-           "classes": tf.pad(out["classes"], [[0, 0], [0, pad]], constant_values=-1)}
-  out["num_detections"] = num_detections
-  return out
+  real = tf.concat([tf.range(p["scores"].shape[1])[None, :] < p["num_detections"][:, None]
+                    for p in parts], axis=1)  # bool [B, sum D_i]
+  return _best_detections(*(tf.concat([p[key] for p in parts], axis=1)
+                            for key in ("boxes", "scores", "classes")), real, max_detections)
