@@ -36,10 +36,14 @@ _TORCHVISION_PRE = Preprocessing(
 # scale), and as a multiple of 128 it makes torchvision's own stride rule
 # (padded size // feature size) give exactly 64 and 128 on P6 and P7.
 TORCHVISION_IMAGE_SIZE = 1024
-_TORCHVISION_TASK = {
-    "name": "detection", "image_size": TORCHVISION_IMAGE_SIZE,
+# torchvision's detectors' input: its transform's size here, ImageNet mean/std on 0-255 pixels.
+_TORCHVISION_INPUT = {
+    "image_size": TORCHVISION_IMAGE_SIZE,
     "mean": [round(m * 255, 6) for m in _IMAGENET_MEAN],
     "std": [round(s * 255, 6) for s in _IMAGENET_STD],
+}
+_TORCHVISION_TASK = {
+    "name": "detection", **_TORCHVISION_INPUT,
     # torchvision's postprocess_detections: per level sigmoid > 0.05, top 1000,
     # boxes clipped to the unpadded image, class-wise NMS at 0.5, 300 kept.
     "pre_nms_top_k": 1000, "pre_nms_top_k_per_level": True, "clip_to_content": True,
@@ -93,9 +97,7 @@ register_weights(WeightsEntry(
     model="maskrcnn_resnet50_fpn",
     params={"num_classes": 90, "image_size": TORCHVISION_IMAGE_SIZE,
             **torchvision_maskrcnn.TORCHVISION_MASKRCNN_V1},
-    task={"name": "maskrcnn", "image_size": TORCHVISION_IMAGE_SIZE,
-          "mean": [round(m * 255, 6) for m in _IMAGENET_MEAN],
-          "std": [round(s * 255, 6) for s in _IMAGENET_STD]},
+    task={"name": "maskrcnn", **_TORCHVISION_INPUT},
     accuracy={"box_ap": 37.9, "mask_ap": 34.6}, preprocessing=_TORCHVISION_PRE,
     labels=COCO_90_FROM_TORCHVISION,
     notes="torchvision resizes the shorter side to 800 (longer at most 1333) and pads to a "
