@@ -104,7 +104,6 @@ class TwoStageSettings:
   roi_sampling_ratio: int
   roi_min_level: int
   roi_max_level: int
-  class_agnostic_masks: bool
   detection_pre_nms_top_k: int
   detection_score_threshold: float
   detection_nms_iou: float
@@ -605,7 +604,6 @@ def maskrcnn(*,
       roi_positive_iou=float(roi_positive_iou), box_roi_size=int(box_roi_size),
       mask_roi_size=int(mask_roi_size), roi_sampling_ratio=int(roi_sampling_ratio),
       roi_min_level=2, roi_max_level=int(roi_max_level),
-      class_agnostic_masks=bool(class_agnostic_masks),
       detection_pre_nms_top_k=int(detection_pre_nms_top_k),
       detection_score_threshold=float(detection_score_threshold),
       detection_nms_iou=float(detection_nms_iou), max_detections=int(max_detections),
