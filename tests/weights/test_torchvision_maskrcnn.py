@@ -19,6 +19,7 @@ import tensorflow as tf
 from conftest import REPO
 from tpu_models.errors import ConfigError
 from tpu_models.registry import create_model
+from tpu_models.vision.detection import masks as masks_lib
 from tpu_models.vision.detection import torchvision as tv_retinanet
 from tpu_models.vision.detection import torchvision_maskrcnn as tv_maskrcnn
 from tpu_models.weights import catalogue, importing
@@ -77,6 +78,34 @@ def test_every_stage_equals_torchvisions(reference, chelsea_model):
   masks = compared["mask_iou_torchvision_paste"]
   assert masks["count"] == compared["detections"]["count_theirs"]
   assert masks["min"] >= 0.99, masks
+  # Our mask head pasted into torchvision's boxes, and torchvision's own logits pasted by
+  # the numpy copy of its rule: every mask its mask.
+  for name in ("mask_iou_mask_head", "paste_reproduced"):
+    assert compared[name]["count"] == masks["count"] and compared[name]["min"] >= 0.99, (
+        name, compared[name])
+
+
+def test_mask_head_ious_leave_out_only_the_pixels_rounding_can_tie():
+  """Pixels on 0.5 flipped by a 1e-4 logit difference are ties; a real difference is not."""
+  theirs = np.full([1, 28, 28], -6.0, np.float32)
+  theirs[0, :10] = 6.0
+  theirs[0, 10:14] = -1e-5  # Rows of cells a hair under 0.5.
+  box = np.array([[20.0, 20.0, 48.0, 48.0]], np.float32)  # yxyx, original pixels.
+  paste = lambda logits: tv_maskrcnn.paste_masks_torchvision(
+      1 / (1 + np.exp(-logits.astype(np.float64))), box[:, [1, 0, 3, 2]], 64, 64) > 0.5
+  pasted = paste(theirs)
+  rounded = theirs.copy()
+  rounded[0, 10:14] = 9e-5  # 1e-4 away: over 0.5.
+  assert masks_lib.mask_iou(paste(rounded)[0], pasted[0]) < 0.9  # The ties move the IoU...
+  result = tv_maskrcnn.mask_head_ious(rounded, theirs, pasted, box, 64, 64)
+  assert result["mask_tie_pixels"] > 50
+  assert result["mask_iou_mask_head"]["min"] == 1.0  # ... and are all that differs.
+  assert result["paste_reproduced"]["min"] == 1.0
+  # A real difference (rows at logit 2 instead of -6) stays, with the tie band capped.
+  different = theirs.copy()
+  different[0, 14:20] = 2.0
+  result = tv_maskrcnn.mask_head_ious(different, theirs, pasted, box, 64, 64)
+  assert result["mask_iou_mask_head"]["min"] < 0.9, result
 
 
 def test_the_pre_013_key_layout_gives_the_same_model(chelsea_model):

@@ -272,6 +272,54 @@ def _nearest(ours: Dict[str, np.ndarray], count: int, boxes_xyxy, scores,
   return np.where(same, distance, np.inf).argmin(1) if count else np.zeros([0], np.int64)
 
 
+# The largest mask-logit difference read as float32 rounding (a 50-layer backbone each
+# side: ~1e-4 measured) when `mask_head_ious` leaves pixels on 0.5 out as ties.
+TIE_LOGIT_LIMIT = 1e-3
+
+
+def _iou_summary(ious: np.ndarray) -> Dict[str, Any]:
+  return {"min": float(ious.min()) if len(ious) else 1.0,
+          "mean": float(ious.mean()) if len(ious) else 1.0,
+          "below_0.99": int((ious < 0.99).sum()), "count": len(ious)}
+
+
+def mask_head_ious(ours_logits: np.ndarray, theirs_logits: np.ndarray,
+                    theirs_pasted: np.ndarray, boxes_yxyx: np.ndarray, height: int,
+                    width: int) -> Dict[str, Any]:
+  """The mask head's IoUs on torchvision's detections, apart from the paste's boundaries.
+
+  ours_logits, theirs_logits: float [D, 28, 28] mask logits of torchvision's labels on its
+  detections; theirs_pasted: bool [D, height, width], its masks; boxes_yxyx: float [D, 4],
+  its boxes in original pixels.
+
+  torchvision's paste truncates each widened box to integers and thresholds at 0.5, so
+  a 1e-3 px box difference can move a whole column and a 1e-4 logit difference can flip
+  a pixel whose probability sits on 0.5. Both sides' logits are pasted here with its
+  rule into its boxes, and a pixel whose pasted probability (torchvision's) lies within
+  the bound the measured logit difference allows (sigmoid' <= 1/4, and bilinear weights
+  sum to 1: |delta p| <= max |delta logit| / 4) is a tie, left out of both masks.
+  The bound stops at TIE_LOGIT_LIMIT: logits further apart are a difference to see,
+  not a tie. `paste_reproduced`: torchvision's logits pasted by this numpy copy vs its
+  own masks.
+  """
+  if not len(theirs_logits):
+    return {"mask_iou_mask_head": _iou_summary(np.zeros([0])),
+            "paste_reproduced": _iou_summary(np.zeros([0])), "mask_tie_pixels": 0}
+  from tpu_models.vision.detection import masks as mask_ops
+  sigmoid = lambda x: 1.0 / (1.0 + np.exp(-np.asarray(x, np.float64)))
+  boxes_xyxy = boxes_yxyx[:, [1, 0, 3, 2]]
+  theirs = paste_masks_torchvision(sigmoid(theirs_logits), boxes_xyxy, height, width)
+  ours = paste_masks_torchvision(sigmoid(ours_logits), boxes_xyxy, height, width)
+  bound = min(float(np.abs(ours_logits - theirs_logits).max()), TIE_LOGIT_LIMIT) / 4
+  decided = np.abs(theirs - 0.5) > bound
+  head = [mask_ops.mask_iou(a & d, b & d)
+          for a, b, d in zip(ours > 0.5, theirs > 0.5, decided)]
+  reproduced = [mask_ops.mask_iou(a, b) for a, b in zip(theirs > 0.5, theirs_pasted)]
+  return {"mask_iou_mask_head": _iou_summary(np.array(head)),
+          "paste_reproduced": _iou_summary(np.array(reproduced)),
+          "mask_tie_pixels": int((~decided).sum())}
+
+
 def compare_outputs(model, arrays: Mapping[str, np.ndarray], photo: str,
                     params: Mapping[str, Any]) -> Dict[str, Any]:
   """Our imported Mask R-CNN on torchvision's transformed photo vs its recorded stages.
@@ -289,7 +337,8 @@ def compare_outputs(model, arrays: Mapping[str, np.ndarray], photo: str,
     masks     our mask logits (of their labels) on their detections; the full
               pipeline's masks pasted into the original image (torchvision's
               paste rule, and ours, `masks.paste_masks`) vs theirs: IoU per
-              detection of the matched pairs.
+              detection of the matched pairs; and our mask head's masks apart
+              from the paste's boundaries (`mask_head_ious`).
   """
   import tensorflow as tf
   from tpu_models.vision.detection import maskrcnn as maskrcnn_lib
@@ -356,6 +405,7 @@ def compare_outputs(model, arrays: Mapping[str, np.ndarray], photo: str,
 
   # Mask logits of our mask head on their detections (their labels).
   theirs_masks = arrays[f"{photo}/mask_logits"]
+  mask_logits = np.zeros_like(theirs_masks)
   result["max_abs_diff_mask_logits"] = result["max_abs_mask_logits"] = 0.0
   if len(labels):  # (No detections: nothing to compare.)
     mask_logits = model._mask_logits(roi_pyramid, tf.constant(_yxyx(references[0])[None]),
@@ -363,10 +413,13 @@ def compare_outputs(model, arrays: Mapping[str, np.ndarray], photo: str,
     result["max_abs_diff_mask_logits"] = float(np.abs(mask_logits - theirs_masks).max())
     result["max_abs_mask_logits"] = float(np.abs(theirs_masks).max())
 
-  # The full pipeline's masks pasted into the original image vs torchvision's.
   height, width = (int(v) for v in arrays[f"{photo}/original_size"])
   ratio = np.array([height, width, height, width], np.float32) / np.tile(image_hw[0], 2)
   theirs_pasted = unpack_masks(arrays, photo)
+  result.update(mask_head_ious(mask_logits, theirs_masks, theirs_pasted,
+                                _yxyx(references[0]) * ratio, height, width))
+
+  # The full pipeline's masks pasted into the original image vs torchvision's.
   matched = full_nearest[:len(theirs_pasted)]
   our_masks = np.asarray(full["detection_masks"][0])[matched]
   our_boxes = full_found["boxes"][matched] * ratio  # yxyx, original pixels
@@ -376,7 +429,5 @@ def compare_outputs(model, arrays: Mapping[str, np.ndarray], photo: str,
   for name, pasted in (("mask_iou_torchvision_paste", tv_rule),
                        ("mask_iou_our_paste", our_rule)):
     ious = np.array([mask_ops.mask_iou(a, b) for a, b in zip(pasted, theirs_pasted)])
-    result[name] = {"min": float(ious.min()) if len(ious) else 1.0,
-                    "mean": float(ious.mean()) if len(ious) else 1.0,
-                    "below_0.99": int((ious < 0.99).sum()), "count": len(ious)}
+    result[name] = _iou_summary(ious)
   return result
