@@ -46,6 +46,7 @@ import numpy as np
 from tpu_models.errors import ConfigError
 from tpu_models.vision.classification import torchvision as resnet_torchvision
 from tpu_models.vision.detection import anchors as anchor_ops
+from tpu_models.vision.detection import masks as mask_ops
 from tpu_models.vision.detection import torchvision as tv_retinanet
 from tpu_models.weights.catalogue import register_importer
 from tpu_models.weights.mapping import (NameMap, Source, WeightsMismatchError,
@@ -284,8 +285,8 @@ def _iou_summary(ious: np.ndarray) -> Dict[str, Any]:
 
 
 def mask_head_ious(ours_logits: np.ndarray, theirs_logits: np.ndarray,
-                    theirs_pasted: np.ndarray, boxes_yxyx: np.ndarray, height: int,
-                    width: int) -> Dict[str, Any]:
+                   theirs_pasted: np.ndarray, boxes_yxyx: np.ndarray, height: int,
+                   width: int) -> Dict[str, Any]:
   """The mask head's IoUs on torchvision's detections, apart from the paste's boundaries.
 
   ours_logits, theirs_logits: float [D, 28, 28] mask logits of torchvision's labels on its
@@ -305,7 +306,6 @@ def mask_head_ious(ours_logits: np.ndarray, theirs_logits: np.ndarray,
   if not len(theirs_logits):
     return {"mask_iou_mask_head": _iou_summary(np.zeros([0])),
             "paste_reproduced": _iou_summary(np.zeros([0])), "mask_tie_pixels": 0}
-  from tpu_models.vision.detection import masks as mask_ops
   sigmoid = lambda x: 1.0 / (1.0 + np.exp(-np.asarray(x, np.float64)))
   boxes_xyxy = boxes_yxyx[:, [1, 0, 3, 2]]
   theirs = paste_masks_torchvision(sigmoid(theirs_logits), boxes_xyxy, height, width)
@@ -342,7 +342,6 @@ def compare_outputs(model, arrays: Mapping[str, np.ndarray], photo: str,
   """
   import tensorflow as tf
   from tpu_models.vision.detection import maskrcnn as maskrcnn_lib
-  from tpu_models.vision.detection import masks as mask_ops
   image = arrays[f"{photo}/transformed_nhwc"]
   image_hw = np.asarray(arrays[f"{photo}/image_size"], np.float32)[None]
   layout = maskrcnn_lib.anchor_layout(**dict(params, image_size=list(image.shape[1:3])))
@@ -417,7 +416,7 @@ def compare_outputs(model, arrays: Mapping[str, np.ndarray], photo: str,
   ratio = np.array([height, width, height, width], np.float32) / np.tile(image_hw[0], 2)
   theirs_pasted = unpack_masks(arrays, photo)
   result.update(mask_head_ious(mask_logits, theirs_masks, theirs_pasted,
-                                _yxyx(references[0]) * ratio, height, width))
+                               _yxyx(references[0]) * ratio, height, width))
 
   # The full pipeline's masks pasted into the original image vs torchvision's.
   matched = full_nearest[:len(theirs_pasted)]
