@@ -30,15 +30,21 @@ import time
 # "model/block2a_dwconv_1/depthwise:_MklNativeDepthwiseConv2dNative" (oneDNN's ops start with "_").
 _OP_EVENT = re.compile(r"^(?P<name>[\w./-]+):(?P<type>_?[A-Z][A-Za-z0-9_]*)$")
 _CALL_SUFFIX = re.compile(r"_\d+$")  # Keras and TensorFlow number repeated scopes: dense_1, Mul_163.
+_LOOP_SCOPES = ("while", "body", "cond", "StatefulPartitionedCall", "PartitionedCall")
+_NUMBERED_SCOPE = re.compile(r"^_\d+$")  # A loop body's "_1".
 
 
 def layer_of(op_name: str, model_name: str) -> str:
   """The layer an op belongs to, or the scope of an op outside the model (e.g. "sgd").
 
   "gradient_tape/<model>_1/block2a_dwconv_1/depthwise/DepthwiseConv2dNativeBackpropFilter"
-  -> "block2a_dwconv": a gradient counts with its layer.
+  -> "block2a_dwconv": a gradient counts with its layer. The host loop's scopes in
+  front ("while/body/_1/while/StatefulPartitionedCall/...": the step runs inside
+  the Trainer's `tf.range` loop, as a function call) are not layers.
   """
   parts = [p for p in op_name.split("/") if p]
+  while len(parts) > 1 and (parts[0] in _LOOP_SCOPES or _NUMBERED_SCOPE.match(parts[0])):
+    parts = parts[1:]
   if parts and parts[0] == "gradient_tape":
     parts = parts[1:]
   if len(parts) > 1 and model_name in (parts[0], _CALL_SUFFIX.sub("", parts[0])):

@@ -28,6 +28,12 @@ def test_an_op_and_its_gradient_count_with_their_layer():
   # Outside the model: the scope, without the number TensorFlow appends.
   assert layer_of("sgd/ResourceApplyKerasMomentum_212", "efficientnet_b0") == "sgd"
   assert layer_of("gradient_tape/Mul_163", "efficientnet_b0") == "Mul"
+  # Inside the Trainer's host loop (the step a function called from a tf.range loop).
+  assert layer_of("while/body/_1/while/StatefulPartitionedCall/gradient_tape/toy_mlp_1/"
+                  "logits_1/MatMul/MatMul_1", "toy_mlp") == "logits"
+  assert layer_of("while/body/_1/while/StatefulPartitionedCall/sgd/ResourceApplyKerasMomentum_2",
+                  "toy_mlp") == "sgd"
+  assert layer_of("while/body/_1/while/add_11", "toy_mlp") == "add"
   # A layer whose name merely starts like the model's is a layer, not the model.
   assert layer_of("toy_mlp_head/MatMul", "toy_mlp") == "toy_mlp_head"
 

@@ -48,6 +48,28 @@ def test_learns_to_near_zero_loss_and_counts_every_eval_example(tmp_path):
   trainer.close()
 
 
+def test_every_step_runs_through_one_trace_of_the_step(tmp_path):
+  # The task's loss runs in Python once per trace of the train step. Loops of 4
+  # and 3 steps (the step count is a tensor) reuse that one trace: the host loop
+  # has no separately traced first step (which would trace the model twice and
+  # leave the loop body cold after a one-step warm-up).
+  trainer = _trainer(tmp_path, ["trainer.train_steps=7", "trainer.steps_per_loop=4",
+                                "task.train_data.global_batch_size=8"])
+  traces = []
+  loss = trainer.task.loss
+  trainer.task.loss = lambda *args, **kwargs: (traces.append(1), loss(*args, **kwargs))[1]
+  trainer.train()
+  trainer.close()
+  assert len(traces) == 1, traces
+  assert trainer.current_step == 7
+  assert int(trainer.optimizer.iterations.numpy()) == 7  # Every step applied once.
+  rows = progress.read_metrics(str(tmp_path / "run"), "train")
+  assert [r["step"] for r in rows] == [4, 7]
+  # The totals start at zero and add every step: examples/s x s/step = examples per step.
+  for row in rows:
+    assert row["examples_per_second"] * row["seconds_per_step"] == pytest.approx(8)
+
+
 def test_train_and_evaluate_reports_padded_eval(tmp_path):
   trainer = _trainer(tmp_path, ["trainer.train_steps=20", "trainer.eval_every=10",
                                 "task.eval_data.num_examples=13", "task.eval_data.global_batch_size=4"])

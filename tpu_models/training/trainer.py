@@ -515,12 +515,19 @@ class Trainer:
         bad = bad | overflow
       return sums, bad
 
+    # The step is traced ONCE, as its own function: its outputs' structure gives the
+    # loop's zero totals, and every iteration (the first included) runs the same
+    # graph. Peeling the first step to get that structure would trace the model
+    # twice (start-up time) and leave the loop body cold after a 1-step warm-up.
+    step_fn = tf.function(one_step)
+
     @tf.function
     def train_loop(iterator, num_steps):
-      totals, bad = one_step(iterator)
-      bad_step = tf.where(bad, self.step, tf.constant(-1, tf.int64))
-      for _ in tf.range(num_steps - 1):
-        sums, bad = one_step(iterator)
+      sums_spec = step_fn.get_concrete_function(iterator).structured_outputs[0]
+      totals = tf.nest.map_structure(lambda t: tf.zeros(t.shape, t.dtype), sums_spec)
+      bad_step = tf.constant(-1, tf.int64)
+      for _ in tf.range(num_steps):
+        sums, bad = step_fn(iterator)
         bad_step = tf.where((bad_step < 0) & bad, self.step, bad_step)
         totals = tf.nest.map_structure(tf.add, totals, sums)
       return totals, bad_step
