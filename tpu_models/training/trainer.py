@@ -523,8 +523,8 @@ class Trainer:
 
     @tf.function
     def train_loop(iterator, num_steps):
-      sums_spec = step_fn.get_concrete_function(iterator).structured_outputs[0]
-      totals = tf.nest.map_structure(lambda t: tf.zeros(t.shape, t.dtype), sums_spec)
+      traced_sums = step_fn.get_concrete_function(iterator).structured_outputs[0]
+      totals = tf.nest.map_structure(lambda t: tf.zeros(t.shape, t.dtype), traced_sums)
       bad_step = tf.constant(-1, tf.int64)
       for _ in tf.range(num_steps):
         sums, bad = step_fn(iterator)
