@@ -30,8 +30,8 @@ import time
 # "model/block2a_dwconv_1/depthwise:_MklNativeDepthwiseConv2dNative" (oneDNN's ops start with "_").
 _OP_EVENT = re.compile(r"^(?P<name>[\w./-]+):(?P<type>_?[A-Z][A-Za-z0-9_]*)$")
 _CALL_SUFFIX = re.compile(r"_\d+$")  # Keras and TensorFlow number repeated scopes: dense_1, Mul_163.
+# With a bare number ("_1", a loop body's), the scopes of the host loop around the step.
 _LOOP_SCOPES = ("while", "body", "cond", "StatefulPartitionedCall", "PartitionedCall")
-_NUMBERED_SCOPE = re.compile(r"^_\d+$")  # A loop body's "_1".
 
 
 def layer_of(op_name: str, model_name: str) -> str:
@@ -43,7 +43,7 @@ def layer_of(op_name: str, model_name: str) -> str:
   the Trainer's `tf.range` loop, as a function call) are not layers.
   """
   parts = [p for p in op_name.split("/") if p]
-  while len(parts) > 1 and (parts[0] in _LOOP_SCOPES or _NUMBERED_SCOPE.match(parts[0])):
+  while len(parts) > 1 and (parts[0] in _LOOP_SCOPES or _CALL_SUFFIX.fullmatch(parts[0])):
     parts = parts[1:]
   if parts and parts[0] == "gradient_tape":
     parts = parts[1:]
