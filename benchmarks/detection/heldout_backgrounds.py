@@ -11,7 +11,10 @@ model_dir on three splits:
     test (held-out)            test items, held-out photos
 
 so "validation - test" splits into what unseen items cost and what unseen
-scenes cost. Prints one JSON object; evaluates through the real Trainer.
+scenes cost. Prints one JSON object; evaluates through the real Trainer
+(`Trainer.evaluate`: the run's metrics.jsonl and TensorBoard are left as the
+training wrote them; a re-rendered split logged as "test" would read as the
+run's test result).
 
     tpu-models convert pasted-objects data/pasted_objects
     tpu-models train official/retinanet/pasted_objects_retinanet.yaml --model-dir runs/po
@@ -61,7 +64,7 @@ def main() -> None:
     config = load_config(args.config, args.overrides + overrides + ["task.eval_images=0"])
     trainer = Trainer(config, args.model_dir)
     start = time.time()
-    metrics = trainer.evaluate_and_report(split)
+    metrics = trainer.evaluate(split)
     trainer.close()
     results[name] = {k: round(float(metrics[k]), 4) for k in METRICS if k in metrics}
     results[name]["seconds"] = round(time.time() - start, 1)
