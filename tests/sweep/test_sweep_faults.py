@@ -18,8 +18,8 @@ from tpu_models.sweep import files
 def test_a_killed_trial_resumes_from_its_checkpoint_and_a_repeated_failure_is_final(tmp_path):
   directory = str(tmp_path / "sweep")
   # Two trials side by side, both SIGKILLed once after their step-20 evaluation; one also
-  # has a NaN example, so it fails at step 1 every time before it gets there. (A trial
-  # that ends in one attempt is test_a_killed_driver_resumes...'s finished one.)
+  # has a NaN example, so it fails at step 1 every time before it gets there. (A trial that
+  # ends in one attempt is checked by the driver test below.)
   with ray_sandbox() as ray_tmp:
     done = run_sweep(
         ray_tmp, TOY_SWEEP, "--set", f"sweep.directory={directory}", "--set", "sweep.trials=2",
