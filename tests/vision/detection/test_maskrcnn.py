@@ -74,6 +74,39 @@ def test_training_outputs_have_fixed_shapes_and_the_targets_of_the_ground_truth(
   assert not out["roi_box_targets"].numpy()[targets == 0].any()
 
 
+def _xla_functions(graph_def):
+  """Names of the functions in a traced graph's library that XLA must compile."""
+  return {f.signature.name for f in graph_def.library.function
+          if f.attr["_XlaMustCompile"].b}
+
+
+def test_proposals_and_roi_targets_compile_with_xla_in_a_traced_step_and_match_eager():
+  model = _tiny_model()
+  ground_truth = _ground_truth()
+  training_call = tf.function(lambda features: model(features, training=True))
+  graph = training_call.get_concrete_function(ground_truth).graph.as_graph_def()
+  compiled = _xla_functions(graph)
+  assert len(compiled) == 2, compiled  # The proposal stage and the RoI targets; nothing else.
+  assert not _xla_functions(tf.function(lambda images: model(images, training=False))
+                            .get_concrete_function(ground_truth["image"]).graph.as_graph_def())
+
+  # XLA computes the same proposals as the eager path (float32: no score ties here).
+  features = model.pyramid(ground_truth["image"])
+  logits, deltas = features["rpn_class_logits"], features["rpn_box_deltas"]
+  eager_boxes, eager_valid = model.proposals(logits, deltas, 64)
+  xla_boxes, xla_valid = tf.function(maskrcnn._compiled_in_graph(
+      lambda l, d: model.proposals(l, d, 64)))(logits, deltas)
+  np.testing.assert_array_equal(xla_valid.numpy(), eager_valid.numpy())
+  np.testing.assert_allclose(xla_boxes.numpy(), eager_boxes.numpy(), atol=1e-3)
+
+  # And the targets of a traced step are those of the ground truth, as eagerly.
+  out = training_call(ground_truth)
+  targets = out["roi_class_targets"].numpy()
+  assert set(targets[0][targets[0] > 0]) == {2} and set(targets[1][targets[1] > 0]) <= {1, 10}
+  np.testing.assert_array_equal(out["mask_valid"].numpy(), (targets[:, :8] > 0).astype(float))
+  assert set(np.unique(out["mask_targets"].numpy())) <= {0.0, 1.0}
+
+
 def test_inference_returns_a_fixed_number_of_detections_with_masks():
   model = _tiny_model()
   out = model(_ground_truth()["image"], training=False)
