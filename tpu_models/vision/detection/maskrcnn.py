@@ -395,7 +395,7 @@ class MaskRCNN(keras.Model):
     Returns:
       (rois float32 [B, S, 4], class_targets int32 [B, S] (0 background),
        box_targets float32 [B, S, 4], valid bool [B, S], is_positive bool [B, S],
-       mask_targets float32 [B, P, 28, 28] in [0, 1]; P = the positive slots).
+       mask_targets float32 [B, P, 28, 28], 0 or 1; P = the positive slots).
     """
     s = self.settings
     gt_boxes = tf.cast(gt_boxes, tf.float32)  # [B, K, 4]
@@ -421,6 +421,7 @@ class MaskRCNN(keras.Model):
     gt_masks = tf.gather(tf.cast(gt_masks, tf.float32), matched[:, :p], batch_dims=1)
     mask_targets = roi_ops.crop_and_resample(gt_masks, matched_boxes[:, :p], rois[:, :p],
                                              s.mask_size)
+    mask_targets = tf.cast(mask_targets >= 0.5, tf.float32)
     return rois, class_targets, box_targets, valid, is_positive, mask_targets
 
   def _training_heads(self, roi_pyramid, proposals, proposal_valid, ground_truth, training):
@@ -443,7 +444,7 @@ class MaskRCNN(keras.Model):
         "roi_box_targets": box_targets,
         "roi_valid": tf.cast(valid, tf.float32),
         "mask_logits": mask_logits,
-        "mask_targets": tf.cast(mask_targets >= 0.5, tf.float32),
+        "mask_targets": mask_targets,
         "mask_valid": tf.cast(is_positive[:, :p], tf.float32),
     }
 
