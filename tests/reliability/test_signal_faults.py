@@ -123,3 +123,25 @@ def test_sigterm_to_one_of_two_workers_saves_one_checkpoint_both_resume_from(tmp
   assert resumed_step == reference.current_step == step + 10
   np.testing.assert_allclose(resumed, np.concatenate(
       [v.numpy().ravel() for v in reference.model.trainable_variables]), rtol=1e-4, atol=1e-5)
+
+
+def test_sigterm_after_the_reader_of_stdout_died_still_saves_the_current_step(tmp_path):
+  # A driver (a sweep, `convergence.py`, `| tee`) reads the run's output through pipes and
+  # is killed first: every later print hits a broken pipe. Training must go on and the
+  # SIGTERM that follows must still save the step it reached, as with a live reader.
+  model_dir = tmp_path / "run"
+  cmd, env = train_command(model_dir, "trainer.train_steps=10000000", "trainer.steps_per_loop=10",
+                           "trainer.checkpoint_every=100000")
+  run = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  metrics = model_dir / "metrics.jsonl"
+  assert _wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= 2, 300, run)
+  run.stdout.close()
+  run.stderr.close()
+  logged = len(train_steps_logged(model_dir))
+  # Rows still arrive after the reader died: the broken pipe stopped only the printing.
+  assert _wait_for(lambda: len(train_steps_logged(model_dir)) >= logged + 3, 120, run)
+  run.send_signal(signal.SIGTERM)
+  run.wait(timeout=120)
+  last_step = train_steps_logged(model_dir)[-1]
+  checkpoint = tf.train.latest_checkpoint(str(model_dir))
+  assert checkpoint is not None and checkpoints.saved_step(checkpoint) == last_step < 100000

@@ -53,6 +53,7 @@ class Reporter:
     self._tensorboard = tensorboard and chief
     self._model_dir = model_dir
     self._line_open = False
+    self._stream_lost = False  # Set when printing fails for good (see _print).
     if chief:
       tf.io.gfile.makedirs(model_dir)
       self._jsonl = tf.io.gfile.GFile(os.path.join(model_dir, METRICS_FILE), "a")
@@ -177,19 +178,29 @@ class Reporter:
       writer.flush()
 
   def _print(self, text: str, transient: bool = False) -> None:
-    if not self.chief:
+    if not self.chief or self._stream_lost:
       return
-    if self.tty:
-      self.stream.write("\r\033[K" + text + ("" if transient else "\n"))
-      self._line_open = transient
-    else:
-      self.stream.write(text + "\n")
-    self.stream.flush()
+    try:
+      if self.tty:
+        self.stream.write("\r\033[K" + text + ("" if transient else "\n"))
+        self._line_open = transient
+      else:
+        self.stream.write(text + "\n")
+      self.stream.flush()
+    except (BrokenPipeError, ValueError):
+      # The reader of a piped stdout died (a killed driver or `| head`), or the
+      # stream was closed: training goes on, metrics.jsonl and the checkpoints
+      # still record it, only the printing stops.
+      self._stream_lost = True
+      self._line_open = False
 
   def close(self) -> None:
     if self._line_open:
-      self.stream.write("\n")
       self._line_open = False
+      try:
+        self.stream.write("\n")
+      except (BrokenPipeError, ValueError):
+        pass
     if self._jsonl is not None:
       self._jsonl.close()
       self._jsonl = None

@@ -827,9 +827,12 @@ class Trainer:
   def _notice(self, text: str) -> None:
     """A line on stderr from any thread (signal notices)."""
     if self.chief:
-      sys.stdout.flush()
-      sys.stderr.write(text + "\n")
-      sys.stderr.flush()
+      try:
+        sys.stdout.flush()
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+      except (BrokenPipeError, ValueError):  # Nobody reads the pipe any more: save anyway.
+        pass
 
   # --------------------------------------------------------------------------
   # Evaluation.
