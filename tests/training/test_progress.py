@@ -6,25 +6,27 @@ import os
 from tpu_models.training.progress import METRICS_FILE, Reporter
 
 
-class _DeadPipe:
-  """stdout whose reader has gone (a killed driver): every write raises, as CPython does."""
+class _Stream:
+  """A piped stdout; `broken`: its reader has gone (a killed driver), so writes raise as in CPython."""
 
-  def __init__(self):
-    self.writes = 0
+  def __init__(self, broken=False):
+    self.broken, self.writes, self.text = broken, 0, ""
 
   def isatty(self):
     return False
 
   def write(self, text):
     self.writes += 1
-    raise BrokenPipeError(32, "Broken pipe")
+    if self.broken:
+      raise BrokenPipeError(32, "Broken pipe")
+    self.text += text
 
   def flush(self):
     pass
 
 
 def test_a_broken_stdout_pipe_stops_printing_but_keeps_every_metrics_row(tmp_path):
-  stream = _DeadPipe()
+  stream = _Stream(broken=True)
   reporter = Reporter(str(tmp_path), total_steps=200, tensorboard=False, stream=stream)
   reporter.train_progress(100, {"loss": 1.5}, lr=0.1, examples_per_sec=8.0, seconds_per_step=1.0)
   reporter.train_progress(200, {"loss": 1.25}, lr=0.1, examples_per_sec=8.0, seconds_per_step=1.0)
@@ -39,23 +41,8 @@ def test_a_broken_stdout_pipe_stops_printing_but_keeps_every_metrics_row(tmp_pat
   assert stream.writes == 1  # Tried once; after the broken pipe it stops trying.
 
 
-class _Live:
-
-  def __init__(self):
-    self.text = ""
-
-  def isatty(self):
-    return False
-
-  def write(self, text):
-    self.text += text
-
-  def flush(self):
-    pass
-
-
 def test_a_live_stream_gets_every_line(tmp_path):
-  stream = _Live()
+  stream = _Stream()
   reporter = Reporter(str(tmp_path), total_steps=100, tensorboard=False, stream=stream)
   reporter.train_progress(100, {"loss": 1.5}, lr=0.1, examples_per_sec=8.0, seconds_per_step=1.0)
   reporter.message("done")
