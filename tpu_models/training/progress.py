@@ -39,6 +39,21 @@ def _fmt_value(value: float) -> str:
   return f"{value:.4f}"
 
 
+def write_unless_unread(stream, text: str) -> bool:
+  """Writes and flushes `text`; False, without raising, once nobody reads `stream`.
+
+  The reader of a piped stdout or stderr may die first (a killed driver, `| head`),
+  or the stream be closed: the run goes on, metrics.jsonl and the checkpoints still
+  record it, only the printing stops.
+  """
+  try:
+    stream.write(text)
+    stream.flush()
+    return True
+  except (BrokenPipeError, ValueError):
+    return False
+
+
 class Reporter:
   """Writes progress to stdout and, on the chief, metrics to model_dir."""
 
@@ -180,27 +195,19 @@ class Reporter:
   def _print(self, text: str, transient: bool = False) -> None:
     if not self.chief or self._stream_lost:
       return
-    try:
-      if self.tty:
-        self.stream.write("\r\033[K" + text + ("" if transient else "\n"))
-        self._line_open = transient
-      else:
-        self.stream.write(text + "\n")
-      self.stream.flush()
-    except (BrokenPipeError, ValueError):
-      # The reader of a piped stdout died (a killed driver or `| head`), or the
-      # stream was closed: training goes on, metrics.jsonl and the checkpoints
-      # still record it, only the printing stops.
+    if self.tty:
+      self._line_open = transient
+      text = "\r\033[K" + text + ("" if transient else "\n")
+    else:
+      text += "\n"
+    if not write_unless_unread(self.stream, text):
       self._stream_lost = True
       self._line_open = False
 
   def close(self) -> None:
     if self._line_open:
       self._line_open = False
-      try:
-        self.stream.write("\n")
-      except (BrokenPipeError, ValueError):
-        pass
+      write_unless_unread(self.stream, "\n")
     if self._jsonl is not None:
       self._jsonl.close()
       self._jsonl = None

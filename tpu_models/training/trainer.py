@@ -56,7 +56,7 @@ from tpu_models.training import optimizers as optimizers_lib
 from tpu_models.training import precision
 from tpu_models.training import schedules
 from tpu_models.training.precision import precision_policy  # noqa: F401  (public here too)
-from tpu_models.training.progress import METRICS_FILE, Reporter
+from tpu_models.training.progress import METRICS_FILE, Reporter, write_unless_unread
 from tpu_models.training.steps import NONFINITE_GRADS, Steps
 
 
@@ -827,12 +827,8 @@ class Trainer:
   def _notice(self, text: str) -> None:
     """A line on stderr from any thread (signal notices)."""
     if self.chief:
-      try:
-        sys.stdout.flush()
-        sys.stderr.write(text + "\n")
-        sys.stderr.flush()
-      except (BrokenPipeError, ValueError):  # Nobody reads the pipe any more: save anyway.
-        pass
+      write_unless_unread(sys.stdout, "")  # Flushes what precedes the notice.
+      write_unless_unread(sys.stderr, text + "\n")
 
   # --------------------------------------------------------------------------
   # Evaluation.
