@@ -345,6 +345,7 @@ def _config(args) -> int:
 
 
 def _train(args) -> int:
+  from tpu_models.training.progress import write_unless_unread
   from tpu_models.training.trainer import NonFiniteLoss, Preempted, Trainer
   config, model_dir = load_experiment(args)
   print(f"model_dir: {model_dir}", flush=True)
@@ -360,7 +361,7 @@ def _train(args) -> int:
         # The held-out test split, once, after training: never used to pick anything.
         print(f"final test: {_summary(trainer.evaluate_and_report('test'))}", flush=True)
   except Preempted as e:  # SIGTERM (143) or Ctrl-C (130): a checkpoint was saved.
-    print(str(e), file=sys.stderr)
+    write_unless_unread(sys.stderr, f"{e}\n")  # The exit code says it if nobody reads stderr.
     return e.exit_code
   except NonFiniteLoss as e:
     print(f"tpu-models train: error: {e}", file=sys.stderr)

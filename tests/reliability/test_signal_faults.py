@@ -141,7 +141,7 @@ def test_sigterm_after_the_reader_of_stdout_died_still_saves_the_current_step(tm
   # Rows still arrive after the reader died: the broken pipe stopped only the printing.
   assert _wait_for(lambda: len(train_steps_logged(model_dir)) >= logged + 3, 120, run)
   run.send_signal(signal.SIGTERM)
-  run.wait(timeout=120)
+  assert run.wait(timeout=120) == 143  # SIGTERM's code, which a cluster manager restarts on.
   last_step = train_steps_logged(model_dir)[-1]
   checkpoint = tf.train.latest_checkpoint(str(model_dir))
   assert checkpoint is not None and checkpoints.saved_step(checkpoint) == last_step < 100000
