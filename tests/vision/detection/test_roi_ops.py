@@ -119,6 +119,38 @@ def test_roi_align_compiles_with_xla_keeps_bfloat16_and_has_gradients():
   assert float(tf.reduce_sum(tf.abs(unused))) == 0.0
 
 
+def test_roi_align_in_chunks_gives_the_same_crops_and_gradients(monkeypatch):
+  # Large gathers go through in chunks of regions (an uneven last chunk here: 7 regions in
+  # chunks of 2); the crops and the gradients must not depend on the split.
+  pyramid = {level: tf.constant(v) for level, v in _pyramid(batch=2, channels=4).items()}
+  rng = np.random.default_rng(3)
+  corners = np.sort(rng.uniform(0, 64, size=[2, 7, 2, 2]), axis=2)
+  boxes = tf.constant(corners.transpose(0, 1, 3, 2).reshape(2, 7, 4)[..., [0, 2, 1, 3]],
+                      tf.float32)
+
+  def crops_and_gradients():
+    with tf.GradientTape() as tape:
+      tape.watch(list(pyramid.values()))
+      crops = roi_ops.multilevel_roi_align(pyramid, boxes, output_size=5)
+      total = tf.reduce_sum(crops * tf.range(1.0, 5.0))
+    return crops, tape.gradient(total, list(pyramid.values()))
+
+  def gathers():
+    graph = tf.function(lambda p, b: roi_ops.multilevel_roi_align(p, b, output_size=5))
+    return sum(op.type == "GatherV2"
+               for op in graph.get_concrete_function(pyramid, boxes).graph.get_operations())
+
+  whole, whole_grads = crops_and_gradients()
+  whole_gathers = gathers()
+  cells = (5 * 2 * 2)**2  # 2g x 2g cells of 4 channels, float32, 2 images per region.
+  monkeypatch.setattr(roi_ops, "_GATHER_CHUNK_BYTES", 2 * cells * 4 * 4 * 2)
+  assert gathers() == whole_gathers + 3  # ceil(7 / 2) = 4 gathers of cells instead of 1.
+  chunked, chunked_grads = crops_and_gradients()
+  np.testing.assert_allclose(chunked, whole, atol=1e-6)
+  for got, want in zip(chunked_grads, whole_grads):
+    np.testing.assert_allclose(got, want, atol=1e-5)
+
+
 def test_crop_and_resample_moves_a_crop_into_another_box():
   # A crop covering [10, 10, 30, 50] whose left half is 1: sampled in the box [10, 10, 30, 30]
   # (the left half) it is all 1; in [10, 30, 30, 50] all 0; in a box twice as large, the crop

@@ -17,6 +17,9 @@ from typing import Dict, Optional
 
 import tensorflow as tf
 
+# The most bytes of gathered cells RoIAlign materializes at once (see `_pooled_samples`).
+_GATHER_CHUNK_BYTES = 16 * 1024 * 1024
+
 # FPN paper (Lin et al. 2017, eq. 1): a 224 x 224 box is pooled from level 4.
 CANONICAL_SIZE = 224.0
 CANONICAL_LEVEL = 4
@@ -160,18 +163,36 @@ def _pooled_samples(flat_features: tf.Tensor, ys: tf.Tensor, xs: tf.Tensor, heig
   row_stride = tf.cast(widths, tf.int32)[..., None, None]
   index = (offsets[..., None, None] + tf.expand_dims(y_index, -1) * row_stride +
            tf.expand_dims(x_index, -2))  # As above: builtin LiteRT ops only.
-  batch, regions, cells = index.shape[0], index.shape[1], index.shape[2]
-  batch = batch if batch is not None else tf.shape(index)[0]
-  gathered = tf.gather(flat_features, tf.reshape(index, [batch, -1]), batch_dims=1)
+  static_batch, regions, cells = index.shape[0], index.shape[1], index.shape[2]
+  batch = static_batch if static_batch is not None else tf.shape(index)[0]
   channels = flat_features.shape[-1]
-  gathered = tf.reshape(gathered, [batch, regions, cells, cells * channels])
-  dtype = gathered.dtype
-  rows = tf.matmul(tf.cast(y_weight, dtype), gathered)  # [B, R, bins, 2g * C]
-  rows = tf.reshape(rows, [batch, regions, bins, cells, channels])
-  # [B, R, 1, bins, 2g] @ [B, R, bins, 2g, C]: one batched matmul, the weights broadcast
-  # over the rows (the same sums as einsum "brjx,brixc->brijc", which TensorFlow's CPU
-  # einsum ran 4-6x slower, forward + backward, at the heads' shapes).
-  return tf.matmul(tf.cast(x_weight, dtype)[:, :, None], rows)
+  dtype = flat_features.dtype
+
+  def pooled(index, y_weight, x_weight):
+    count = index.shape[1]
+    gathered = tf.gather(flat_features, tf.reshape(index, [batch, -1]), batch_dims=1)
+    gathered = tf.reshape(gathered, [batch, count, cells, cells * channels])
+    rows = tf.matmul(tf.cast(y_weight, dtype), gathered)  # [B, r, bins, 2g * C]
+    rows = tf.reshape(rows, [batch, count, bins, cells, channels])
+    # [B, r, 1, bins, 2g] @ [B, r, bins, 2g, C]: one batched matmul, the weights broadcast
+    # over the rows (the same sums as einsum "brjx,brixc->brijc", which TensorFlow's CPU
+    # einsum ran 4-6x slower, forward + backward, at the heads' shapes).
+    return tf.matmul(tf.cast(x_weight, dtype)[:, :, None], rows)
+
+  # The gathered cells are the largest tensors of a two-stage step (Mask R-CNN's box
+  # RoIs at batch 8: 205 MB, and as much again for their gradient). Above glibc's mmap
+  # threshold (32 MiB at most) every such buffer is mapped afresh and page-faulted in on
+  # every step, so the regions go through in chunks of at most _GATHER_CHUNK_BYTES each
+  # (the same sums; benchmarks/README.md, "RoIAlign in chunks").
+  region_bytes = cells * cells * channels * dtype.size * (static_batch or 1)
+  chunks = min(regions, max(1, math.ceil(regions * region_bytes / _GATHER_CHUNK_BYTES)))
+  if chunks == 1:
+    return pooled(index, y_weight, x_weight)
+  size = math.ceil(regions / chunks)
+  sizes = [size] * (regions // size) + ([regions % size] if regions % size else [])
+  parts = zip(tf.split(index, sizes, axis=1), tf.split(y_weight, sizes, axis=1),
+              tf.split(x_weight, sizes, axis=1))
+  return tf.concat([pooled(*part) for part in parts], axis=1)
 
 
 def multilevel_roi_align(features: Dict[int, tf.Tensor], boxes, *, output_size: int,
