@@ -17,7 +17,7 @@ from typing import Dict, Optional
 
 import tensorflow as tf
 
-# The most bytes of gathered cells RoIAlign materializes at once (see `_pooled_samples`).
+# About the most bytes of gathered cells RoIAlign materializes at once (`_pooled_samples`).
 _GATHER_CHUNK_BYTES = 16 * 1024 * 1024
 
 # FPN paper (Lin et al. 2017, eq. 1): a 224 x 224 box is pooled from level 4.
@@ -182,8 +182,9 @@ def _pooled_samples(flat_features: tf.Tensor, ys: tf.Tensor, xs: tf.Tensor, heig
   # The gathered cells are the largest tensors of a two-stage step (Mask R-CNN's box
   # RoIs at batch 8: 205 MB, and as much again for their gradient). Above glibc's mmap
   # threshold (32 MiB at most) every such buffer is mapped afresh and page-faulted in on
-  # every step, so the regions go through in chunks of at most _GATHER_CHUNK_BYTES each
-  # (the same sums; benchmarks/README.md, "RoIAlign in chunks").
+  # every step, so the regions go through in ceil(total / _GATHER_CHUNK_BYTES) even chunks
+  # (each at most one region over it; the same sums; benchmarks/README.md, "RoIAlign in
+  # chunks": chunks strictly under it measured slower).
   region_bytes = cells * cells * channels * dtype.size * (static_batch or 1)
   chunks = min(regions, max(1, math.ceil(regions * region_bytes / _GATHER_CHUNK_BYTES)))
   if chunks == 1:
