@@ -8,7 +8,8 @@ imports TensorFlow inside the functions that need it): the Model Garden
 workers import it too, inside benchmarks/.venv-model-garden.
 
   drivers   driver_parser, add_pipeline_flags, parse_driver_args, comma_list;
-            peer_versions, peers_and_machine, machine_description; measure (a fresh
+            peer_versions, peers_and_machine, machine_description, cpu_description,
+            ours_versions, onednn_setting; measure (a fresh
             process per run, the order rotating), run_worker, failed; fmt, median,
             per_round_ratios, ratio, cpu_ratio, mfu_per_round, train_rows, peak_note, train_flops,
             parameter_counts; run_comparison, write_report
@@ -37,6 +38,9 @@ MG_PYTHON = os.path.join(MG_VENV, "bin", "python")
 SETUP_COMMAND = f"bash {os.path.relpath(os.path.join(BENCHMARKS, 'model_garden', 'setup_venv.sh'))}"
 KERAS_HUB_INSTALL = "pip install -e \".[bench]\""
 PRECISIONS = ("float32", "bfloat16")
+# TensorFlow reads it once, at import: set in the driver, every worker inherits it.
+ONEDNN_ENV = "TF_ENABLE_ONEDNN_OPTS"
+ONEDNN_CHOICES = ("on", "off", "tensorflow")
 
 
 def log(message: str) -> None:
@@ -71,6 +75,10 @@ def driver_parser(doc: str, sides, *, batch: int, steps: int, warmup: int, timeo
   parser.add_argument("--timeout", type=float, default=timeout,
                       help="Seconds before one measurement is abandoned.")
   parser.add_argument("--mg-python", default=MG_PYTHON, help="Python of the Model Garden venv.")
+  parser.add_argument("--onednn", choices=ONEDNN_CHOICES, default="on",
+                      help="TensorFlow's oneDNN CPU kernels for every side alike: on (as the "
+                           "tpu-models CLI runs on x86-64), off, or tensorflow (its own "
+                           "per-CPU default, TF_ENABLE_ONEDNN_OPTS as this shell has it).")
   parser.add_argument("--output", default="", help="Also write the markdown report here.")
   return parser
 
@@ -85,11 +93,25 @@ def add_pipeline_flags(parser: argparse.ArgumentParser, num_images: int, images_
 
 
 def parse_driver_args(parser: argparse.ArgumentParser, argv, sides):
-  """Parses; --precisions and --sides become lists (an unknown entry is a parser error)."""
+  """Parses; --precisions and --sides become lists (an unknown entry is a parser error).
+
+  --onednn on/off sets TF_ENABLE_ONEDNN_OPTS in this process's environment, which
+  every side's worker inherits."""
   args = parser.parse_args(argv)
   args.precisions = comma_list(parser, "--precisions", args.precisions, PRECISIONS)
   args.sides = comma_list(parser, "--sides", args.sides, sides)
+  if args.onednn != "tensorflow":
+    os.environ[ONEDNN_ENV] = "1" if args.onednn == "on" else "0"
   return args
+
+
+def onednn_setting() -> str:
+  """What every worker gets: 'oneDNN on for every side (TF_ENABLE_ONEDNN_OPTS=1)', ..."""
+  value = os.environ.get(ONEDNN_ENV)
+  if value is None:
+    return "oneDNN as each TensorFlow decides for this CPU"
+  state = "off" if value.strip().lower() in ("0", "false") else "on"
+  return f"oneDNN {state} for every side ({ONEDNN_ENV}={value})"
 
 
 def comma_list(parser: argparse.ArgumentParser, flag: str, value: str, allowed) -> list:
@@ -163,6 +185,12 @@ def peers_and_machine(args, all_sides, keras_hub_needed: bool):
 
 def machine_description(mg_version: str, keras_hub: str) -> str:
   """Date, CPU (and its bfloat16 units), cores and every side's versions, for the report."""
+  return (f"{cpu_description()}, ours: {ours_versions()}; Model Garden: {mg_version}; "
+          f"keras-hub: {keras_hub}; {onednn_setting()}")
+
+
+def cpu_description() -> str:
+  """Date, CPU model, cores and its bfloat16 units: '2026-12-04, AMD EPYC, 2 cores (no AMX)'."""
   cpu = platform.processor() or "unknown CPU"
   flags = ""
   try:
@@ -177,15 +205,19 @@ def machine_description(mg_version: str, keras_hub: str) -> str:
     pass
   amx = "AMX-BF16" if "amx_bf16" in flags else "no AMX"
   avx512bf16 = ", AVX512-BF16" if "avx512_bf16" in flags else ""
+  return (f"{datetime.date.today().isoformat()}, {cpu}, {os.cpu_count()} cores ({amx}"
+          f"{avx512bf16})")
+
+
+def ours_versions() -> str:
+  """'tensorflow X, keras Y' of this Python."""
   versions = []
   for package in ("tensorflow", "keras"):
     try:
       versions.append(f"{package} {metadata.version(package)}")
     except metadata.PackageNotFoundError:
       pass
-  return (f"{datetime.date.today().isoformat()}, {cpu}, {os.cpu_count()} cores ({amx}"
-          f"{avx512bf16}), ours: {', '.join(versions)}; Model Garden: {mg_version}; "
-          f"keras-hub: {keras_hub}")
+  return ", ".join(versions)
 
 
 # ----------------------------------------------------------------------------

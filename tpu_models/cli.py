@@ -313,6 +313,8 @@ def _without_notices(stderr: bytes, notices) -> bytes:
 def main(argv: Optional[List[str]] = None) -> int:
   args = _parser().parse_args(argv)
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # Keep C++ start-up chatter out of the way.
+  from tpu_models import onednn
+  onednn.default_on()  # Before TensorFlow is imported, which reads it once.
   _import_tensorflow_quietly()
   from tpu_models.errors import USER_ERRORS
   try:

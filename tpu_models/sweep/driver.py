@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, Optional
 import ray
 from ray import tune
 
+from tpu_models import onednn
 from tpu_models.errors import ConfigError, MissingExtraError
 from tpu_models.sweep import files
 from tpu_models.sweep import spec as spec_lib
@@ -57,6 +58,8 @@ def run_sweep(sweep: spec_lib.Sweep, *, address: Optional[str] = None,
     # Tune's experiment state is small: save it often, so that a killed driver re-runs
     # as little as possible.
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "5")
+    if round(sweep.config.resources.cpu) < onednn.MIN_THREADS:
+      onednn.withdraw_default()  # One-thread trials: TensorFlow's own choice (onednn.py).
     ray_start = time.time()
     _init_ray(ray, address)
     ray_seconds = time.time() - ray_start

@@ -42,6 +42,7 @@ import numpy as np
 import tensorflow as tf
 
 from tpu_models import distribute
+from tpu_models import onednn
 from tpu_models.config import (DataConfig, ExperimentConfig, config_warnings, dump_config,
                                to_dict, validate)
 from tpu_models.data import pipeline
@@ -236,8 +237,15 @@ class Trainer:
     return (f"{self.model.name}: {_parameters(params)} trainable parameters{held} | "
             f"{type(self.strategy).__name__} on {self.device} x "
             f"{self.strategy.num_replicas_in_sync} | {self.mixed_precision} | "
-            f"XLA {'on' if self.jit_compile else 'off'} | step {self.current_step}/"
+            f"XLA {'on' if self.jit_compile else 'off'}{self._cpu_kernels()} | "
+            f"step {self.current_step}/"
             f"{self.config.trainer.train_steps}")
+
+  def _cpu_kernels(self) -> str:
+    """' | oneDNN on/off' on a CPU (tpu_models.onednn: the CLI turns it on), else ''."""
+    if self.device != "cpu":
+      return ""
+    return f" | oneDNN {'on' if onednn.enabled() else 'off'}"
 
   # --------------------------------------------------------------------------
   # Checkpoints.

@@ -37,6 +37,8 @@ from typing import Optional
 import keras
 import tensorflow as tf
 
+from tpu_models import onednn
+
 # Input dtypes the fused kernel accepts (with float32 scale/offset/statistics).
 _FUSED_DTYPES = (tf.float16, tf.bfloat16, tf.float32)
 
@@ -366,15 +368,6 @@ class StochasticDepth(keras.layers.Layer):
     return {**super().get_config(), "rate": self.rate, "seed": self.seed}
 
 
-def _onednn_enabled() -> bool:
-  """Whether TensorFlow runs its CPU convolutions through oneDNN in this process."""
-  try:
-    from tensorflow.python.util import _pywrap_util_port  # pylint: disable=g-import-not-at-top
-  except ImportError:  # A TensorFlow without the probe: assume oneDNN, i.e. change nothing.
-    return True
-  return bool(_pywrap_util_port.IsMklEnabled())
-
-
 _ONEDNN = None
 
 
@@ -382,7 +375,8 @@ def uses_eigen_gradients(compute_dtype: str) -> bool:
   """True when a convolution computing in `compute_dtype` takes `conv2d_eigen_gradients`.
 
   That is float32 on TensorFlow's own (Eigen) CPU kernels: oneDNN off, which
-  TensorFlow decides per CPU (on by default only with AVX-512 VNNI/BF16 or AMX) or
+  TensorFlow decides per CPU (on by default only with AVX-512 VNNI/BF16 or AMX;
+  the tpu-models CLI turns it on for every x86-64 CPU, `tpu_models.onednn`) or
   TF_ENABLE_ONEDNN_OPTS=0 forces. Where oneDNN runs, and in bfloat16/float16, the
   convolutions stay TensorFlow's own gradients, bit for bit.
   """
@@ -390,7 +384,7 @@ def uses_eigen_gradients(compute_dtype: str) -> bool:
   if compute_dtype != "float32":
     return False
   if _ONEDNN is None:
-    _ONEDNN = _onednn_enabled()
+    _ONEDNN = onednn.enabled()
   return not _ONEDNN
 
 
