@@ -15,7 +15,8 @@ workers import it too, inside benchmarks/.venv-model-garden.
             parameter_counts; run_comparison, write_report
   workers   worker_parser, add_input_pipeline_flags, parse_worker_args,
             require_keras_hub; time_calls, timed_steps, time_iterator, host_loop;
-            trainable_parameters; our_experiment, our_train_throughput, our_train_row; print_result
+            trainable_parameters; our_experiment, our_train_throughput, our_train_row;
+            recipe_train_step, set_flags; print_result
 """
 
 import argparse
@@ -523,6 +524,26 @@ def our_train_throughput(experiment: dict, args, peak: bool):
   config = config_lib.experiment_from_dict(experiment)
   return config, benchmark.train_throughput(config, steps=args.steps, warmup=args.warmup,
                                             peak=peak)
+
+
+def recipe_train_step(config_path: str, overrides, steps: int, warmup: int) -> dict:
+  """A recipe YAML's train step through our Trainer (`train_throughput`: synthetic
+  inputs, the recipe's batch and precision; `warmup` untimed, then `steps` timed):
+  steps_per_second, step_seconds, cpu_seconds_per_step, faults_per_step, precision."""
+  from tpu_models import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tpu_models.training import benchmark  # pylint: disable=g-import-not-at-top
+  result = benchmark.train_throughput(config_lib.load_config(config_path, overrides),
+                                      steps=steps, warmup=warmup, peak=False)
+  return {"steps_per_second": 1.0 / result["step_seconds"],
+          "step_seconds": result["step_seconds"],
+          "cpu_seconds_per_step": result["cpu_seconds_per_step"],
+          "faults_per_step": result["page_faults_per_step"],
+          "precision": result["precision"]}
+
+
+def set_flags(overrides) -> list:
+  """`--set KEY=VALUE` for each override, to pass them on to a worker's command line."""
+  return [item for value in overrides for item in ("--set", value)]
 
 
 def our_train_row(result: dict) -> dict:

@@ -27,17 +27,8 @@ SIDES = ("on", "off")
 
 def measure(config: str, overrides, steps: int, warmup: int) -> dict:
   """One measurement in this process (oneDNN as the environment set it); its figures."""
-  from tpu_models import config as config_lib  # pylint: disable=g-import-not-at-top
   from tpu_models import onednn  # pylint: disable=g-import-not-at-top
-  from tpu_models.training import benchmark  # pylint: disable=g-import-not-at-top
-  result = benchmark.train_throughput(config_lib.load_config(config, overrides), steps=steps,
-                                      warmup=warmup, peak=False)
-  return {"steps_per_second": 1.0 / result["step_seconds"],
-          "step_seconds": result["step_seconds"],
-          "examples_per_second": result["examples_per_second"],
-          "cpu_seconds_per_step": result["cpu_seconds_per_step"],
-          "faults_per_step": result["page_faults_per_step"],
-          "precision": result["precision"],
+  return {**harness.recipe_train_step(config, overrides, steps, warmup),
           "onednn": onednn.enabled()}
 
 
@@ -61,10 +52,10 @@ def main():
   rows = []
   for config in args.configs:
     def command(side, config=config):
-      env = ["env", f"TF_ENABLE_ONEDNN_OPTS={1 if side == 'on' else 0}"]
+      env = ["env", f"{harness.ONEDNN_ENV}={1 if side == 'on' else 0}"]
       return (env + [sys.executable, os.path.abspath(__file__), os.path.abspath(config),
                      "--worker", "--steps", str(args.steps), "--warmup", str(args.warmup)] +
-              [item for value in args.set for item in ("--set", value)])
+              harness.set_flags(args.set))
 
     results = harness.measure(os.path.basename(config), SIDES, args.rounds, command,
                               args.timeout, rate="steps_per_second", unit="steps/s")

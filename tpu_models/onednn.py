@@ -5,8 +5,7 @@ AMX; on the others (an AVX2-only AMD EPYC here) it runs its own Eigen kernels
 unless TF_ENABLE_ONEDNN_OPTS=1. There oneDNN trained every official recipe
 measured faster in float32, 1.09-1.54x per step (benchmarks/README.md, "oneDNN on
 an AVX2-only CPU"), so `tpu-models` sets TF_ENABLE_ONEDNN_OPTS=1 on x86-64 unless
-it is set already.
-Where TensorFlow turns oneDNN on anyway that changes nothing.
+it is set already. Where TensorFlow turns oneDNN on anyway that changes nothing.
 
 TensorFlow reads the variable once, when it is imported, so it has to be set
 before that: the CLI calls `default_on()` first thing. A script that imports

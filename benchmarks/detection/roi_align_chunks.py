@@ -26,22 +26,16 @@ SIDES = ("chunked", "whole")
 
 def measure(config: str, overrides, steps: int, warmup: int, whole: bool) -> dict:
   """One measurement in this process; returns its figures."""
-  from tpu_models import config as config_lib  # pylint: disable=g-import-not-at-top
-  from tpu_models.training import benchmark  # pylint: disable=g-import-not-at-top
   from tpu_models.vision.detection import roi_ops  # pylint: disable=g-import-not-at-top
   if whole:
     roi_ops._GATHER_CHUNK_BYTES = 1 << 50  # pylint: disable=protected-access
   before = resource.getrusage(resource.RUSAGE_SELF)
-  result = benchmark.train_throughput(config_lib.load_config(config, overrides), steps=steps,
-                                      warmup=warmup, peak=False)
+  figures = harness.recipe_train_step(config, overrides, steps, warmup)
   after = resource.getrusage(resource.RUSAGE_SELF)
   # The system time of the whole process (start-up included) per step is an upper bound;
   # the Trainer's own CPU time covers the timed loop only.
-  return {"steps_per_second": 1.0 / result["step_seconds"],
-          "step_seconds": result["step_seconds"],
-          "cpu_seconds_per_step": result["cpu_seconds_per_step"],
-          "faults_per_step": result["page_faults_per_step"],
-          "system_seconds_per_step": (after.ru_stime - before.ru_stime) / (steps + warmup)}
+  figures["system_seconds_per_step"] = (after.ru_stime - before.ru_stime) / (steps + warmup)
+  return figures
 
 
 def main():
@@ -63,7 +57,7 @@ def main():
   def command(side):
     return ([sys.executable, os.path.abspath(__file__), os.path.abspath(args.config),
              "--worker", side, "--steps", str(args.steps), "--warmup", str(args.warmup)] +
-            [item for value in args.set for item in ("--set", value)])
+            harness.set_flags(args.set))
 
   results = harness.measure("RoIAlign gather", SIDES, args.rounds, command, args.timeout,
                             rate="steps_per_second", unit="steps/s")
