@@ -63,7 +63,10 @@ def _config(tmp_path, extra=(), model=None):
 
 
 def test_train_evaluate_export_and_serve(tmp_path):
-  config = _config(tmp_path)
+  # Crops of at least 85% of the area: a crop of half the picture can cut the top or bottom
+  # band out, and under the full suite's load the stateful crop draws of the parallel map
+  # came out so that one class was never learned (top-1 16/21 = 0.76, twice).
+  config = _config(tmp_path, ["task.crop_area_range=[0.85, 1.0]"])
   model_dir = str(tmp_path / "run")
   trainer = Trainer(config, model_dir)
   metrics = trainer.train_and_evaluate()
