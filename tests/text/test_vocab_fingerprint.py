@@ -9,22 +9,32 @@ must not overwrite a vocabulary that runs depend on.
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 import yaml
 
 import test_translation
-from conftest import REPO
+from tpu_models import cli
 from tpu_models.text import inputs as text_lib
 
 VOCAB_SIZE = 56
 
 
-def _cli(*args, cwd):
-  env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-  return subprocess.run([sys.executable, "-m", "tpu_models.cli", *args], cwd=cwd, env=env,
-                        capture_output=True, text=True, timeout=600)
+@pytest.fixture
+def run_cli(capfd, monkeypatch):
+  """`tpu-models ARGS` run from `cwd` in this process: cli.main is what the console script
+  calls, and each child process would spend ~8 s of CPU importing TensorFlow again. capfd
+  takes the file descriptors, so TensorFlow's own C++ lines land in `stderr` too.
+  """
+
+  def run(*args, cwd):
+    monkeypatch.chdir(cwd)
+    capfd.readouterr()
+    code = cli.main(list(args))
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(["tpu-models", *args], code, out, err)
+
+  return run
 
 
 def _error_line(result):
@@ -32,7 +42,7 @@ def _error_line(result):
   return lines[-1] if lines else ""
 
 
-def test_another_vocabulary_of_the_same_size_is_refused(corpus_dir):
+def test_another_vocabulary_of_the_same_size_is_refused(corpus_dir, run_cli):
   root, first = corpus_dir
   # The same size, other sentences (the English side reversed word by word): other pieces.
   sentences = [" ".join(reversed(s.split())) for pair in test_translation.sentence_pairs()[:80]
@@ -47,19 +57,19 @@ def test_another_vocabulary_of_the_same_size_is_refused(corpus_dir):
   model_dir = root / "run"
   common = ("--model-dir", str(model_dir), "--mode", "train", "--set", "trainer.train_steps=4",
             "--set", "trainer.steps_per_loop=2", "--set", "trainer.checkpoint_every=2")
-  trained = _cli("train", str(experiment), *common, cwd=root)
+  trained = run_cli("train", str(experiment), *common, cwd=root)
   assert trained.returncode == 0, trained.stderr[-2000:]
   recorded = json.loads((model_dir / "fingerprints.json").read_text())
   assert recorded["task.vocab_path"]["path"] == first
   assert len(recorded["task.vocab_path"]["sha256"]) == 64
 
   with_other = ("--set", f"task.vocab_path={second}")
-  resumed = _cli("train", str(experiment), *common, "--set", "trainer.train_steps=6", *with_other,
-                 cwd=root)
-  evaluated = _cli("evaluate", str(experiment), "--model-dir", str(model_dir), *with_other,
-                   cwd=root)
-  exported = _cli("export", str(experiment), "--model-dir", str(model_dir), "--output",
-                  str(root / "export"), *with_other, cwd=root)
+  resumed = run_cli("train", str(experiment), *common, "--set", "trainer.train_steps=6",
+                    *with_other, cwd=root)
+  evaluated = run_cli("evaluate", str(experiment), "--model-dir", str(model_dir), *with_other,
+                      cwd=root)
+  exported = run_cli("export", str(experiment), "--model-dir", str(model_dir), "--output",
+                     str(root / "export"), *with_other, cwd=root)
   for result in (resumed, evaluated, exported):
     assert result.returncode == 2, result.stderr[-2000:]
     line = _error_line(result)
@@ -73,25 +83,25 @@ def test_another_vocabulary_of_the_same_size_is_refused(corpus_dir):
   # Nothing was trained with the other vocabulary: the run still ends at step 4.
   assert sorted(p.name for p in model_dir.glob("ckpt-*.index")) == ["ckpt-2.index", "ckpt-4.index"]
 
-  same = _cli("train", str(experiment), *common, "--set", "trainer.train_steps=6",
-              "--set", f"task.vocab_path={copy}", cwd=root)
+  same = run_cli("train", str(experiment), *common, "--set", "trainer.train_steps=6",
+                 "--set", f"task.vocab_path={copy}", cwd=root)
   assert same.returncode == 0, same.stderr[-2000:]
   assert (model_dir / "ckpt-6.index").exists()
 
 
-def test_vocab_refuses_to_overwrite_without_the_flag(corpus_dir):
+def test_vocab_refuses_to_overwrite_without_the_flag(corpus_dir, run_cli):
   root, first = corpus_dir
   prefix = first[:-len(".model")]
   before = open(first, "rb").read()
   args = ("vocab", "tsv", "--path", str(root / "train.tsv"), "--output", prefix,
           "--vocab-size", str(VOCAB_SIZE), "--character-coverage", "1.0")
-  refused = _cli(*args, cwd=root)
+  refused = run_cli(*args, cwd=root)
   assert refused.returncode == 2
   assert "--overwrite" in _error_line(refused) and prefix in _error_line(refused)
   assert open(first, "rb").read() == before
   # Another vocabulary (a smaller one, from the English side only) replaces it with the flag.
-  replaced = _cli(*args[:-4], "--vocab-size", "30", "--character-coverage", "1.0",
-                  "--fields", "targets", "--overwrite", cwd=root)
+  replaced = run_cli(*args[:-4], "--vocab-size", "30", "--character-coverage", "1.0",
+                     "--fields", "targets", "--overwrite", cwd=root)
   assert replaced.returncode == 0, replaced.stderr[-2000:]
   assert open(first, "rb").read() != before
 
