@@ -1,10 +1,10 @@
 """benchmarks/convergence.py and `expect:` blocks: --list, and real --all runs of the toy task."""
 
+import importlib.util
 import json
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 import yaml
@@ -16,11 +16,30 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(REPO, "benchmarks", "convergence.py")
 
 
-def _convergence(*args):
-  """Runs the script as a user would, from tests/ so that `--import toy_task` resolves."""
-  env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
-  return subprocess.run([sys.executable, SCRIPT, *args, "--import", "toy_task"], cwd=TESTS,
-                        env=env, capture_output=True, text=True, timeout=300)
+def _load_script():
+  spec = importlib.util.spec_from_file_location("convergence_script", SCRIPT)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.fixture
+def convergence(capfd, monkeypatch):
+  """The script's main() as a user would call it, from tests/ so that `--import toy_task`
+  resolves, in this process: its training runs are child processes all the same, and a
+  child per call would spend ~8 s of CPU importing TensorFlow only to read the YAMLs.
+  """
+  script = _load_script()
+  monkeypatch.chdir(TESTS)
+  monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")  # For the training runs it starts.
+
+  def run(*args, imports=("--import", "toy_task")):
+    capfd.readouterr()
+    code = script.main([*args, *imports])
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess([SCRIPT, *args], code, out, err)
+
+  return run
 
 
 def _table_rows(stdout):
@@ -57,8 +76,8 @@ def experiments(tmp_path_factory):
   return root
 
 
-def test_list_shows_declared_experiments_without_running(experiments, tmp_path):
-  result = _convergence("--list", "--experiments", str(experiments))
+def test_list_shows_declared_experiments_without_running(experiments, tmp_path, convergence):
+  result = convergence("--list", "--experiments", str(experiments))
   assert result.returncode == 0, result.stderr
   rows = _table_rows(result.stdout)
   assert sorted(rows) == ["toy/meets", "toy/misses_metric", "toy/misses_time"]
@@ -66,14 +85,14 @@ def test_list_shows_declared_experiments_without_running(experiments, tmp_path):
   assert rows["toy/misses_metric"][2] == "<= 0.05"
   assert not list(experiments.glob("**/metrics.jsonl"))
 
-  only = _convergence("--list", "--experiments", str(experiments), "--only", "misses")
+  only = convergence("--list", "--experiments", str(experiments), "--only", "misses")
   assert sorted(_table_rows(only.stdout)) == ["toy/misses_metric", "toy/misses_time"]
 
 
-def test_all_passes_when_every_bound_is_met(experiments, tmp_path):
-  result = _convergence("--all", "--experiments", str(experiments), "--only", "meets",
-                        "--model-dir", str(tmp_path), "--quiet",
-                        "--set", "trainer.train_steps=30")
+def test_all_passes_when_every_bound_is_met(experiments, tmp_path, convergence):
+  result = convergence("--all", "--experiments", str(experiments), "--only", "meets",
+                       "--model-dir", str(tmp_path), "--quiet",
+                       "--set", "trainer.train_steps=30")
   assert result.returncode == 0, result.stdout + result.stderr
   rows = _table_rows(result.stdout)
   assert list(rows) == ["toy/meets"]
@@ -88,14 +107,14 @@ def test_all_passes_when_every_bound_is_met(experiments, tmp_path):
   assert 0 < float(wall.split()[0]) < 5
   assert "step 30/30" in (model_dir / "convergence.log").read_text()
   # A convergence check starts from scratch: the same model_dir again is refused.
-  again = _convergence("--all", "--experiments", str(experiments), "--only", "meets",
-                       "--model-dir", str(tmp_path), "--quiet")
+  again = convergence("--all", "--experiments", str(experiments), "--only", "meets",
+                      "--model-dir", str(tmp_path), "--quiet")
   assert again.returncode == 2 and "already holds a run" in again.stderr
 
 
-def test_all_fails_on_a_missed_metric_or_time(experiments, tmp_path):
-  result = _convergence("--all", "--experiments", str(experiments), "--only", "toy/misses_*",
-                        "--model-dir", str(tmp_path), "--quiet")
+def test_all_fails_on_a_missed_metric_or_time(experiments, tmp_path, convergence):
+  result = convergence("--all", "--experiments", str(experiments), "--only", "toy/misses_*",
+                       "--model-dir", str(tmp_path), "--quiet")
   assert result.returncode == 1, result.stdout + result.stderr
   rows = _table_rows(result.stdout)
   assert sorted(rows) == ["toy/misses_metric", "toy/misses_time"]
@@ -123,18 +142,17 @@ def test_expect_block_is_checked():
   assert config.expect is None
 
 
-def test_official_fashion_mnist_declares_its_bounds():
+def test_official_fashion_mnist_declares_its_bounds(convergence):
   config = config_lib.load_config(os.path.join(REPO, "official/resnet/fashion_mnist_resnet.yaml"))
   expect = config.expect
   assert (expect.metric, expect.at_least, expect.split, expect.minutes) == ("top1", 0.93, "test", 20)
-  result = subprocess.run([sys.executable, SCRIPT, "--list"], capture_output=True, text=True,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), timeout=300)
+  result = convergence("--list", imports=())
   assert result.returncode == 0, result.stderr
   assert "| resnet/fashion_mnist_resnet | test top1 | >= 0.93 | 20 min |" in result.stdout
   assert "fashion_mnist_resnet_jpeg" not in result.stdout  # Extends it; declares no bounds.
 
 
-def test_a_time_bound_is_scaled_by_the_speed_measured_on_this_machine(tmp_path):
+def test_a_time_bound_is_scaled_by_the_speed_measured_on_this_machine(tmp_path, convergence):
   """expect.examples_per_second: bound = minutes x reference / measured here, both printed."""
   root = tmp_path / "experiments"
   os.makedirs(root / "toy")
@@ -148,8 +166,8 @@ def test_a_time_bound_is_scaled_by_the_speed_measured_on_this_machine(tmp_path):
   for name, bound in bounds.items():
     expect = dict(bound, metric="accuracy", at_least=0.5, split="eval", hardware="imaginary")
     (root / "toy" / f"{name}.yaml").write_text(yaml.safe_dump(dict(toy, expect=expect)))
-  result = _convergence("--all", "--experiments", str(root), "--model-dir", str(tmp_path / "runs"),
-                        "--quiet", "--calibration-steps", "5")
+  result = convergence("--all", "--experiments", str(root), "--model-dir", str(tmp_path / "runs"),
+                       "--quiet", "--calibration-steps", "5")
   assert result.returncode == 1, result.stdout + result.stderr
   rows = _table_rows(result.stdout)
   for name, bound in bounds.items():
@@ -168,7 +186,7 @@ def test_a_time_bound_is_scaled_by_the_speed_measured_on_this_machine(tmp_path):
   assert rows["toy/fast_reference"][-1] == "PASS"
   assert rows["toy/slow_reference"][-1].startswith("FAIL: stopped after 0.0 min (2x the bound)")
   # Without calibration the same 0.001 min is read as it stands: a miss.
-  plain = _convergence("--all", "--experiments", str(root), "--only", "fast",
-                       "--model-dir", str(tmp_path / "plain"), "--quiet", "--no-calibrate")
+  plain = convergence("--all", "--experiments", str(root), "--only", "fast",
+                      "--model-dir", str(tmp_path / "plain"), "--quiet", "--no-calibrate")
   assert plain.returncode == 1 and "Calibration of" not in plain.stdout
   assert _table_rows(plain.stdout)["toy/fast_reference"][-1].startswith("FAIL: stopped after")
