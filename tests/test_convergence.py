@@ -4,12 +4,11 @@ import importlib.util
 import json
 import os
 import re
-import subprocess
 
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import REPO, run_main
 from tpu_models import config as config_lib
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -34,10 +33,7 @@ def convergence(capfd, monkeypatch):
   monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")  # For the training runs it starts.
 
   def run(*args, imports=("--import", "toy_task")):
-    capfd.readouterr()
-    code = script.main([*args, *imports])
-    out, err = capfd.readouterr()
-    return subprocess.CompletedProcess([SCRIPT, *args], code, out, err)
+    return run_main(capfd, script.main, [*args, *imports])
 
   return run
 

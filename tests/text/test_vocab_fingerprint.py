@@ -7,13 +7,12 @@ must not overwrite a vocabulary that runs depend on.
 """
 
 import json
-import os
-import subprocess
 
 import pytest
 import yaml
 
 import test_translation
+from conftest import run_main
 from tpu_models import cli
 from tpu_models.text import inputs as text_lib
 
@@ -22,17 +21,11 @@ VOCAB_SIZE = 56
 
 @pytest.fixture
 def run_cli(capfd, monkeypatch):
-  """`tpu-models ARGS` run from `cwd` in this process: cli.main is what the console script
-  calls, and each child process would spend ~8 s of CPU importing TensorFlow again. capfd
-  takes the file descriptors, so TensorFlow's own C++ lines land in `stderr` too.
-  """
+  """`tpu-models ARGS` run from `cwd`, in this process (cli.main is the console script's entry)."""
 
   def run(*args, cwd):
     monkeypatch.chdir(cwd)
-    capfd.readouterr()
-    code = cli.main(list(args))
-    out, err = capfd.readouterr()
-    return subprocess.CompletedProcess(["tpu-models", *args], code, out, err)
+    return run_main(capfd, cli.main, args)
 
   return run
 
