@@ -3,24 +3,26 @@ cluster, and the best trial of a real Fashion-MNIST sweep exported and scored on
 
 import json
 import os
+import sys
 
 import pytest
 
-from sweep_helpers import (REPO, TOY_SWEEP, checkpoints, ray_sandbox, run_sweep, sweep_env,
+from sweep_helpers import (REPO, TOY_SWEEP, checkpoints, ray_sandbox, run_sweep, run_sweep_here,
                            trial_records)
 from tpu_models.sweep import files
 
 
-def test_asha_stops_the_weak_trials_at_an_evaluation_with_their_checkpoint(tmp_path):
+def test_asha_stops_the_weak_trials_at_an_evaluation_with_their_checkpoint(tmp_path, capfd,
+                                                                           monkeypatch):
   directory = str(tmp_path / "sweep")
+  # One at a time, the strong learning rate first: the two that cannot learn (1e-6) are
+  # below the rung's cut at their first evaluation (step 10).
+  args = [TOY_SWEEP, "--set", f"sweep.directory={directory}", "--set", "sweep.trials=3",
+          "--set", "sweep.concurrency=1", "--set", "sweep.scheduler.name=asha",
+          "--set", "sweep.space.task.model.hidden={choice: [16]}",
+          "--set", "sweep.space.trainer.schedule.base_lr={grid: [0.5, 1.0e-6, 2.0e-6]}"]
   with ray_sandbox() as ray_tmp:
-    # One at a time, the strong learning rate first: the two that cannot learn (1e-6) are
-    # below the rung's cut at their first evaluation (step 10).
-    done = run_sweep(
-        ray_tmp, TOY_SWEEP, "--set", f"sweep.directory={directory}", "--set", "sweep.trials=3",
-        "--set", "sweep.concurrency=1", "--set", "sweep.scheduler.name=asha",
-        "--set", "sweep.space.task.model.hidden={choice: [16]}",
-        "--set", "sweep.space.trainer.schedule.base_lr={grid: [0.5, 1.0e-6, 2.0e-6]}")
+    done = run_sweep(ray_tmp, *args)
   assert done.returncode == 0, done.stdout + done.stderr
   records = trial_records(directory)
   by_lr = {r["params"]["trainer.schedule.base_lr"]: r for r in records.values()}
@@ -37,13 +39,9 @@ def test_asha_stops_the_weak_trials_at_an_evaluation_with_their_checkpoint(tmp_p
   assert sorted(line.split(",")[2] for line in csv_lines[2:]) == ["stopped", "stopped"]
   assert open(os.path.join(directory, files.CURVES_PNG), "rb").read(4) == b"\x89PNG"
   # --report reads the same from the directory alone, without Ray.
-  report = run_sweep(ray_tmp, TOY_SWEEP, "--set", f"sweep.directory={directory}",
-                     "--set", "sweep.trials=3", "--set", "sweep.concurrency=1",
-                     "--set", "sweep.scheduler.name=asha",
-                     "--set", "sweep.space.task.model.hidden={choice: [16]}",
-                     "--set", "sweep.space.trainer.schedule.base_lr={grid: [0.5, 1.0e-6, 2.0e-6]}",
-                     "--report")
+  report = run_sweep_here(capfd, monkeypatch, str(tmp_path / "no_ray"), *args, "--report")
   assert report.returncode == 0 and "3 trials: 1 done, 2 stopped" in report.stdout
+  assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
 
 
 def test_optuna_trials_run_on_both_nodes_of_a_two_node_ray_cluster(tmp_path, monkeypatch):

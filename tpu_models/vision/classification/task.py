@@ -323,7 +323,10 @@ class ClassificationTask(Task, Servable, Deployable):
     def from_pixels(image):
       return image_lib.normalize(self._from_pixels(image, training=False), cfg.mean, cfg.std)
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")])
+    # autograph=False here and below: plain TensorFlow ops, nothing for AutoGraph to rewrite;
+    # converting the whole pre- and post-processing again at each export and trace cost CPU.
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")],
+                 autograph=False)
     def serving_default(image_bytes):
       with tf.control_dependencies([image_lib.assert_not_empty(image_bytes, "serving_default")]):
         images, valid, reason = tf.map_fn(
@@ -334,7 +337,7 @@ class ClassificationTask(Task, Servable, Deployable):
 
     # The signature takes any shape: a SavedModel's signature does not check the shape
     # it declares, and a declared (static) rank would let TensorFlow drop the checks below.
-    @tf.function(input_signature=[tf.TensorSpec(None, tf.uint8, name="images")])
+    @tf.function(input_signature=[tf.TensorSpec(None, tf.uint8, name="images")], autograph=False)
     def serve_images(images):
       expected = f"serve_images: images must be uint8 [N, H, W, {cfg.channels}]"
       rank = tf.debugging.assert_equal(tf.rank(images), 4,
@@ -379,7 +382,7 @@ class ClassificationTask(Task, Servable, Deployable):
     transform = self._eval_transform_text()
 
     @tf.function(input_signature=[tf.TensorSpec([None, height, width, cfg.channels], tf.float32,
-                                                name="images")])
+                                                name="images")], autograph=False)
     def serve_images(images):
       images = self._eval_transform_batch(images)
       logits = tf.cast(model(image_lib.normalize(images, cfg.mean, cfg.std), training=False),

@@ -246,7 +246,10 @@ class DetectorServing(Servable, FilePredictor, Deployable):
         outputs[key] = tf.where(rows, value, tf.zeros_like(value))
       return outputs
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")])
+    # autograph=False here and below: plain TensorFlow ops, nothing for AutoGraph to rewrite;
+    # converting the whole pre- and post-processing again at each export and trace cost CPU.
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")],
+                 autograph=False)
     def serving_default(image_bytes):
       with tf.control_dependencies([image_lib.assert_not_empty(image_bytes, "serving_default")]):
         (images, infos), valid, reason = tf.map_fn(
@@ -257,7 +260,7 @@ class DetectorServing(Servable, FilePredictor, Deployable):
 
     # Any shape in the signature: a declared rank would let TensorFlow drop the checks
     # (a SavedModel signature does not enforce the shape it declares).
-    @tf.function(input_signature=[tf.TensorSpec(None, tf.uint8, name="images")])
+    @tf.function(input_signature=[tf.TensorSpec(None, tf.uint8, name="images")], autograph=False)
     def serve_images(images):
       expected = "serve_images: images must be uint8 [N, H, W, 3]"
       rank = tf.debugging.assert_equal(tf.rank(images), 4, message=f"{expected}; got another rank")
@@ -330,7 +333,7 @@ class DetectorServing(Servable, FilePredictor, Deployable):
                      np.zeros([2], np.float32)]).astype(np.float32)
 
     @tf.function(input_signature=[tf.TensorSpec([None, height, width, 3], tf.float32,
-                                                name="images")])
+                                                name="images")], autograph=False)
     def serve_images(images):
       if (int(resized_hw[0]), int(resized_hw[1])) != (height, width):
         images = tf.image.resize(images, [int(resized_hw[0]), int(resized_hw[1])],
