@@ -15,8 +15,8 @@ import tensorflow as tf
 
 import toy_task
 from faults import (UNREADABLE, _final_weights, assert_nothing_lost, checkpoint_inventory,
-                    error_line, flip_byte, run_batch, train_command, train_steps_logged,
-                    truncate)
+                    error_line, flip_byte, train_command, train_steps_logged, truncate)
+from in_process import run_batch_here, train_here
 from tpu_models.training import checkpoints, progress
 from tpu_models.training.trainer import Trainer
 
@@ -69,21 +69,16 @@ def test_unreadable_latest_checkpoint_resumes_from_newest_intact_one(runs, tmp_p
     index.unlink()
   hopeless_before = checkpoint_inventory(hopeless)
 
-  # Fault 1 exactly as reported (`rm ckpt-N.index`, train again) in a process of its own;
-  # the other damages run meanwhile through the CLI in one process (one TensorFlow start-up).
-  cmd, env = train_command(tmp_path / "index_removed", *RUN)
-  alone = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True)
-  others = ["data_truncated", "data_bit_flipped", "all_unreadable"]
+  # Fault 1 as reported (`rm ckpt-N.index`, train again) and the other damages, each the
+  # same `train` command through the CLI, in this process (no TensorFlow start-up per run).
+  cmd, _ = train_command(tmp_path / "index_removed", *RUN)
   argv = cmd[3:]  # train toy.yaml --import toy_task --mode train --model-dir DIR --set ...
   at = argv.index("--model-dir") + 1
+  names = list(DAMAGE) + ["all_unreadable"]
   (tmp_path / "batch").mkdir()
-  batch = run_batch(tmp_path / "batch",
-                    [argv[:at] + [str(tmp_path / name)] + argv[at + 1:] for name in others])
-  out, err = alone.communicate(timeout=600)
-  outputs = {"index_removed": {"code": alone.returncode, "stdout": out, "stderr": err,
-                               "traceback": ""}}
-  outputs.update(zip(others, batch))
+  batch = run_batch_here(tmp_path / "batch",
+                         [argv[:at] + [str(tmp_path / name)] + argv[at + 1:] for name in names])
+  outputs = dict(zip(names, batch))
 
   for name in DAMAGE:
     model_dir, result = tmp_path / name, outputs[name]
@@ -114,7 +109,7 @@ def test_unreadable_latest_checkpoint_resumes_from_newest_intact_one(runs, tmp_p
   assert not (hopeless / UNREADABLE).exists()
 
 
-def test_sigkill_mid_save_never_costs_the_newest_readable_checkpoint(runs, tmp_path):
+def test_sigkill_mid_save_never_costs_the_newest_readable_checkpoint(runs, tmp_path, capfd):
   """Real SIGKILLs inside CheckpointManager.save, at each point a save can be cut."""
   reference, _ = runs
   model_dir = tmp_path / "run"
@@ -139,8 +134,9 @@ def test_sigkill_mid_save_never_costs_the_newest_readable_checkpoint(runs, tmp_p
   assert f"Checkpoint {model_dir}/ckpt-40 is unreadable" in result.stdout, result.stdout
   assert f"Resumed from {model_dir}/ckpt-30 at step 30." in result.stdout, result.stdout
   assert (model_dir / UNREADABLE / "ckpt-40.index").exists()
-  # 4. Resumes from ckpt-50 and finishes on the uninterrupted run's weights.
-  result = train()
+  # 4. Resumes from ckpt-50 and finishes on the uninterrupted run's weights (no kill: a run
+  # in this process).
+  result = train_here(capfd, model_dir, *run)
   assert result.returncode == 0, result.stderr[-3000:]
   assert f"Resumed from {model_dir}/ckpt-50 at step 50." in result.stdout, result.stdout
   step, weights, trainer = _final_weights(model_dir)

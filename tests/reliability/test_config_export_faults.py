@@ -5,8 +5,6 @@ exported, and serves a batch with a broken image; `tpu-models --version`."""
 import io
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -14,9 +12,10 @@ import tensorflow as tf
 
 import tiny_image_model  # noqa: F401  (registers reliability_tiny_cnn)
 import toy_task  # noqa: F401  (registers the toy task)
-from conftest import REPO
-from faults import (_cli, _experiment, _jpeg, _write, checkpoint_inventory, error_line,
-                    run_batch, truncate)
+from conftest import REPO, run_main
+from faults import _experiment, _jpeg, _write, checkpoint_inventory, error_line, truncate
+from in_process import run_batch_here
+from tpu_models import cli
 from tpu_models import config as config_lib
 from tpu_models.training.trainer import Trainer
 
@@ -76,7 +75,8 @@ def runs(tmp_path_factory):
       "export_damaged": cls_command("export", damaged, "--output", tmp / "saved_damaged"),
   }
   names = list(cases)
-  outcome = dict(zip(names, run_batch(tmp, [cases[n] for n in names])))
+  # Config errors, evaluate and export are not about a process: run here, not in a child.
+  outcome = dict(zip(names, run_batch_here(tmp, [cases[n] for n in names])))
   outcome.update(paths=dict(toy=toy, cls=cls, saved=saved, damaged=damaged, tmp=tmp),
                  config_yaml=config_yaml, inventory=inventory)
   return outcome
@@ -155,9 +155,7 @@ def test_serving_flags_a_broken_image_and_explains_bad_batches(runs):
   assert pixels(images=tf.constant(image[None]))["valid"].numpy().tolist() == [True]
 
 
-def test_version():
-  _, env = _cli("unused")
-  result = subprocess.run([sys.executable, "-m", "tpu_models.cli", "--version"], env=env,
-                          capture_output=True, text=True, timeout=60)
+def test_version(capfd):
+  result = run_main(capfd, cli.main, ["--version"])
   assert result.returncode == 0 and result.stdout.startswith("tpu-models 0.1.0 (Python ")
   assert "TensorFlow 2." in result.stdout

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from faults import _experiment, driver_command, error_line, run_batch, truncate
+from faults import _experiment, driver_command, error_line, truncate
+from in_process import run_batch_here
 
 CLASSES = ("a", "b", "c", "d")
 
@@ -60,7 +61,8 @@ def results(tmp_path_factory):
   def convert(folder, prefix, shards):
     return ["convert", "image-folder", folder, prefix, "--num-shards", shards, "--seed", 1]
 
-  first = run_batch(tmp, [
+  # Only the killed convert is a child (it is killed); the other runs go through cli.main here.
+  first = run_batch_here(tmp, [
       convert(photos, out / "train", 4),
       convert(photos, cut / "train", 2),
       convert(photos, stale / "train", 2),
@@ -89,7 +91,7 @@ def results(tmp_path_factory):
     return ["train", _experiment(tmp, name, data, data), "--import", "tiny_image_model",
             "--model-dir", tmp / "runs" / name]
 
-  second = run_batch(tmp, [
+  second = run_batch_here(tmp, [
       train("on_killed", str(out / "train-*")),
       convert(photos, out / "train", 2),
       train("on_rerun", str(out / "train-*")),
@@ -219,7 +221,7 @@ def test_bad_annotation_files_are_one_line_errors_naming_the_file(tmp_path):
       "classes_latin1": ["convert", "csv", good_csv, tmp_path / "o13" / "train",
                          "--image-dir", images, "--classes", latin1_csv],
   }
-  results = dict(zip(cases, run_batch(tmp_path, list(cases.values()))))
+  results = dict(zip(cases, run_batch_here(tmp_path, list(cases.values()))))
   coco_expected = ("expected a COCO instances JSON file: an object with 'images', "
                    "'annotations' and 'categories' lists.")
   expected = {

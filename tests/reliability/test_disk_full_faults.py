@@ -1,4 +1,4 @@
-"""Fault injection of a full disk through real `tpu-models train` processes: a checkpoint save
+"""Fault injection of a full disk through real `tpu-models train` runs: a checkpoint save
 that runs out of space mid-way (TensorFlow's ResourceExhaustedError, as its C++ writers raise
 for ENOSPC) and a metrics.jsonl row cut off by ENOSPC. Each ends with one line (exit 2) naming
 the path and the free space; the same command afterwards resumes from the last good
@@ -6,13 +6,13 @@ checkpoint and ends on the uninterrupted run's weights. (The export's full disk:
 test, test_export_faults.py.)"""
 
 import os
-import subprocess
 
 import numpy as np
 import pytest
 
 import toy_task
-from faults import UNREADABLE, _final_weights, train_command, train_steps_logged
+from faults import UNREADABLE, _final_weights, train_steps_logged
+from in_process import train_here
 from tpu_models.training import progress
 from tpu_models.training.trainer import Trainer
 
@@ -29,9 +29,10 @@ def straight_weights(tmp_path_factory):
   return weights
 
 
-def _train(model_dir, fault=None):
-  cmd, env = train_command(model_dir, *RUN, fault=fault)
-  return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+def _train(capfd, model_dir, fault=None):
+  # In this process: the full disk is injected as the fault driver's child would inject it
+  # (and undone after); no process is the subject here.
+  return train_here(capfd, model_dir, *RUN, fault=fault)
 
 
 def _error_line(done):
@@ -41,8 +42,8 @@ def _error_line(done):
   return errors[0]
 
 
-def _resume_ends_on(model_dir, weights):
-  resumed = _train(model_dir)
+def _resume_ends_on(capfd, model_dir, weights):
+  resumed = _train(capfd, model_dir)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert "Resumed from" in resumed.stdout and f"{model_dir / 'ckpt-10'}" in resumed.stdout
   assert "killed" not in resumed.stdout + resumed.stderr  # Not blamed on a kill.
@@ -59,9 +60,9 @@ def _final_weights_of(model_dir):
 
 
 def test_a_checkpoint_save_on_a_full_disk_is_one_line_and_the_run_resumes(straight_weights,
-                                                                          tmp_path):
+                                                                          tmp_path, capfd):
   model_dir = tmp_path / "run"
-  full = _train(model_dir, fault=("disk-full-checkpoint", 20))
+  full = _train(capfd, model_dir, fault=("disk-full-checkpoint", 20))
   assert full.returncode == 2, full.stderr[-3000:]
   line = _error_line(full)
   assert line.startswith(f"tpu-models train: error: No space left on device while saving "
@@ -71,13 +72,13 @@ def test_a_checkpoint_save_on_a_full_disk_is_one_line_and_the_run_resumes(straig
   # The unfinished save (its ckpt-20_temp/ and the cut-off data file) is gone.
   assert sorted(name for name in os.listdir(model_dir) if name.startswith("ckpt")) == [
       "ckpt-10.data-00000-of-00001", "ckpt-10.index"]
-  _resume_ends_on(model_dir, straight_weights)
+  _resume_ends_on(capfd, model_dir, straight_weights)
 
 
 def test_a_metrics_row_cut_off_by_a_full_disk_is_one_line_and_the_run_resumes(
-    straight_weights, tmp_path):
+    straight_weights, tmp_path, capfd):
   model_dir = tmp_path / "run"
-  full = _train(model_dir, fault=("disk-full-metrics", 20))
+  full = _train(capfd, model_dir, fault=("disk-full-metrics", 20))
   assert full.returncode == 2, full.stderr[-3000:]
   line = _error_line(full)
   path = model_dir / progress.METRICS_FILE
@@ -86,7 +87,7 @@ def test_a_metrics_row_cut_off_by_a_full_disk_is_one_line_and_the_run_resumes(
   assert "the train row of step 20 was not written" in line
   assert "The checkpoints are not affected" in line
   assert not path.read_text().endswith("\n")  # Half a row, as the full disk left it.
-  _resume_ends_on(model_dir, straight_weights)
+  _resume_ends_on(capfd, model_dir, straight_weights)
   # The fragment was moved aside; the history reads back with one row per step.
   assert train_steps_logged(model_dir) == [10, 20, 30]
   rewound = (model_dir / progress.REWOUND_FILE).read_text()

@@ -10,7 +10,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from faults import _experiment, _write, driver_command, error_line, run_batch
+from faults import _experiment, _write, driver_command, error_line
+from in_process import run_batch_here
 
 
 def _listing(tmp):
@@ -30,7 +31,7 @@ def results(tmp_path_factory):
   model_dir, output = tmp / "run", tmp / "exported"
   common = ["--import", "tiny_image_model", "--model-dir", model_dir, "--output", output]
   fail = {"FAULT_EXPORT": "fail-saving"}
-  first = run_batch(tmp, [
+  first = run_batch_here(tmp, [
       ["train", config, "--import", "tiny_image_model", "--model-dir", model_dir],
       ["export", config, *common],
       ["train", config, "--import", "tiny_image_model", "--model-dir", model_dir,
@@ -53,7 +54,7 @@ def results(tmp_path_factory):
   killed_out, killed_err = killed.communicate(timeout=600)
   after_kill = {"listing": _listing(tmp), "step": _step(output)}
 
-  last = run_batch(tmp, [["export", config, *common, "--overwrite"]])
+  last = run_batch_here(tmp, [["export", config, *common, "--overwrite"]])
   return {"first": first, "after_failures": after_failures, "killed": killed,
           "killed_err": killed_err, "killed_out": killed_out, "dead_pid": dead.pid,
           "after_kill": after_kill,

@@ -1,4 +1,4 @@
-"""Reliability round 3 (issue 28): each fault injected into a real `tpu-models` process.
+"""Reliability round 3 (issue 28): each fault injected into a real `tpu-models` run.
 
 Rows 29-34 of docs/reliability.md: a decompression bomb through the detector's
 `predict`; damaged or empty LiteRT / ONNX files through `evaluate-export`; refused
@@ -20,7 +20,8 @@ import pytest
 import tensorflow as tf
 
 from conftest import has_module
-from faults import HERE, _experiment, _write, error_line, flip_byte, run_batch, train_command
+from faults import HERE, _experiment, _write, error_line, flip_byte
+from in_process import run_batch_here, train_here
 from test_convert_faults import _coco
 from test_image_limit_faults import _bomb_png
 
@@ -90,7 +91,8 @@ def exported(tmp_path_factory):
   formats = ["litert"] + (["onnx"] if has_module("tf2onnx") and has_module("onnxruntime") else [])
   export = lambda name: ["export", config, "--model-dir", tmp / "run", "--output", tmp / name,
                          "--format", name]
-  results = run_batch(tmp, [["train", config, "--model-dir", tmp / "run", "--mode", "train"]] + [
+  results = run_batch_here(tmp, [
+      ["train", config, "--model-dir", tmp / "run", "--mode", "train"]] + [
       export(name) for name in formats] + [
       # Row 34: a graph that normalises wrongly, over the export of the line above.
       {"argv": export(formats[-1]) + ["--overwrite"],
@@ -142,7 +144,7 @@ def test_damaged_or_empty_export_files_are_one_line_naming_the_file(exported):
       expected.append((name, damage, str(path)))
     cases.append(["evaluate-export", source, "--split", "eval"])
     expected.append((name, "good", ""))
-  for (name, damage, path), result in zip(expected, run_batch(tmp, cases)):
+  for (name, damage, path), result in zip(expected, run_batch_here(tmp, cases)):
     if damage == "good":
       assert result["code"] == 0, result["stderr"] + result["traceback"]
       assert "Agreement with the SavedModel path" in result["stdout"]
@@ -184,7 +186,7 @@ def test_refused_conversions_imports_and_fine_tunes_write_nothing(exported, tmp_
   config = tmp / "tiny.yaml"
   trained = tmp / "run"
   fine_tune = ["train", config, "--mode", "train", "--set", f"trainer.init_checkpoint={trained}"]
-  results = run_batch(tmp_path, [
+  results = run_batch_here(tmp_path, [
       ["convert", "coco", outside, images, tmp_path / "coco_out" / "train", "--num-shards", 1],
       ["convert", "csv", absolute, tmp_path / "csv_out" / "train", "--image-dir", images,
        "--num-shards", 1],
@@ -219,23 +221,28 @@ def test_refused_conversions_imports_and_fine_tunes_write_nothing(exported, tmp_
 # Row 32: a run refused by the model_dir lock does not say it resumed.
 
 
-def test_a_run_refused_by_the_lock_says_only_that(tmp_path):
-  """The model_dir holds ckpt-4 and a lock whose holder (this test's process) is alive:
+def test_a_run_refused_by_the_lock_says_only_that(tmp_path, capfd):
+  """The model_dir holds ckpt-4 and a lock whose holder (a process of this test) is alive:
   a second `train` is one line naming the holder, and prints no `Resumed from`; the
   model_dir's files are left as they were."""
   from tpu_models.training import model_dir as model_dir_lib
   run = tmp_path / "run"
-  cmd, env = train_command(run, "trainer.train_steps=4")
-  first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+  # Both runs in this process: the holder is another live process, not TensorFlow's.
+  first = train_here(capfd, run, "trainer.train_steps=4")
   assert first.returncode == 0, first.stderr[-2000:]
-  pid = os.getpid()
-  (run / model_dir_lib.LOCK_FILE).write_text(json.dumps(
-      {"host": socket.gethostname(), "pid": pid, "started": "2026-12-03 00:00:00 UTC",
-       "process_start": model_dir_lib._process_start(pid)}, sort_keys=True))  # pylint: disable=protected-access
-  before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
-  cmd, env = train_command(run, "trainer.train_steps=8")
-  second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-  assert second.returncode == 2, second.stderr[-2000:]
-  assert "is being trained by another process" in second.stderr and f"pid {pid}" in second.stderr
-  assert "Resumed from" not in second.stdout, second.stdout
-  assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+  holder = subprocess.Popen(["sleep", "600"])
+  try:
+    pid = holder.pid
+    (run / model_dir_lib.LOCK_FILE).write_text(json.dumps(
+        {"host": socket.gethostname(), "pid": pid, "started": "2026-12-03 00:00:00 UTC",
+         "process_start": model_dir_lib._process_start(pid)}, sort_keys=True))  # pylint: disable=protected-access
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    second = train_here(capfd, run, "trainer.train_steps=8")
+    assert second.returncode == 2, second.stderr[-2000:]
+    assert "is being trained by another process" in second.stderr and f"pid {pid}" in second.stderr
+    assert "Resumed from" not in second.stdout, second.stdout
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+    assert holder.poll() is None  # Alive throughout.
+  finally:
+    holder.kill()
+    holder.wait()

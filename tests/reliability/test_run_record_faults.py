@@ -18,8 +18,8 @@ import yaml
 
 import toy_task  # noqa: F401  (registers the toy task)
 from conftest import REPO
-from faults import (_wait_for, checkpoint_inventory, error_line, run_batch, train_command,
-                    train_steps_logged)
+from faults import _wait_for, checkpoint_inventory, error_line, train_command, train_steps_logged
+from in_process import run_batch_here, train_here
 from tpu_models.training import checkpoints, progress
 from tpu_models.training.trainer import Trainer
 
@@ -106,7 +106,7 @@ def runs(tmp_path_factory):
       "glob_evaluate": ["evaluate", TOY, "--import", "toy_task", "--model-dir", tmp / "exp*"],
   }
   names = list(cases)
-  outcome = dict(zip(names, run_batch(tmp, [cases[n] for n in names])))
+  outcome = dict(zip(names, run_batch_here(tmp, [cases[n] for n in names])))
   outcome.update(tmp=tmp, fragment=fragment, first_record=first_record)
   return outcome
 
@@ -136,7 +136,8 @@ def _lock_holder(model_dir):
   return json.loads(path.read_text()) if path.exists() else None
 
 
-def test_a_second_training_process_is_refused_and_a_dead_holders_lock_taken_over(tmp_path):
+def test_a_second_training_process_is_refused_and_a_dead_holders_lock_taken_over(tmp_path,
+                                                                                  capfd):
   run = tmp_path / "run"
   long_run = ("trainer.train_steps=10000000", "trainer.steps_per_loop=10",
               "trainer.checkpoint_every=100000")
@@ -148,9 +149,10 @@ def test_a_second_training_process_is_refused_and_a_dead_holders_lock_taken_over
   assert holder["pid"] == first.pid and holder["host"] == socket.gethostname()
   config_yaml = (run / "config.yaml").read_text()
 
-  # A second `train` (another step count, as a user retrying would) while the first runs.
-  second = run_batch(tmp_path, [["train", TOY, "--import", "toy_task", "--model-dir", run,
-                                 "--mode", "train", "--set", "trainer.train_steps=50"]])[0]
+  # A second `train` (another step count, as a user retrying would) while the first runs: in
+  # this process, another than the holder's.
+  second = run_batch_here(tmp_path, [["train", TOY, "--import", "toy_task", "--model-dir", run,
+                                      "--mode", "train", "--set", "trainer.train_steps=50"]])[0]
   assert second["code"] == 2
   line = error_line(second)
   assert (f"{run} is being trained by another process (pid {first.pid} on host "
@@ -176,8 +178,7 @@ def test_a_second_training_process_is_refused_and_a_dead_holders_lock_taken_over
   killed.wait(timeout=60)
   step = checkpoints.saved_step(tf.train.latest_checkpoint(str(run)))
   before = checkpoint_inventory(run)
-  cmd, env = train_command(run, f"trainer.train_steps={step + 10}")
-  done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+  done = train_here(capfd, run, f"trainer.train_steps={step + 10}")  # This process takes over.
   assert done.returncode == 0, done.stderr
   assert (f"Took over the lock of {run} ({run}/train.lock): its holder, pid {killed.pid} on "
           f"host {socket.gethostname()}" in done.stdout), done.stdout

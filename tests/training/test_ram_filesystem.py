@@ -6,7 +6,7 @@ there (a checkpoint prefix "is a directory" when files start with it). Data
 written there by the shard writer, then train -> resume -> evaluate, all in this
 process (the filesystem lives in it). Then the whole chain as CLI commands:
 convert -> train -> export -> serve -> resume -> evaluate -> export --overwrite ->
-serve, in one `tpu-models` process (the fault driver's batch mode).
+serve, through `cli.main` in this process too (the fault driver's batch mode, run here).
 """
 
 import os
@@ -85,13 +85,15 @@ def _image_folder(root):
 
 
 def test_convert_train_resume_evaluate_export_and_serve_through_the_cli_on_ram(tmp_path):
-  """The whole chain as `tpu-models` commands of one process (ram:// lives in one process).
+  """The whole chain as `tpu-models` commands of one process (ram:// lives in one process):
+  this one, where none of them needs a process of its own (no child importing TensorFlow).
 
-  The ram:// exports are loaded there with tf.saved_model.load and served; the last one is
-  also copied out and served here, in another process, against an export of the same
-  checkpoint to local disk.
+  The ram:// exports are loaded with tf.saved_model.load and served; the last one is also
+  copied out to local disk (tf.io.gfile) and served from there, against an export of the
+  same checkpoint to local disk.
   """
-  from faults import _experiment, error_line, run_batch  # tests/reliability (on sys.path).
+  from faults import _experiment, error_line  # tests/reliability (on sys.path).
+  from in_process import run_batch_here
 
   photos = _image_folder(tmp_path / "photos")
   images = sorted(str(p) for p in photos.glob("*/0.jpg"))
@@ -99,7 +101,7 @@ def test_convert_train_resume_evaluate_export_and_serve_through_the_cli_on_ram(t
   config = _experiment(tmp_path, "ram", f"{root}/data/train-*", f"{root}/data/validation-*")
   run = ["--import", "tiny_image_model", "--model-dir", f"{root}/run"]
   export = ["export", config, *run, "--output", f"{root}/exported"]
-  results = run_batch(tmp_path, [
+  results = run_batch_here(tmp_path, [
       ["convert", "image-folder", photos, f"{root}/data/train", "--num-shards", 2],
       ["convert", "image-folder", photos, f"{root}/data/validation", "--num-shards", 1],
       ["train", config, *run],
@@ -111,7 +113,7 @@ def test_convert_train_resume_evaluate_export_and_serve_through_the_cli_on_ram(t
       export + ["--overwrite"],
       {"serve": f"{root}/exported", "images": images, "copy_to": tmp_path / "copied"},
       ["export", config, *run, "--output", tmp_path / "local"],
-  ], timeout=900)
+  ])
   (convert_train, convert_eval, train, first_export, first_served, resume, evaluate, refused,
    overwrite, served, local) = results
   for result in (convert_train, convert_eval, train, first_export, resume, evaluate, overwrite,
@@ -134,7 +136,7 @@ def test_convert_train_resume_evaluate_export_and_serve_through_the_cli_on_ram(t
   assert served["outputs"]["classes"] != first_served["outputs"]["classes"] or (
       served["outputs"]["logits"] != first_served["outputs"]["logits"])  # Really replaced.
 
-  # Served in this process from the copy, and from the local export of the same checkpoint.
+  # Served from the copy, and from the local export of the same checkpoint.
   batch = tf.constant([open(path, "rb").read() for path in images])
   for export_dir in (tmp_path / "copied", tmp_path / "local"):
     outputs = tf.saved_model.load(str(export_dir)).signatures["serving_default"](

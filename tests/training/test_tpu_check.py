@@ -1,11 +1,10 @@
 """`tpu-models check`: a static model passes, data-dependent shapes are flagged."""
 
 import os
-import subprocess
-import sys
 
 import toy_task
-from conftest import REPO
+from conftest import run_main
+from tpu_models import cli
 from tpu_models.training import tpu_check
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,14 +42,13 @@ def test_dynamic_input_dimension_and_float64_are_flagged():
   assert not report.ready
 
 
-def test_cli_exit_codes():
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, REPO]), TF_CPP_MIN_LOG_LEVEL="2")
-  base = [sys.executable, "-m", "tpu_models.cli", "check", os.path.join(TESTS, "toy.yaml"),
-          "--import", "toy_task"]
-  ok = subprocess.run(base, env=env, capture_output=True, text=True, timeout=300)
+def test_cli_exit_codes(capfd):
+  # The exit codes of `tpu-models check` (cli.main, the console script's entry), in this
+  # process: no child importing TensorFlow again.
+  base = ["check", os.path.join(TESTS, "toy.yaml"), "--import", "toy_task"]
+  ok = run_main(capfd, cli.main, base)
   assert ok.returncode == 0, ok.stdout + ok.stderr
   assert "TPU-ready." in ok.stdout
-  bad = subprocess.run(base + ["--set", "task.model.name=toy_dynamic"], env=env,
-                       capture_output=True, text=True, timeout=300)
+  bad = run_main(capfd, cli.main, base + ["--set", "task.model.name=toy_dynamic"])
   assert bad.returncode == 1, bad.stdout + bad.stderr
   assert "NOT TPU-ready" in bad.stdout and "dynamic_shape" in bad.stdout
