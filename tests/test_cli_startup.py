@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -13,12 +14,59 @@ from tpu_models import cli
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
-def _cli(*args, **env):
+def _environment(**env):
   environment = {k: v for k, v in os.environ.items()
                  if k not in ("TF_CPP_MIN_LOG_LEVEL", "TPU_MODELS_TF_STARTUP_LOGS")}
   environment.update(PYTHONPATH=os.pathsep.join([TESTS, REPO]), **env)
+  return environment
+
+
+def _cli(*args, **env):
   return subprocess.run([sys.executable, "-m", "tpu_models.cli", *args], cwd=TESTS,
-                        env=environment, capture_output=True, text=True, timeout=300)
+                        env=_environment(**env), capture_output=True, text=True, timeout=300)
+
+
+# Commands one after the other in ONE fresh child, as the console script runs each
+# (`cli.main(argv)`): only the first imports TensorFlow (through the filter, as in a child
+# of its own); the next ones write to the file descriptors the filter gave back. Nothing
+# redirects them between commands (that could hide where the filter left fd 2): a marker
+# line with the exit code, written to both after each command, separates their output.
+COMMANDS = r"""
+import json, os, sys
+from tpu_models import cli
+mark, commands = sys.argv[1], json.loads(sys.argv[2])
+for argv in commands:
+  environ = dict(os.environ)
+  try:
+    code = cli.main(argv)
+  except SystemExit as e:
+    if e.code is None or isinstance(e.code, int):
+      code = e.code or 0
+    else:  # sys.exit("message"): Python prints it and exits 1.
+      print(e.code, file=sys.stderr)
+      code = 1
+  finally:
+    os.environ.clear()  # The CLI's TF_* defaults, as a child's would be.
+    os.environ.update(environ)
+  sys.stdout.flush()
+  sys.stderr.flush()
+  for fd in (1, 2):
+    os.write(fd, f"{mark} {code}@@\n".encode())
+"""
+_MARK = "@@tpu-models command ended, exit code"
+
+
+def _cli_in_one_child(*commands):
+  """A subprocess.CompletedProcess for each command (an argv list), all run by COMMANDS."""
+  child = subprocess.run([sys.executable, "-c", COMMANDS, _MARK, json.dumps(commands)],
+                         cwd=TESTS, env=_environment(), capture_output=True, text=True,
+                         timeout=300)
+  assert child.returncode == 0, child.stderr[-3000:]
+  ended = re.escape(_MARK) + r" (-?\d+)@@\n"
+  out, err = re.split(ended, child.stdout), re.split(ended, child.stderr)
+  assert len(out) == len(err) == 2 * len(commands) + 1 and out[1::2] == err[1::2], child
+  return [subprocess.CompletedProcess(argv, int(code), stdout, stderr)
+          for argv, stdout, code, stderr in zip(commands, out[0::2], out[1::2], err[0::2])]
 
 
 def test_start_up_filter_drops_whole_notice_lines_only():
@@ -47,12 +95,15 @@ def test_start_up_notices_are_dropped_and_everything_else_kept(tmp_path):
   assert "final eval: loss" in quiet.stdout
   for notice in notices:
     assert notice not in quiet.stderr, (notice, shown.stderr)
-  quiet_list = _cli("list", "tasks")
+  # The list first (TensorFlow imported through the filter), then the config error on the
+  # stderr the filter gave back: one child, not two.
+  quiet_list, bad = _cli_in_one_child(
+      ["list", "tasks"],
+      ["train", "toy.yaml", "--import", "toy_task", "--set", "trainer.trian_steps=1"])
   assert quiet_list.returncode == 0 and quiet_list.stdout == shown.stdout
   for notice in notices:
     assert notice not in quiet_list.stderr, (notice, shown.stderr)
   # A real error on stderr still gets through.
-  bad = _cli("train", "toy.yaml", "--import", "toy_task", "--set", "trainer.trian_steps=1")
   assert bad.returncode == 2 and "trainer.trian_steps" in bad.stderr
 
 

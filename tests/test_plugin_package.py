@@ -33,28 +33,84 @@ def installed(tmp_path_factory):
   return env, work
 
 
-def _cli(env, *args):
-  return subprocess.run([sys.executable, "-m", "tpu_models.cli", *args], env=env, cwd=str(PACKAGE),
-                        capture_output=True, text=True, timeout=600)
+# Each command as the console script runs it (`cli.main(argv)`), its exit code and what it
+# wrote to file descriptors 1 and 2 captured apart, all in ONE child: the installed family
+# must be found by a fresh interpreter, and it is, by the first command's parser (an
+# interpreter finds the families once); a child per command would find them again and
+# import TensorFlow again (~6-8 s of CPU each).
+COMMANDS = r"""
+import json, os, sys, tempfile, traceback
+from tpu_models import cli
+
+def run(argv):
+  environ = dict(os.environ)
+  sys.stdout.flush()
+  sys.stderr.flush()
+  saved = {fd: os.dup(fd) for fd in (1, 2)}
+  with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    os.dup2(out.fileno(), 1)
+    os.dup2(err.fileno(), 2)
+    try:
+      try:
+        code = cli.main(argv)
+      except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+          code = e.code or 0
+        else:  # sys.exit("message"): Python prints it and exits 1.
+          print(e.code, file=sys.stderr)
+          code = 1
+      except Exception:  # A bug: the interpreter would print its traceback and exit 1.
+        traceback.print_exc()
+        code = 1
+    finally:
+      sys.stdout.flush()
+      sys.stderr.flush()
+      for fd, copy in saved.items():
+        os.dup2(copy, fd)
+        os.close(copy)
+      os.environ.clear()  # The CLI's TF_* defaults, as a child's would be.
+      os.environ.update(environ)
+    out.seek(0)
+    err.seek(0)
+    return [code, out.read().decode(errors="replace"), err.read().decode(errors="replace")]
+
+print(json.dumps([run(argv) for argv in json.loads(sys.argv[1])]))
+"""
 
 
-def test_the_installed_family_is_listed_without_import(installed):
-  env, _ = installed
-  listed = _cli(env, "list")
+@pytest.fixture(scope="module")
+def commands(installed):
+  """{name: subprocess.CompletedProcess} of the plugin's commands, in the tests' order."""
+  env, work = installed
+  model_dir, exported = str(work / "run"), str(work / "exported")
+  argvs = {"list": ["list"], "help": ["--help"],
+           "train": ["train", "tiny_plugin.yaml", "--model-dir", model_dir],
+           "check": ["check", "tiny_plugin.yaml"],
+           "export": ["export", "tiny_plugin.yaml", "--model-dir", model_dir, "--output", exported]}
+  child = subprocess.run([sys.executable, "-c", COMMANDS, json.dumps(list(argvs.values()))],
+                         env=env, cwd=str(PACKAGE), capture_output=True, text=True, timeout=900)
+  assert child.returncode == 0, child.stderr[-3000:]
+  results = json.loads(child.stdout.splitlines()[-1])
+  return {name: subprocess.CompletedProcess(argv, *result)
+          for (name, argv), result in zip(argvs.items(), results)}
+
+
+def test_the_installed_family_is_listed_without_import(commands):
+  listed = commands["list"]
   assert listed.returncode == 0, listed.stderr
   lines = dict(line.split(": ", 1) for line in listed.stdout.splitlines())
   assert "tiny_plugin_linear" in lines["models"].split(", ")
   assert "tiny_regression" in lines["tasks"].split(", ")
   assert "tiny_plugin_numbers" in lines["datasets"].split(", ")
   assert "resnet50" in lines["models"].split(", ")  # The built-in families are still there.
-  helped = _cli(env, "--help")  # Its CLI module adds a command (argparse only: no TensorFlow).
+  helped = commands["help"]  # Its CLI module adds a command (argparse only: no TensorFlow).
   assert helped.returncode == 0 and "tiny-plugin-weights" in helped.stdout
 
 
-def test_train_check_and_export_the_installed_family(installed):
-  env, work = installed
+def test_train_check_and_export_the_installed_family(installed, commands):
+  _, work = installed
   model_dir, exported = str(work / "run"), str(work / "exported")
-  trained = _cli(env, "train", "tiny_plugin.yaml", "--model-dir", model_dir)
+  trained = commands["train"]
   assert trained.returncode == 0, trained.stderr[-3000:]
   assert "final eval: loss" in trained.stdout
   rows = [json.loads(line) for line in open(os.path.join(model_dir, "metrics.jsonl"))]
@@ -62,11 +118,11 @@ def test_train_check_and_export_the_installed_family(installed):
   assert [r["step"] for r in rows if r["split"] == "train"] == [10, 20, 30]
   assert train_losses[-1] < 0.5 * train_losses[0], train_losses  # It learns.
 
-  checked = _cli(env, "check", "tiny_plugin.yaml")
+  checked = commands["check"]
   assert checked.returncode == 0, checked.stdout + checked.stderr[-3000:]
   assert "TPU-ready." in checked.stdout
 
-  out = _cli(env, "export", "tiny_plugin.yaml", "--model-dir", model_dir, "--output", exported)
+  out = commands["export"]
   assert out.returncode == 0, out.stderr[-3000:]
   # Served in this process: the SavedModel needs no plugin code.
   served = tf.saved_model.load(exported).signatures["serving_default"](x=tf.eye(4))["y"]

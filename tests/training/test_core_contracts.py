@@ -6,49 +6,57 @@ import json
 import os
 import subprocess
 import sys
+import traceback
 
 import numpy as np
 import pytest
 import yaml
 
 import toy_task
-from conftest import REPO
+from conftest import REPO, run_main
+from tpu_models import cli
 from tpu_models.errors import ConfigError
 from tpu_models.training import benchmark, progress, tpu_check
 from tpu_models.training.trainer import NonFiniteLoss, Trainer
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# One process per replica count (virtual CPUs must be configured before TensorFlow starts).
+# One process for both replica counts (virtual CPUs must be configured before TensorFlow
+# starts; one child, not one per count, imports TensorFlow once). The one-replica run is
+# first and the only MirroredStrategy is the two-replica one: a second MirroredStrategy
+# would reuse its collective keys. Each Trainer seeds itself (runtime.seed): the same
+# initial weights in both runs.
 SCRIPT = r"""
-import json, sys, numpy as np, tensorflow as tf
+import json, os, sys, numpy as np, tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 import toy_task
 from tpu_models.training import progress
 from tpu_models.training.trainer import Trainer
-replicas, model_dir = int(sys.argv[1]), sys.argv[2]
 
-# One strategy per process: a second MirroredStrategy would reuse its collective keys.
-STRATEGY = (tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]) if replicas == 2
-            else tf.distribute.OneDeviceStrategy("/cpu:0"))
+def run(replicas, model_dir):
+  strategy = (tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]) if replicas == 2
+              else tf.distribute.OneDeviceStrategy("/cpu:0"))
 
-# A per-token loss whose tokens are spread unevenly over the replicas.
-config = toy_task.toy_config([
-    "task.name=toy_tokens", "trainer.train_steps=8", "trainer.steps_per_loop=1",
-    "trainer.checkpoint_every=100", "task.train_data.num_examples=16",
-    "task.train_data.global_batch_size=16", "trainer.optimizer.clip_norm=0.5"])
-trainer = Trainer(config, model_dir + "/tokens", strategy=STRATEGY)
-assert trainer.strategy.num_replicas_in_sync == replicas
-trainer.train()
-np.save(model_dir + "/weights.npy",
-        np.concatenate([v.numpy().ravel() for v in trainer.model.trainable_variables]))
-grad_norms = [r["grad_norm"] for r in progress.read_metrics(model_dir + "/tokens", "train")]
+  # A per-token loss whose tokens are spread unevenly over the replicas.
+  config = toy_task.toy_config([
+      "task.name=toy_tokens", "trainer.train_steps=8", "trainer.steps_per_loop=1",
+      "trainer.checkpoint_every=100", "task.train_data.num_examples=16",
+      "task.train_data.global_batch_size=16", "trainer.optimizer.clip_norm=0.5"])
+  trainer = Trainer(config, model_dir + "/tokens", strategy=strategy)
+  assert trainer.strategy.num_replicas_in_sync == replicas
+  trainer.train()
+  np.save(model_dir + "/weights.npy",
+          np.concatenate([v.numpy().ravel() for v in trainer.model.trainable_variables]))
+  grad_norms = [r["grad_norm"] for r in progress.read_metrics(model_dir + "/tokens", "train")]
 
-# Host-side metrics over 37 examples, global batch 8 (the last batch is padded).
-config = toy_task.toy_config(["task.host_metrics=true"])
-evaluation = Trainer(config, model_dir + "/host", strategy=STRATEGY).evaluate()
-json.dump({"grad_norms": grad_norms, "eval": evaluation}, open(model_dir + "/out.json", "w"))
+  # Host-side metrics over 37 examples, global batch 8 (the last batch is padded).
+  config = toy_task.toy_config(["task.host_metrics=true"])
+  evaluation = Trainer(config, model_dir + "/host", strategy=strategy).evaluate()
+  json.dump({"grad_norms": grad_norms, "eval": evaluation}, open(model_dir + "/out.json", "w"))
+
+for replicas in (1, 2):
+  run(replicas, os.path.join(sys.argv[1], f"replicas{replicas}"))
 """
 
 
@@ -58,11 +66,11 @@ def _env():
 
 @pytest.fixture(scope="module")
 def one_and_two_replicas(tmp_path_factory):
+  work = tmp_path_factory.mktemp("replicas")
+  subprocess.run([sys.executable, "-c", SCRIPT, str(work)], env=_env(), check=True, timeout=900)
   results = {}
   for replicas in (1, 2):
-    model_dir = str(tmp_path_factory.mktemp(f"replicas{replicas}"))
-    subprocess.run([sys.executable, "-c", SCRIPT, str(replicas), model_dir], env=_env(),
-                   check=True, timeout=600)
+    model_dir = str(work / f"replicas{replicas}")
     with open(os.path.join(model_dir, "out.json")) as f:
       results[replicas] = json.load(f)
     results[replicas]["weights"] = np.load(os.path.join(model_dir, "weights.npy"))
@@ -208,16 +216,30 @@ def test_config_yaml_is_written_by_training_only_and_another_model_is_refused(tm
   assert resumed.current_step == 10
 
 
-def _cli(*args):
-  return subprocess.run([sys.executable, "-m", "tpu_models.cli", *args], env=_env(), cwd=TESTS,
-                        capture_output=True, text=True, timeout=300)
+@pytest.fixture
+def run_cli(capfd, monkeypatch):
+  """`tpu-models ARGS` run from tests/, in this process (no child importing TensorFlow again).
+  An exception main() lets through is reported as the interpreter reports it when it ends
+  a child: its traceback on stderr, exit code 1."""
+  monkeypatch.chdir(TESTS)
+
+  def run(*args):
+    try:
+      return run_main(capfd, cli.main, args)
+    except Exception:  # pylint: disable=broad-except
+      traceback.print_exc()
+      sys.stderr.flush()
+      out, err = capfd.readouterr()
+      return subprocess.CompletedProcess(list(args), 1, out, err)
+
+  return run
 
 
-def test_cli_reports_config_errors_in_one_line_and_bugs_with_a_traceback(tmp_path):
+def test_cli_reports_config_errors_in_one_line_and_bugs_with_a_traceback(tmp_path, run_cli):
   base = ["train", "toy.yaml", "--import", "toy_task", "--model-dir", str(tmp_path)]
-  wrong = _cli(*base, "--set", "trainer.optimizer.name=adamm")
+  wrong = run_cli(*base, "--set", "trainer.optimizer.name=adamm")
   assert wrong.returncode == 2 and "Traceback" not in wrong.stderr
   assert "trainer.optimizer.name" in wrong.stderr
-  bug = _cli(*base, "--set", "task.model.name=toy_buggy")
+  bug = run_cli(*base, "--set", "task.model.name=toy_buggy")
   assert bug.returncode == 1 and "Traceback" in bug.stderr
   assert "an internal bug in toy_buggy" in bug.stderr

@@ -3,10 +3,8 @@
 import importlib.util
 import os
 import re
-import subprocess
-import sys
 
-from conftest import REPO
+from conftest import REPO, run_main
 
 SCRIPT = os.path.join(REPO, "benchmarks", "profile_train_step.py")
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,11 +50,11 @@ def _rows(stdout, title):
   return rows
 
 
-def test_a_real_trace_of_the_trainers_step_is_summed_by_op_type_and_layer():
-  env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
-  result = subprocess.run(
-      [sys.executable, SCRIPT, "toy.yaml", "--import", "toy_task", "--steps", "3", "--warmup", "2"],
-      cwd=TESTS, env=env, capture_output=True, text=True, timeout=300)
+def test_a_real_trace_of_the_trainers_step_is_summed_by_op_type_and_layer(capfd, monkeypatch):
+  # The script's main() in this process, from tests/ (no child importing TensorFlow again).
+  monkeypatch.chdir(TESTS)
+  result = run_main(capfd, _module().main,
+                    ["toy.yaml", "--import", "toy_task", "--steps", "3", "--warmup", "2"])
   assert result.returncode == 0, result.stderr[-3000:]
   assert re.search(r"3 traced steps, float32, cpu; wall \d+ ms per step", result.stdout)
   by_type, by_layer = _rows(result.stdout, "op type"), _rows(result.stdout, "layer")

@@ -13,7 +13,8 @@ import pytest
 import tensorflow as tf
 
 import toy_task
-from conftest import REPO
+from conftest import REPO, run_main
+from tpu_models import cli, onednn
 from tpu_models.errors import ConfigError
 from tpu_models.training import progress
 from tpu_models.training.trainer import NonFiniteLoss, Trainer
@@ -125,14 +126,27 @@ def test_warm_start_by_variable_path_reports_shape_mismatch(tmp_path):
   assert target.current_step == 0
 
 
-def _cli(model_dir, *overrides, extra_env=None):
-  cmd = [sys.executable, "-m", "tpu_models.cli", "train", os.path.join(TESTS, "toy.yaml"),
-         "--import", "toy_task", "--mode", "train", "--model-dir", str(model_dir)]
+def _argv(model_dir, *overrides):
+  argv = ["train", os.path.join(TESTS, "toy.yaml"), "--import", "toy_task", "--mode", "train",
+          "--model-dir", str(model_dir)]
   for o in overrides:
-    cmd += ["--set", o]
+    argv += ["--set", o]
+  return argv
+
+
+def _cli(model_dir, *overrides, extra_env=None):
+  """The command and environment of a `tpu-models train` child (for the signal tests)."""
+  cmd = [sys.executable, "-m", "tpu_models.cli", *_argv(model_dir, *overrides)]
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, REPO]), TF_CPP_MIN_LOG_LEVEL="2")
   env.update(extra_env or {})
   return cmd, env
+
+
+def _train_here(capfd, model_dir, *overrides):
+  """`tpu-models train` in this process: no child importing TensorFlow again."""
+  result = run_main(capfd, cli.main, _argv(model_dir, *overrides))
+  assert result.returncode == 0, result.stderr[-3000:]
+  return result
 
 
 def _final_weights(model_dir):
@@ -153,19 +167,24 @@ def _wait_for(predicate, timeout, proc):
   return False
 
 
-def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
+def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, capfd):
   # Every batch is the same 16 examples, so only model, optimizer and step state decide
   # the result; the cosine schedule with warmup makes the LR depend on the step.
-  overrides = ["trainer.train_steps=3000", "trainer.steps_per_loop=10",
+  # 1500 steps: after its first checkpoint the killed run still has ~4 s of CPU to go
+  # (more on a loaded machine), against the 0.3 s it runs before the kill.
+  overrides = ["trainer.train_steps=1500", "trainer.steps_per_loop=10",
                "trainer.checkpoint_every=10", "task.train_data.num_examples=16",
                "trainer.schedule.name=cosine", "trainer.schedule.warmup_steps=50",
                "trainer.schedule.base_lr=0.05"]
+  # The reference and the resumed run are not about a process: in this one. Only the
+  # killed run is a child, on this process's CPU kernels (the CLI's oneDNN default
+  # cannot apply here: TensorFlow is imported), so that all three compute alike.
   straight = tmp_path / "straight"
-  cmd, env = _cli(straight, *overrides)
-  subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=600)
+  _train_here(capfd, straight, *overrides)
 
   killed = tmp_path / "killed"
-  cmd, env = _cli(killed, *overrides)
+  cmd, env = _cli(killed, *overrides,
+                  extra_env={onednn.ENV: "1" if onednn.enabled() else "0"})
   proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   has_checkpoint = lambda: bool(glob.glob(str(killed / "ckpt-*.index")))
   assert _wait_for(has_checkpoint, 300, proc), "no checkpoint appeared"
@@ -174,22 +193,21 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
   proc.send_signal(signal.SIGKILL)
   proc.wait()
   killed_at = int(tf.train.load_variable(tf.train.latest_checkpoint(str(killed)), "step/.ATTRIBUTES/VARIABLE_VALUE"))
-  assert 0 < killed_at < 3000
+  assert 0 < killed_at < 1500
 
-  result = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True, timeout=600)
+  _train_here(capfd, killed, *overrides)
   rows = progress.read_metrics(str(killed), "train")
   resumed_rows = [r for r in rows if r["step"] > killed_at]
   assert resumed_rows[0]["step"] == killed_at + 10 - killed_at % 10
   step_a, weights_a, trainer_a = _final_weights(straight)
   step_b, weights_b, trainer_b = _final_weights(killed)
-  assert step_a == step_b == 3000
+  assert step_a == step_b == 1500
   np.testing.assert_allclose(weights_b, weights_a, rtol=1e-5, atol=1e-6)
   # The learning rate at the resumed steps matches the uninterrupted run's.
   straight_lr = {r["step"]: r["learning_rate"] for r in progress.read_metrics(str(straight), "train")}
   for row in resumed_rows[:3]:
     assert row["learning_rate"] == pytest.approx(straight_lr[row["step"]])
-  assert int(trainer_b.optimizer.iterations.numpy()) == 3000
-  del result
+  assert int(trainer_b.optimizer.iterations.numpy()) == 1500
 
 
 def test_sigterm_saves_checkpoint_at_current_step(tmp_path):

@@ -186,11 +186,10 @@ def test_converted_model_dir_is_read_by_export_and_warm_start(tmp_path):
     importing.write_model_dir(config, output, load, say=lambda _: None)
 
 
-def test_migrate_model_garden_command(tmp_path):
-  import subprocess
-  import sys
+def test_migrate_model_garden_command(tmp_path, capfd, monkeypatch):
   import yaml
-  from conftest import REPO
+  from conftest import REPO, run_main
+  from tpu_models import cli
   checkpoint, info, _ = _fixture("resnet")
   name, params = resnet_mg.model_params(info["model_config"])
   config = tmp_path / "mg.yaml"
@@ -200,12 +199,11 @@ def test_migrate_model_garden_command(tmp_path):
                "eval_data": {"source": "synthetic", "global_batch_size": 2}},
       "runtime": {"strategy": "cpu"}}))
 
-  def migrate(output, *extra):
-    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
-    return subprocess.run([sys.executable, "-m", "tpu_models.cli", "migrate", "model-garden",
-                           str(config), "--checkpoint", os.path.dirname(checkpoint),
-                           "--output", str(output), *extra],
-                          env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+  def migrate(output, *extra):  # In this process: no child importing TensorFlow again.
+    monkeypatch.chdir(REPO)
+    return run_main(capfd, cli.main, ["migrate", "model-garden", str(config), "--checkpoint",
+                                      os.path.dirname(checkpoint), "--output", str(output),
+                                      *extra])
 
   done = migrate(tmp_path / "out")
   assert done.returncode == 0, done.stderr

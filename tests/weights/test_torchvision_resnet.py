@@ -9,7 +9,6 @@ torchvision architecture (NCHW, PyTorch padding, BN epsilon 1e-5).
 
 import dataclasses
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -18,7 +17,8 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torchvision_layout  # noqa: E402
 
-from conftest import REPO  # noqa: E402
+from conftest import REPO, run_main  # noqa: E402
+from tpu_models import cli  # noqa: E402
 from tpu_models.errors import ConfigError, DataError  # noqa: E402
 from tpu_models.registry import create_model  # noqa: E402
 from tpu_models.weights import catalogue, importing, stores  # noqa: E402
@@ -163,26 +163,28 @@ def test_import_writes_a_model_dir_for_evaluate_export_and_create_model(tmp_path
     create_model("resnet34", weights=output, **tiny_entry.params)
 
 
-def _cli(*args):
-  env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
-  return subprocess.run([sys.executable, "-m", "tpu_models.cli", *args], env=env, cwd=REPO,
-                        capture_output=True, text=True, timeout=300)
+@pytest.fixture
+def run_cli(capfd, monkeypatch):
+  """`tpu-models ARGS` run from the repository, in this process (no child importing
+  TensorFlow again)."""
+  monkeypatch.chdir(REPO)
+  return lambda *args: run_main(capfd, cli.main, args)
 
 
-def test_cli_lists_entries_and_a_missing_file_prints_where_to_get_it(tmp_path):
-  listed = _cli("weights", "list")
+def test_cli_lists_entries_and_a_missing_file_prints_where_to_get_it(tmp_path, run_cli):
+  listed = run_cli("weights", "list")
   assert listed.returncode == 0, listed.stderr
   for name in ("torchvision_resnet50_imagenet1k_v1", "timm_resnet50.a1_in1k",
                "model_garden_resnet50_imagenet"):
     assert name in listed.stdout
-  missing = _cli("weights", "import", "torchvision_resnet50_imagenet1k_v1", str(tmp_path),
-                 "--output", str(tmp_path / "out"))
+  missing = run_cli("weights", "import", "torchvision_resnet50_imagenet1k_v1", str(tmp_path),
+                    "--output", str(tmp_path / "out"))
   assert missing.returncode == 2
   assert "resnet50-0676ba61.safetensors or resnet50-0676ba61.pth" in missing.stderr
   assert "https://download.pytorch.org/models/resnet50-0676ba61.pth" in missing.stderr
   assert len(missing.stderr.strip().split("\n")) == 1
-  refused = _cli("weights", "import", "keras_hub_resnet_vd_50_imagenet", str(tmp_path),
-                 "--output", str(tmp_path / "out"))
+  refused = run_cli("weights", "import", "keras_hub_resnet_vd_50_imagenet", str(tmp_path),
+                    "--output", str(tmp_path / "out"))
   assert refused.returncode == 2 and "ResNet-vd" in refused.stderr
 
 
