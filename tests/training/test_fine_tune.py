@@ -44,17 +44,20 @@ def _values(model):
   return {v.path: v.numpy().copy() for v in model.variables}
 
 
-def _source(tmp_path, overrides=()):
-  source = _trainer(tmp_path, ["trainer.train_steps=10"] + list(overrides), name="source")
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+  """A trained toy run in its own directory; the tests only read its checkpoint."""
+  source = _trainer(tmp_path_factory.mktemp("fine_tune"), ["trainer.train_steps=10"],
+                    name="source")
   source.train()
   source.close()
   return source
 
 
-def test_warm_start_into_another_num_classes_reports_new_and_dropped(tmp_path, capsys):
-  source = _source(tmp_path)
+def test_warm_start_into_another_num_classes_reports_new_and_dropped(tmp_path, capsys, source):
+  capsys.readouterr()  # Only the target's log.
   target = _trainer(tmp_path, ["task.model.num_classes=5", "trainer.train_steps=5",
-                               f"trainer.init_checkpoint={tmp_path / 'source'}"], name="target")
+                               f"trainer.init_checkpoint={source.model_dir}"], name="target")
   log = capsys.readouterr().out
   stored = _values(source.model)
   np.testing.assert_array_equal(target.model.get_layer("hidden").kernel.numpy(),
@@ -75,9 +78,8 @@ def test_warm_start_into_another_num_classes_reports_new_and_dropped(tmp_path, c
   assert sorted(r["stored"] for r in report["dropped"]) == ["logits/bias", "logits/kernel"]
 
 
-def test_other_shape_mismatches_are_errors_unless_reinitialized(tmp_path):
-  _source(tmp_path)
-  init = f"trainer.init_checkpoint={tmp_path / 'source'}"
+def test_other_shape_mismatches_are_errors_unless_reinitialized(tmp_path, source):
+  init = f"trainer.init_checkpoint={source.model_dir}"
   with pytest.raises(ConfigError, match=r"hidden/kernel \[8, 16\] \(the checkpoint's "
                                         r"hidden/kernel is \[8, 32\]\).*reinitialize"):
     _trainer(tmp_path, ["task.model.hidden=16", init], name="target")
