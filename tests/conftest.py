@@ -22,6 +22,8 @@ for _folder in ("", "text", os.path.join("vision", "detection"),
 import keras  # noqa: E402
 import pytest  # noqa: E402
 
+import entry_points  # noqa: E402
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -36,26 +38,12 @@ def has_module(module: str) -> bool:
 
 def run_main(capfd, main, argv) -> subprocess.CompletedProcess:
   """A command-line entry point's `main(argv)` in this process, reported as a finished child
-  would be: its exit code (a SystemExit's too: argparse's 2) and what it wrote to file
-  descriptors 1 and 2 (TensorFlow's C++ lines included), without the child's ~6-8 s of CPU to
-  import TensorFlow again. The environment variables it sets (the CLI's TF_* defaults) are
-  undone, as a child's would be.
+  would be (entry_points.exit_code_of: its exit code, a traceback and 1 for a bug, its
+  environment variables undone) with what it wrote to file descriptors 1 and 2 (TensorFlow's
+  C++ lines included), without the child's ~6-8 s of CPU to import TensorFlow again.
   """
   capfd.readouterr()
-  environ = dict(os.environ)
-  try:
-    code = main(list(argv))
-  except SystemExit as e:
-    if e.code is None or isinstance(e.code, int):
-      code = e.code or 0
-    else:  # sys.exit("message"): Python prints it and exits 1.
-      print(e.code, file=sys.stderr)
-      code = 1
-  finally:
-    os.environ.clear()
-    os.environ.update(environ)
-  sys.stdout.flush()
-  sys.stderr.flush()
+  code = entry_points.exit_code_of(main, argv)
   out, err = capfd.readouterr()
   return subprocess.CompletedProcess(list(argv), code, out, err)
 

@@ -33,23 +33,11 @@ def _cli(*args, **env):
 # line with the exit code, written to both after each command, separates their output.
 COMMANDS = r"""
 import json, os, sys
+from entry_points import exit_code_of  # tests/, the working directory
 from tpu_models import cli
 mark, commands = sys.argv[1], json.loads(sys.argv[2])
 for argv in commands:
-  environ = dict(os.environ)
-  try:
-    code = cli.main(argv)
-  except SystemExit as e:
-    if e.code is None or isinstance(e.code, int):
-      code = e.code or 0
-    else:  # sys.exit("message"): Python prints it and exits 1.
-      print(e.code, file=sys.stderr)
-      code = 1
-  finally:
-    os.environ.clear()  # The CLI's TF_* defaults, as a child's would be.
-    os.environ.update(environ)
-  sys.stdout.flush()
-  sys.stderr.flush()
+  code = exit_code_of(cli.main, argv)
   for fd in (1, 2):
     os.write(fd, f"{mark} {code}@@\n".encode())
 """

@@ -13,7 +13,8 @@ import tensorflow as tf
 
 from conftest import REPO
 
-PACKAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plugin_package")
+TESTS = os.path.dirname(os.path.abspath(__file__))
+PACKAGE = os.path.join(TESTS, "plugin_package")
 
 
 @pytest.fixture(scope="module")
@@ -39,11 +40,11 @@ def installed(tmp_path_factory):
 # interpreter finds the families once); a child per command would find them again and
 # import TensorFlow again (~6-8 s of CPU each).
 COMMANDS = r"""
-import json, os, sys, tempfile, traceback
+import json, os, sys, tempfile
+from entry_points import exit_code_of
 from tpu_models import cli
 
 def run(argv):
-  environ = dict(os.environ)
   sys.stdout.flush()
   sys.stderr.flush()
   saved = {fd: os.dup(fd) for fd in (1, 2)}
@@ -51,25 +52,11 @@ def run(argv):
     os.dup2(out.fileno(), 1)
     os.dup2(err.fileno(), 2)
     try:
-      try:
-        code = cli.main(argv)
-      except SystemExit as e:
-        if e.code is None or isinstance(e.code, int):
-          code = e.code or 0
-        else:  # sys.exit("message"): Python prints it and exits 1.
-          print(e.code, file=sys.stderr)
-          code = 1
-      except Exception:  # A bug: the interpreter would print its traceback and exit 1.
-        traceback.print_exc()
-        code = 1
+      code = exit_code_of(cli.main, argv)
     finally:
-      sys.stdout.flush()
-      sys.stderr.flush()
       for fd, copy in saved.items():
         os.dup2(copy, fd)
         os.close(copy)
-      os.environ.clear()  # The CLI's TF_* defaults, as a child's would be.
-      os.environ.update(environ)
     out.seek(0)
     err.seek(0)
     return [code, out.read().decode(errors="replace"), err.read().decode(errors="replace")]
@@ -82,6 +69,7 @@ print(json.dumps([run(argv) for argv in json.loads(sys.argv[1])]))
 def commands(installed):
   """{name: subprocess.CompletedProcess} of the plugin's commands, in the tests' order."""
   env, work = installed
+  env = dict(env, PYTHONPATH=os.pathsep.join([env["PYTHONPATH"], TESTS]))  # entry_points
   model_dir, exported = str(work / "run"), str(work / "exported")
   argvs = {"list": ["list"], "help": ["--help"],
            "train": ["train", "tiny_plugin.yaml", "--model-dir", model_dir],

@@ -68,8 +68,7 @@ def run_sweep(ray_tmp: str, *args, timeout: float = 300) -> subprocess.Completed
 
 def run_sweep_here(capfd, monkeypatch, ray_tmp: str, *args) -> subprocess.CompletedProcess:
   """`tpu-models sweep ARGS` in this process, from tests/, for the calls that start no Ray
-  (--report, a driver refused by the lock): the same result without a child importing
-  TensorFlow again."""
+  (--report): the same result without a child importing TensorFlow again."""
   from conftest import run_main
   from tpu_models import cli
   monkeypatch.chdir(TESTS)

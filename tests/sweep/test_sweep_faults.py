@@ -11,7 +11,7 @@ import os
 import signal
 
 from sweep_helpers import (TOY_SWEEP, checkpoints, metric_rows, ray_sandbox, run_sweep,
-                           run_sweep_here, start_sweep, trial_records, wait_for)
+                           start_sweep, trial_records, wait_for)
 from tpu_models.sweep import files
 
 
@@ -55,8 +55,7 @@ def test_a_killed_trial_resumes_from_its_checkpoint_and_a_repeated_failure_is_fi
   assert "2 trials: 1 done, 1 failed" in done.stdout
 
 
-def test_a_killed_driver_resumes_without_rerunning_or_losing_anything(tmp_path, capfd,
-                                                                      monkeypatch):
+def test_a_killed_driver_resumes_without_rerunning_or_losing_anything(tmp_path):
   directory = str(tmp_path / "sweep")
   # 40 steps of 0.5 s per trial: the second trial is still running ~15 s after its first
   # checkpoint, which the kill below must fall inside even on a loaded machine.
@@ -68,10 +67,10 @@ def test_a_killed_driver_resumes_without_rerunning_or_losing_anything(tmp_path, 
     driver = start_sweep(ray_tmp, *args, log_path=log)
     wait_for(lambda: any(r.get("state") == "running" for r in trial_records(directory).values()),
              240, "a running trial", process=driver, log_path=log)
-    # A second driver on the same directory is refused at once, naming the lock's holder
-    # (in this process: the refusal comes before Ray starts). Checked now, not between the
-    # checkpoint and the kill: the running trial could finish meanwhile on a loaded machine.
-    second = run_sweep_here(capfd, monkeypatch, ray_tmp, *args)
+    # A second driver on the same directory is refused at once, naming the lock's holder.
+    # (Checked now, not between the checkpoint and the kill: starting a driver process takes
+    # seconds under load, and the running trial could finish meanwhile.)
+    second = run_sweep(ray_tmp, *args, timeout=120)
     assert second.returncode == 2
     assert "Another driver runs the sweep in" in second.stderr and str(driver.pid) in second.stderr
 

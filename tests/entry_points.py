@@ -1,0 +1,34 @@
+"""A command-line entry point's `main(argv)` run in the calling process as a program would run.
+
+Imports nothing heavy, so the tests' own child scripts can use it before their command
+imports TensorFlow (tests/test_cli_startup.py checks what that import prints).
+"""
+
+import os
+import sys
+import traceback
+
+
+def exit_code_of(main, argv) -> int:
+  """`main(list(argv))`'s exit code as a finished `python -m ...` reports it: its return value,
+  a SystemExit's code (a message: printed, 1), an exception's traceback on stderr and 1.
+  Environment variables it set (the CLI's TF_* defaults) are undone afterwards, as they
+  would die with a child; stdout and stderr are flushed."""
+  environ = dict(os.environ)
+  try:
+    code = main(list(argv))
+  except SystemExit as e:
+    if e.code is None or isinstance(e.code, int):
+      code = e.code or 0
+    else:  # sys.exit("message"): Python prints it and exits 1.
+      print(e.code, file=sys.stderr)
+      code = 1
+  except Exception:  # pylint: disable=broad-except  # A bug: Python prints it and exits 1.
+    traceback.print_exc()
+    code = 1
+  finally:
+    os.environ.clear()
+    os.environ.update(environ)
+    sys.stdout.flush()
+    sys.stderr.flush()
+  return code
