@@ -44,13 +44,8 @@ def driver_command(argv, fault):
   return [sys.executable, DRIVER, name, str(step), "--"] + [str(a) for a in argv], env
 
 
-def run_batch(tmp_path, cases, timeout=600):
-  """Runs each argv of `cases` through `cli.main` in ONE subprocess; returns their results.
-
-  A case is an argv list, or {"argv": [...], "env": {...}} (variables set for that case), or
-  {"serve": EXPORT_DIR, "images": [...], "copy_to": DIR} (see fault_driver.py).
-  """
-  cases_file, out_file = tmp_path / "cases.json", tmp_path / "results.json"
+def write_cases(tmp_path, cases):
+  """(cases.json written, results.json to come) under `tmp_path`: the driver's batch input."""
   def as_json(case):
     if isinstance(case, dict) and "serve" in case:
       return {key: [str(v) for v in value] if isinstance(value, list) else str(value)
@@ -59,7 +54,18 @@ def run_batch(tmp_path, cases, timeout=600):
       return {"argv": [str(a) for a in case["argv"]], "env": case.get("env", {})}
     return [str(a) for a in case]
 
+  cases_file, out_file = tmp_path / "cases.json", tmp_path / "results.json"
   cases_file.write_text(json.dumps([as_json(case) for case in cases]))
+  return cases_file, out_file
+
+
+def run_batch(tmp_path, cases, timeout=600):
+  """Runs each argv of `cases` through `cli.main` in ONE subprocess; returns their results.
+
+  A case is an argv list, or {"argv": [...], "env": {...}} (variables set for that case), or
+  {"serve": EXPORT_DIR, "images": [...], "copy_to": DIR} (see fault_driver.py).
+  """
+  cases_file, out_file = write_cases(tmp_path, cases)
   _, env = _cli(tmp_path)
   env["PYTHONPATH"] = os.pathsep.join([HERE, env["PYTHONPATH"]])
   done = subprocess.run([sys.executable, DRIVER, "batch", str(cases_file), str(out_file)],

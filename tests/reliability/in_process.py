@@ -24,7 +24,7 @@ from tensorflow.python.ops import gen_io_ops
 
 import fault_driver
 from conftest import run_main
-from faults import HERE, train_command
+from faults import HERE, train_command, write_cases
 from tpu_models import cli
 from tpu_models.training import precision
 from tpu_models.vision.classification.task import ClassificationTask
@@ -54,16 +54,7 @@ def driver_hooks():
 
 def run_batch_here(tmp_path, cases):
   """`run_batch(tmp_path, cases)`'s results, the cases run through `cli.main` here."""
-  def as_json(case):  # As run_batch writes them.
-    if isinstance(case, dict) and "serve" in case:
-      return {key: [str(v) for v in value] if isinstance(value, list) else str(value)
-              for key, value in case.items()}
-    if isinstance(case, dict):
-      return {"argv": [str(a) for a in case["argv"]], "env": case.get("env", {})}
-    return [str(a) for a in case]
-
-  cases_file, out_file = tmp_path / "cases.json", tmp_path / "results.json"
-  cases_file.write_text(json.dumps([as_json(case) for case in cases]))
+  cases_file, out_file = write_cases(tmp_path, cases)
   with driver_hooks():
     code = fault_driver._batch(str(cases_file), str(out_file))  # pylint: disable=protected-access
   assert code == 0
