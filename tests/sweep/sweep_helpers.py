@@ -66,13 +66,13 @@ def run_sweep(ray_tmp: str, *args, timeout: float = 300) -> subprocess.Completed
                         capture_output=True, text=True, timeout=timeout)
 
 
-def run_sweep_here(capfd, monkeypatch, ray_tmp: str, *args) -> subprocess.CompletedProcess:
+def run_sweep_here(capfd, monkeypatch, *args) -> subprocess.CompletedProcess:
   """`tpu-models sweep ARGS` in this process, from tests/, for the calls that start no Ray
-  (--report): the same result without a child importing TensorFlow again."""
+  (--report, a sweep refused without Ray): the same result without a child importing
+  TensorFlow again."""
   from conftest import run_main
   from tpu_models import cli
   monkeypatch.chdir(TESTS)
-  monkeypatch.setenv("RAY_TMPDIR", ray_tmp)
   return run_main(capfd, cli.main, ["sweep", *args])
 
 

@@ -39,7 +39,7 @@ def test_asha_stops_the_weak_trials_at_an_evaluation_with_their_checkpoint(tmp_p
   assert sorted(line.split(",")[2] for line in csv_lines[2:]) == ["stopped", "stopped"]
   assert open(os.path.join(directory, files.CURVES_PNG), "rb").read(4) == b"\x89PNG"
   # --report reads the same from the directory alone, without Ray.
-  report = run_sweep_here(capfd, monkeypatch, str(tmp_path / "no_ray"), *args, "--report")
+  report = run_sweep_here(capfd, monkeypatch, *args, "--report")
   assert report.returncode == 0 and "3 trials: 1 done, 2 stopped" in report.stdout
   assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
 

@@ -17,8 +17,7 @@ from tpu_models.errors import ConfigError
 from tpu_models.sweep import files, results, spec
 from tpu_models.sweep import trial as trial_lib
 
-from conftest import run_main
-from sweep_helpers import REPO, TESTS, TOY_SWEEP
+from sweep_helpers import REPO, TESTS, TOY_SWEEP, run_sweep_here
 
 OFFICIAL = os.path.join(REPO, "official", "resnet", "fashion_mnist_sweep.yaml")
 
@@ -129,9 +128,7 @@ def test_without_ray_the_sweep_names_the_extra_and_exits_2(tmp_path, capfd, monk
     monkeypatch.setitem(sys.modules, name, None)
   monkeypatch.delitem(sys.modules, "tpu_models.sweep.driver", raising=False)
   monkeypatch.delattr(tpu_models.sweep, "driver", raising=False)
-  monkeypatch.chdir(TESTS)
-  monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
-  done = run_main(capfd, cli.main, ["sweep", TOY_SWEEP, "--set", f"sweep.directory={tmp_path}"])
+  done = run_sweep_here(capfd, monkeypatch, TOY_SWEEP, "--set", f"sweep.directory={tmp_path}")
   assert done.returncode == 2, done.stderr
   assert "pip install 'tpu-models[sweep]'" in done.stderr
   assert "Traceback" not in done.stderr
