@@ -74,6 +74,20 @@ def test_training_outputs_have_fixed_shapes_and_the_targets_of_the_ground_truth(
   assert not out["roi_box_targets"].numpy()[targets == 0].any()
 
 
+def test_num_mask_rois_trains_the_mask_head_on_the_first_positive_slots_only():
+  model = _tiny_model(num_mask_rois=3)
+  assert model.settings.max_positive_rois == 8 and model.settings.mask_training_rois == 3
+  out = model(_ground_truth(), training=True)
+  assert tuple(out["roi_class_targets"].shape) == (2, 32)  # The box head's sample is as before.
+  for key in ("mask_logits", "mask_targets"):
+    assert tuple(out[key].shape) == (2, 3, 14, 14)
+  targets = out["roi_class_targets"].numpy()
+  np.testing.assert_array_equal(out["mask_valid"].numpy(), (targets[:, :3] > 0).astype(float))
+  # Positives come first: each image's mask slots fill up to the cap.
+  for b in range(2):
+    assert out["mask_valid"].numpy()[b].sum() == min(3, (targets[b] > 0).sum())
+
+
 def _xla_functions(graph_def):
   """Names of the functions in a traced graph's library that XLA must compile."""
   return {f.signature.name for f in graph_def.library.function
@@ -162,6 +176,9 @@ def test_bad_model_configs_fail_clearly():
     _tiny_model(roi_max_level=6, max_level=5)
   with pytest.raises(config_lib.ConfigError, match="box_head_fcs >= 1"):
     _tiny_model(box_head_fcs=0)
+  with pytest.raises(config_lib.ConfigError, match=r"num_mask_rois must be None \(all positive "
+                                                   r"slots\) or 1..8 .*got 9"):
+    _tiny_model(num_mask_rois=9)
 
 
 def test_model_garden_options_build_its_layers_and_keep_fixed_shapes():

@@ -31,7 +31,7 @@ Stages (every shape fixed by the config, nothing data-dependent):
             conv of K (or 1, class-agnostic) outputs evaluated only for each
             RoI's own class (`ClassMaskLogits`): 28x28 logits per RoI.
             Training: on the sampled positives only (the first slots of the
-            sample); inference: on the final detections.
+            sample, at most num_mask_rois); inference: on the final detections.
   detection (inference) class-specific boxes decoded, the pre-NMS top-k
             (RoI, class) pairs, per-class NMS (`nms.batched_nms`) into
             max_detections, then their masks.
@@ -43,7 +43,8 @@ Training outputs (all float32 unless said):
   roi_class_targets int32 [B, S] (0 background, 1..K), roi_box_targets [B, S, 4],
   roi_valid [B, S] (0 for padding samples),
   mask_logits [B, P, 28, 28] (of the target class), mask_targets [B, P, 28, 28]
-      (0/1), mask_valid [B, P]   (P = the sample's positive slots).
+      (0/1), mask_valid [B, P]   (P = the first num_mask_rois of the
+      sample's positive slots, default all of them).
 Inference outputs:
   detection_boxes [B, D, 4] (model-input pixels), detection_scores [B, D],
   detection_classes int32 [B, D] (0..K-1, -1 padding), num_detections int32 [B],
@@ -133,11 +134,17 @@ class TwoStageSettings:
   roi_aligned: bool = True
   roi_level_epsilon: float = 0.0
   roi_min_side: float = 0.0  # RoIAlign's boxes at least this many cells (torchvision: 1).
+  num_mask_rois: Optional[int] = None  # The mask head's training RoIs; None = max_positive_rois.
 
   @property
   def max_positive_rois(self) -> int:
     """P: the sample's positive slots (the mask head's training RoIs)."""
     return max(1, int(round(self.num_sampled_rois * self.roi_positive_fraction)))
+
+  @property
+  def mask_training_rois(self) -> int:
+    """P: the mask head's training RoIs per image, the first of the positive slots."""
+    return self.num_mask_rois or self.max_positive_rois
 
   @property
   def mask_size(self) -> int:
@@ -395,7 +402,7 @@ class MaskRCNN(keras.Model):
     Returns:
       (rois float32 [B, S, 4], class_targets int32 [B, S] (0 background),
        box_targets float32 [B, S, 4], valid bool [B, S], is_positive bool [B, S],
-       mask_targets float32 [B, P, 28, 28], 0 or 1; P = the positive slots).
+       mask_targets float32 [B, P, 28, 28], 0 or 1; P = mask_training_rois).
     """
     s = self.settings
     gt_boxes = tf.cast(gt_boxes, tf.float32)  # [B, K, 4]
@@ -417,7 +424,7 @@ class MaskRCNN(keras.Model):
     class_targets = tf.where(is_positive, matched_classes + 1, 0)
     box_targets = tf.where(is_positive[..., None],
                            box_ops.encode_boxes(matched_boxes, rois, ROI_BOX_WEIGHTS), 0.0)
-    p = s.max_positive_rois  # Positives fill the first slots of the sample.
+    p = s.mask_training_rois  # Positives fill the first slots of the sample.
     gt_masks = tf.gather(tf.cast(gt_masks, tf.float32), matched[:, :p], batch_dims=1)
     mask_targets = roi_ops.crop_and_resample(gt_masks, matched_boxes[:, :p], rois[:, :p],
                                              s.mask_size)
@@ -434,7 +441,7 @@ class MaskRCNN(keras.Model):
     class_logits, deltas = self._box_head_outputs(roi_pyramid, rois, training)
     target_deltas = tf.gather(deltas, tf.maximum(class_targets - 1, 0), batch_dims=2)
 
-    p = s.max_positive_rois
+    p = s.mask_training_rois
     mask_rois = rois[:, :p]
     mask_logits = self._mask_logits(roi_pyramid, mask_rois, class_targets[:, :p] - 1, training)
     return {
@@ -502,6 +509,7 @@ def maskrcnn(*,
              num_sampled_rois: int = 512,
              roi_positive_fraction: float = 0.25,
              roi_positive_iou: float = 0.5,
+             num_mask_rois: Optional[int] = None,
              roi_sampling_ratio: int = 2,
              box_roi_size: int = 7,
              box_head_dims: int = 1024,
@@ -558,6 +566,11 @@ def maskrcnn(*,
     num_sampled_rois, roi_positive_fraction, roi_positive_iou: the box head's
       training sample: S RoIs per image, at most that fraction positive (IoU >=
       roi_positive_iou with a ground-truth box), the rest background.
+    num_mask_rois: the mask head trains on the first this many positive slots
+      of each image's sample (the positives come in random order); None = all
+      round(num_sampled_rois * roi_positive_fraction) of them. Fewer is cheaper
+      where images hold few objects (each one is already covered by several
+      positive RoIs).
     roi_sampling_ratio: RoIAlign samples per bin per side.
     box_roi_size, box_head_dims: the box head's RoIAlign side and FC width.
     mask_roi_size, mask_head_convs, mask_head_channels: the mask head (masks
@@ -653,7 +666,12 @@ def maskrcnn(*,
           aspect_ratios=aspect_ratios)) if rpn_per_level else None,
       rpn_min_size=float(rpn_min_size), detection_min_size=float(detection_min_size),
       roi_aligned=bool(roi_aligned), roi_level_epsilon=float(roi_level_epsilon),
-      roi_min_side=float(roi_min_side))
+      roi_min_side=float(roi_min_side),
+      num_mask_rois=None if num_mask_rois is None else int(num_mask_rois))
+  if num_mask_rois is not None and not 1 <= num_mask_rois <= settings.max_positive_rois:
+    raise ConfigError(f"num_mask_rois must be None (all positive slots) or 1.."
+                      f"{settings.max_positive_rois} (round(num_sampled_rois * "
+                      f"roi_positive_fraction)), got {num_mask_rois}.")
 
   images = keras.Input(shape=(height, width, 3), name="image")
   pyramid, batch_norm = retinanet_lib.resnet_fpn(
