@@ -27,6 +27,11 @@ import entry_points  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def benchmark_script(name: str):
+  """benchmarks/<name>.py imported as a module: its functions and its `main(argv)` for a test."""
+  return entry_points.load_script(os.path.join(REPO, "benchmarks", name + ".py"), name)
+
+
 def has_module(module: str) -> bool:
   """Whether `module` imports here (an optional extra such as tf2onnx)."""
   try:

@@ -4,6 +4,7 @@ Imports nothing heavy, so the tests' own child scripts can use it before their c
 imports TensorFlow (tests/test_cli_startup.py checks what that import prints).
 """
 
+import importlib.util
 import os
 import sys
 import traceback
@@ -32,3 +33,12 @@ def exit_code_of(main, argv) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
   return code
+
+
+def load_script(path: str, module_name: str):
+  """The Python file at `path` (a benchmarks/ script, not a package module) imported as a
+  module named `module_name`, so a test can call its functions and its `main(argv)`."""
+  spec = importlib.util.spec_from_file_location(module_name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module

@@ -1,6 +1,5 @@
 """benchmarks/convergence.py and `expect:` blocks: --list, and real --all runs of the toy task."""
 
-import importlib.util
 import json
 import os
 import re
@@ -8,18 +7,10 @@ import re
 import pytest
 import yaml
 
-from conftest import REPO, run_main
+from conftest import REPO, benchmark_script, run_main
 from tpu_models import config as config_lib
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(REPO, "benchmarks", "convergence.py")
-
-
-def _load_script():
-  spec = importlib.util.spec_from_file_location("convergence_script", SCRIPT)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 
 @pytest.fixture
@@ -28,7 +19,7 @@ def convergence(capfd, monkeypatch):
   resolves, in this process: its training runs are child processes all the same, and a
   child per call would spend ~8 s of CPU importing TensorFlow only to read the YAMLs.
   """
-  script = _load_script()
+  script = benchmark_script("convergence")
   monkeypatch.chdir(TESTS)
   monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")  # For the training runs it starts.
 

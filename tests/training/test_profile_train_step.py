@@ -1,24 +1,15 @@
 """benchmarks/profile_train_step.py: op names to layers, and a real trace of the toy task's step."""
 
-import importlib.util
 import os
 import re
 
-from conftest import REPO, run_main
+from conftest import benchmark_script, run_main
 
-SCRIPT = os.path.join(REPO, "benchmarks", "profile_train_step.py")
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _module():
-  spec = importlib.util.spec_from_file_location("profile_train_step", SCRIPT)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
 def test_an_op_and_its_gradient_count_with_their_layer():
-  layer_of = _module().layer_of
+  layer_of = benchmark_script("profile_train_step").layer_of
   assert layer_of("efficientnet_b0_1/block2a_dwconv_1/depthwise", "efficientnet_b0") == "block2a_dwconv"
   assert layer_of("gradient_tape/efficientnet_b0_1/block2a_dwconv_1/depthwise/"
                   "DepthwiseConv2dNativeBackpropFilter", "efficientnet_b0") == "block2a_dwconv"
@@ -53,7 +44,7 @@ def _rows(stdout, title):
 def test_a_real_trace_of_the_trainers_step_is_summed_by_op_type_and_layer(capfd, monkeypatch):
   # The script's main() in this process, from tests/ (no child importing TensorFlow again).
   monkeypatch.chdir(TESTS)
-  result = run_main(capfd, _module().main,
+  result = run_main(capfd, benchmark_script("profile_train_step").main,
                     ["toy.yaml", "--import", "toy_task", "--steps", "3", "--warmup", "2"])
   assert result.returncode == 0, result.stderr[-3000:]
   assert re.search(r"3 traced steps, float32, cpu; wall \d+ ms per step", result.stdout)

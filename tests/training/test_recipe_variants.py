@@ -1,26 +1,17 @@
 """benchmarks/recipe_variants.py: variant parsing, and a real two-variant run of the toy recipe."""
 
 import argparse
-import importlib.util
 import os
 
 import pytest
 
-from conftest import REPO, run_main
+from conftest import benchmark_script, run_main
 
-SCRIPT = os.path.join(REPO, "benchmarks", "recipe_variants.py")
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _module():
-  spec = importlib.util.spec_from_file_location("recipe_variants", SCRIPT)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
 def test_a_variant_is_a_name_and_its_overrides():
-  parse = _module().parse_variant
+  parse = benchmark_script("recipe_variants").parse_variant
   assert parse("wide head: task.model.width=64 , trainer.train_steps=3") == (
       "wide head", ["task.model.width=64", "trainer.train_steps=3"])
   assert parse("as committed:") == ("as committed", [])
@@ -32,7 +23,7 @@ def test_two_variants_of_the_toy_recipe_are_timed_in_fresh_processes(capfd, monk
   # The workers are child processes (run from the repository): they find toy_task on PYTHONPATH.
   monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [TESTS, os.environ.get(
       "PYTHONPATH")])))
-  result = run_main(capfd, _module().main, [
+  result = run_main(capfd, benchmark_script("recipe_variants").main, [
       os.path.join(TESTS, "toy.yaml"), "--import", "toy_task", "--rounds", "1", "--steps", "2",
       "--warmup", "1", "--variant", "base:", "--variant", "lr:trainer.schedule.base_lr=0.01"])
   assert result.returncode == 0, result.stderr[-3000:]
@@ -40,7 +31,7 @@ def test_two_variants_of_the_toy_recipe_are_timed_in_fresh_processes(capfd, monk
   assert len(rows) == 2, result.stdout
   assert rows[0].endswith("| 1.00x |") and "`trainer.schedule.base_lr=0.01`" in rows[1]
   # A bad override is the worker's error, reported with the failed measurement.
-  result = run_main(capfd, _module().main, [
+  result = run_main(capfd, benchmark_script("recipe_variants").main, [
       os.path.join(TESTS, "toy.yaml"), "--import", "toy_task", "--rounds", "1", "--steps", "1",
       "--warmup", "1", "--variant", "base:", "--variant", "bad:trainer.no_such_key=1"])
   assert result.returncode == 1 and "no_such_key" in result.stderr
