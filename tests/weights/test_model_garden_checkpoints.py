@@ -107,6 +107,17 @@ def test_maskrcnn_roi_align_convention_matters():
   assert result["max_abs_diff_box_head"] > 1e-2, result
 
 
+def test_maskrcnn_mask_sampler_becomes_num_mask_rois():
+  _, info, _ = _fixture("maskrcnn")
+  config = json.loads(json.dumps(info["model_config"]))
+  sampler = config["roi_sampler"]
+  assert config["mask_sampler"]["num_sampled_masks"] == sampler["num_sampled_rois"] * sampler[
+      "foreground_fraction"]  # Every positive slot: our default.
+  assert MASKRCNN.model_params(config)[1]["num_mask_rois"] is None
+  config["mask_sampler"]["num_sampled_masks"] = 64
+  assert MASKRCNN.model_params(config)[1]["num_mask_rois"] == 64
+
+
 def test_transformer_logits_and_beam_search_match():
   model, params, arrays, report = _load("transformer")
   fused = [ours for ours, _, note in report.loaded if "fused" in note]

@@ -138,7 +138,7 @@ class TwoStageSettings:
 
   @property
   def max_positive_rois(self) -> int:
-    """P: the sample's positive slots (the mask head's training RoIs)."""
+    """The sample's positive slots (the mask head trains on the first mask_training_rois)."""
     return max(1, int(round(self.num_sampled_rois * self.roi_positive_fraction)))
 
   @property

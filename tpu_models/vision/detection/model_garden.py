@@ -370,6 +370,11 @@ def maskrcnn_model_params(mg: Mapping[str, Any]) -> Tuple[str, Dict[str, Any]]:
     if value != supported:
       raise ConfigError(f"Model Garden Mask R-CNN option {key}={value!r} has no equivalent in "
                         f"our maskrcnn (supported: {supported!r}).")
+  # Its mask sampler trains the mask head on up to num_sampled_masks foreground RoIs, ours on
+  # the first num_mask_rois positive slots (None: all of them).
+  positive_slots = max(1, int(round(int(sampler["num_sampled_rois"]) *
+                                    float(sampler["foreground_fraction"]))))
+  sampled_masks = int(mg.get("mask_sampler", {}).get("num_sampled_masks", positive_slots))
   return "maskrcnn", {
       "backbone_depth": depth,
       "num_classes": int(mg["num_classes"]) - 1,  # Model Garden's class 0 is background.
@@ -387,6 +392,7 @@ def maskrcnn_model_params(mg: Mapping[str, Any]) -> Tuple[str, Dict[str, Any]]:
       "num_sampled_rois": int(sampler["num_sampled_rois"]),
       "roi_positive_fraction": float(sampler["foreground_fraction"]),
       "roi_positive_iou": float(sampler["foreground_iou_threshold"]),
+      "num_mask_rois": sampled_masks if sampled_masks < positive_slots else None,
       "roi_sampling_ratio": 1,
       "box_roi_size": int(mg["roi_aligner"]["crop_size"]),
       "box_head_dims": int(head["fc_dims"]),
