@@ -139,7 +139,7 @@ class TwoStageSettings:
   @property
   def max_positive_rois(self) -> int:
     """The sample's positive slots (the mask head trains on the first mask_training_rois)."""
-    return max(1, int(round(self.num_sampled_rois * self.roi_positive_fraction)))
+    return roi_ops.max_positives(self.num_sampled_rois, self.roi_positive_fraction)
 
   @property
   def mask_training_rois(self) -> int:

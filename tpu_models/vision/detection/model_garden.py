@@ -372,8 +372,9 @@ def maskrcnn_model_params(mg: Mapping[str, Any]) -> Tuple[str, Dict[str, Any]]:
                         f"our maskrcnn (supported: {supported!r}).")
   # Its mask sampler trains the mask head on up to num_sampled_masks foreground RoIs, ours on
   # the first num_mask_rois positive slots (None: all of them).
-  positive_slots = max(1, int(round(int(sampler["num_sampled_rois"]) *
-                                    float(sampler["foreground_fraction"]))))
+  from tpu_models.vision.detection import roi_ops  # pylint: disable=g-import-not-at-top
+  positive_slots = roi_ops.max_positives(int(sampler["num_sampled_rois"]),
+                                         float(sampler["foreground_fraction"]))
   sampled_masks = int(mg.get("mask_sampler", {}).get("num_sampled_masks", positive_slots))
   return "maskrcnn", {
       "backbone_depth": depth,

@@ -303,6 +303,11 @@ def crop_and_resample(crops: tf.Tensor, crop_boxes: tf.Tensor, boxes: tf.Tensor,
   return bilinear_sample(flat, ys, xs, size, size, offsets)[..., 0]
 
 
+def max_positives(num_samples: int, positive_fraction: float) -> int:
+  """The positive slots of a `sample_fixed` sample: round(num_samples * positive_fraction), >= 1."""
+  return max(1, int(round(num_samples * positive_fraction)))
+
+
 def sample_fixed(positive, negative, num_samples: int, positive_fraction: float,
                  seed: Optional[int] = None, keys: Optional[tf.Tensor] = None):
   """A random fixed-size sample of candidates, at most a fraction of them positive.
@@ -331,16 +336,16 @@ def sample_fixed(positive, negative, num_samples: int, positive_fraction: float,
   if not 0 < num_samples <= candidates or not 0.0 < positive_fraction <= 1.0:
     raise ValueError(f"sample_fixed needs 0 < num_samples <= {candidates} candidates and "
                      f"0 < positive_fraction <= 1; got {num_samples}, {positive_fraction}.")
-  max_positives = max(1, int(round(num_samples * positive_fraction)))
+  positive_slots = max_positives(num_samples, positive_fraction)
   if keys is None:
     keys = tf.random.uniform(tf.shape(positive), seed=seed)
-  positive_keys, positive_index = tf.math.top_k(tf.where(positive, keys, -1.0), max_positives)
+  positive_keys, positive_index = tf.math.top_k(tf.where(positive, keys, -1.0), positive_slots)
   negative_keys, negative_index = tf.math.top_k(tf.where(negative, keys, -1.0), num_samples)
   positive_taken = positive_keys >= 0.0  # [B, P]
   count = tf.reduce_sum(tf.cast(positive_taken, tf.int32), axis=1, keepdims=True)  # [B, 1]
   slot = tf.range(num_samples)[None, :]  # [1, S]
   from_positives = slot < count
-  positive_slot = tf.minimum(slot, max_positives - 1) + tf.zeros_like(count)
+  positive_slot = tf.minimum(slot, positive_slots - 1) + tf.zeros_like(count)
   negative_slot = tf.maximum(slot - count, 0)
   indices = tf.where(from_positives, tf.gather(positive_index, positive_slot, batch_dims=1),
                      tf.gather(negative_index, negative_slot, batch_dims=1))
