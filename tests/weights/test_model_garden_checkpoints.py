@@ -118,6 +118,18 @@ def test_maskrcnn_mask_sampler_becomes_num_mask_rois():
   assert MASKRCNN.model_params(config)[1]["num_mask_rois"] == 64
 
 
+def test_maskrcnn_configs_we_cannot_express_are_config_errors():
+  _, info, _ = _fixture("maskrcnn")
+  config = json.loads(json.dumps(info["model_config"]))
+  config["input_size"] = [128, 192, 3]
+  with pytest.raises(ConfigError, match="square inputs; Model Garden's input_size is"):
+    MASKRCNN.model_params(config)
+  config = json.loads(json.dumps(info["model_config"]))
+  config["mask_head"]["upsample_factor"] = 4
+  with pytest.raises(ConfigError, match=r"option mask_head.upsample_factor=4 has no equivalent"):
+    MASKRCNN.model_params(config)
+
+
 def test_transformer_logits_and_beam_search_match():
   model, params, arrays, report = _load("transformer")
   fused = [ours for ours, _, note in report.loaded if "fused" in note]

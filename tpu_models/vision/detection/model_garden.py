@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, Mapping, Sequence, Tuple
 
 import numpy as np
 
+from tpu_models.errors import ConfigError
 from tpu_models.vision.classification import model_garden as resnet_mg
 from tpu_models.weights.catalogue import register_importer
 from tpu_models.weights.mapping import NameMap, Source, WeightsMismatchError
