@@ -208,16 +208,27 @@ def toy_config(overrides=()):
   return config_lib.experiment_from_dict(base, overrides)
 
 
-if __name__ == "__main__":
+def train_and_record(model_dir, overrides=()):
+  """Trains the toy config in model_dir and writes what the multi-worker test compares:
+  weights_<pid>.npy (the trainable variables flattened) and, with host metrics,
+  eval_<pid>.json. Returns (final step, the flat weights, the evaluation or None)."""
+  import json
   from tpu_models.training.trainer import Trainer
-  model_dir, overrides = sys.argv[1], sys.argv[2:]
   config = toy_config(overrides)
   trainer = Trainer(config, model_dir)
   trainer.train()
-  np.save(os.path.join(model_dir, f"weights_{os.getpid()}.npy"),
-          np.concatenate([v.numpy().ravel() for v in trainer.model.trainable_variables]))
+  weights = np.concatenate([v.numpy().ravel() for v in trainer.model.trainable_variables])
+  np.save(os.path.join(model_dir, f"weights_{os.getpid()}.npy"), weights)
+  evaluation = None
   if config.task.host_metrics:
-    import json
+    evaluation = trainer.evaluate()
     with open(os.path.join(model_dir, f"eval_{os.getpid()}.json"), "w") as f:
-      json.dump(trainer.evaluate(), f)
-  print("FINAL_STEP", trainer.current_step, flush=True)
+      json.dump(evaluation, f)
+  step = trainer.current_step
+  trainer.close()
+  return step, weights, evaluation
+
+
+if __name__ == "__main__":
+  final_step, _, _ = train_and_record(sys.argv[1], sys.argv[2:])
+  print("FINAL_STEP", final_step, flush=True)

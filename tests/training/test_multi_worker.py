@@ -13,7 +13,6 @@ import numpy as np
 import toy_task
 from conftest import REPO
 from tpu_models.training import progress
-from tpu_models.training.trainer import Trainer
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OVERRIDES = ["trainer.train_steps=30", "trainer.steps_per_loop=10", "trainer.checkpoint_every=10",
@@ -44,11 +43,7 @@ def test_two_workers_match_each_other_and_a_single_worker(tmp_path):
   # The single-worker reference is the script's own steps in this process (a child would
   # spend ~8 s of CPU importing TensorFlow); the workers are the subject: processes.
   single = tmp_path / "single"
-  trainer = Trainer(toy_task.toy_config(OVERRIDES), str(single))
-  trainer.train()
-  single_weights = np.concatenate([v.numpy().ravel() for v in trainer.model.trainable_variables])
-  single_eval = trainer.evaluate()
-  trainer.close()
+  _, single_weights, single_eval = toy_task.train_and_record(str(single), OVERRIDES)
 
   multi = tmp_path / "multi"
   workers = [f"127.0.0.1:{p}" for p in _free_ports(2)]
