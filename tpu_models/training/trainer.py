@@ -194,6 +194,9 @@ class Trainer:
     self._model_dir_ready = False
     self._saved_steps = set()  # Checkpoints this Trainer restored or wrote.
     self._last_saved = (-1, "")  # (step, path) of this Trainer's last save.
+    # Set when a save begins, not when it returns: a save that failed part-way (a full disk
+    # after the checkpoint was recorded) may have left a complete checkpoint.
+    self._save_begun = False
 
     self._train_loop_fn = None
     self._eval_step_fn = None
@@ -402,6 +405,7 @@ class Trainer:
                                               "did not restore it"})
     new = step not in self._saved_steps
     self._saved_steps.add(step)
+    self._save_begun = True  # From here on, the model_dir holds this run's work (_undo_start).
     self.elapsed_seconds.assign(self._elapsed())
     try:
       path = self.manager.save(checkpoint_number=self.step)
@@ -419,16 +423,32 @@ class Trainer:
     """The error of a checkpoint save that ran out of space; removes what the save left.
 
     Unless the state file already names it (the space ran out afterwards, deleting old
-    checkpoints), the save is unfinished and the earlier checkpoints are as they were:
+    checkpoints) or it is complete and reads back (the state file could not be written),
+    the save is unfinished and the earlier checkpoints are as they were:
     its files (`ckpt-N_temp/`, a cut-off `ckpt-N.*`) are removed, which also frees their
     space, so the next run does not take them for a killed save.
     """
+    # TensorFlow writes the state file through a temporary `checkpoint.tmp<uuid>`, which a
+    # full disk leaves behind (empty or cut short); nothing ever reads it.
+    for temp in tf.io.gfile.glob(os.path.join(self.model_dir, checkpoints.STATE_FILE + ".tmp*")):
+      try:
+        tf.io.gfile.remove(temp)
+      except tf.errors.OpError:
+        pass
     latest = tf.train.latest_checkpoint(self.model_dir)
     if latest and os.path.basename(latest) == os.path.basename(prefix):
       return DiskFullError(
           f"No space left on device after saving checkpoint {prefix} "
           f"({model_dir_lib.free_space(self.model_dir)}); it is complete and recorded. Free "
           f"some space and run the same command again to resume from it.")
+    if (tf.io.gfile.exists(prefix + ".index") and
+        checkpoints.unreadable_reason(prefix) is None):
+      # Complete, but the state file could not be updated: the next run finds it by its files.
+      return DiskFullError(
+          f"No space left on device after saving checkpoint {prefix} "
+          f"({model_dir_lib.free_space(self.model_dir)}); it is complete and reads back, though "
+          f"the state file does not name it yet. Free some space and run the same command "
+          f"again to resume from it.")
     if remove_unfinished:
       for leftover in tf.io.gfile.glob(prefix + ".*") + tf.io.gfile.glob(prefix + "_temp"):
         try:
@@ -557,28 +577,31 @@ class Trainer:
   def _run(self, target_step: int, evaluate_every: int, final_eval: bool) -> Dict[str, float]:
     # A fresh run refused or failed before its first checkpoint leaves the model_dir as
     # it found it: what it wrote on starting (config.yaml, warm_start.json, ...) is removed.
-    fresh = self.chief and not self._resume.path and self._last_saved[0] < 0
+    fresh = self.chief and not self._resume.path and not self._save_begun
     self._listing_at_start = None  # Taken once this process holds the model_dir's lock.
     try:
       return self._run_guarded(target_step, evaluate_every, final_eval)
     except BaseException:
-      if fresh and self._last_saved[0] < 0 and self._listing_at_start is not None:
+      if fresh and not self._save_begun and self._listing_at_start is not None:
         self._undo_start(self._listing_at_start)
       raise
 
   def _undo_start(self, before: set) -> None:
-    """Removes what a run that saved nothing wrote to its model_dir (see `_run`): what
-    appeared since it took the lock, its metrics.jsonl if it is empty and new, and the
-    model_dir itself if this Trainer made it and it is then empty."""
+    """Removes the start records of a run that never began a save (see `_run`).
+
+    Only what starting wrote goes, and only if it appeared since the lock was taken
+    (config.yaml, fingerprints.json, warm_start.json; metrics.jsonl if it is new and
+    empty), then the model_dir itself if this Trainer made it and it is then empty.
+    Anything else, a checkpoint, a metrics row or a summary, is the run's work and is
+    kept: a cleanup must never be what loses it.
+    """
     if self._reporter is not None:
       self._reporter.close()
       self._reporter = None
     for name in set(tf.io.gfile.listdir(self.model_dir)) - before:
-      path = os.path.join(self.model_dir, name.rstrip("/"))
-      if tf.io.gfile.isdir(path):
-        tf.io.gfile.rmtree(path)
-      else:
-        tf.io.gfile.remove(path)
+      name = name.rstrip("/")
+      if name in _START_RECORDS:
+        tf.io.gfile.remove(os.path.join(self.model_dir, name))
     metrics = os.path.join(self.model_dir, METRICS_FILE)
     if (METRICS_FILE not in (self._listing_at_init or set()) and
         tf.io.gfile.exists(metrics) and not tf.io.gfile.stat(metrics).length):
@@ -1019,6 +1042,10 @@ def _real_examples(host: Dict[str, Any]) -> Any:
 
   return tf.nest.map_structure(pick, host["outputs"])
 
+
+# What a training run writes on starting, before any step: all `_undo_start` may remove.
+_START_RECORDS = frozenset((model_dir_lib.CONFIG_FILE, model_dir_lib.FINGERPRINTS_FILE,
+                            checkpoints.WARM_START_FILE))
 
 _STOP_SIGNALS = ("SIGTERM", "SIGINT")  # What `_catch_stop_signals` stops for.
 

@@ -1,0 +1,67 @@
+"""Runs one `tpu-models` command in this process with a round-4 fault injected (issue 48).
+
+    python round4_driver.py FAULT ARG -- ARGV...
+
+The faults of fault_driver.py are kept there; these are the ones issue 48's
+reliability round added, each chosen by its arguments (no environment variable:
+nothing here writes os.environ once TensorFlow runs threads).
+
+FAULT disk-full-after-save: the save of ckpt-ARG completes and the `checkpoint`
+state file names it; then the disk runs out of space (TensorFlow's
+ResourceExhaustedError, raised as the state file's rewrite after deleting old
+checkpoints would raise it). The checkpoint is on disk and must stay there.
+FAULT disk-full-lock: the model_dir's `train.lock` is created, then writing its
+contents runs out of space (OSError ENOSPC), as on a full disk at the very start.
+"""
+
+import errno
+import os
+import sys
+
+
+def _no_space(path: str):
+  import tensorflow as tf
+  return tf.errors.ResourceExhaustedError(None, None,
+                                          f"{path}; No space left on device (injected)")
+
+
+def _inject_disk_full_after_save(step: int) -> None:
+  from tensorflow.python.checkpoint import checkpoint_management as manager_lib
+  record_state = manager_lib.update_checkpoint_state_internal
+
+  def record_then_run_out_of_space(save_dir, *args, **kwargs):
+    latest = kwargs.get("model_checkpoint_path", args[0] if args else "")
+    record_state(save_dir, *args, **kwargs)
+    if os.path.basename(latest) == f"ckpt-{step}":
+      raise _no_space(os.path.join(save_dir, "checkpoint"))
+
+  manager_lib.update_checkpoint_state_internal = record_then_run_out_of_space
+
+
+def _inject_disk_full_lock() -> None:
+  write = os.write
+
+  def write_running_out_of_space(fd, data):
+    # The lock is the first file a run writes through os.write; its text names the holder.
+    if b'"pid"' in bytes(data):
+      raise OSError(errno.ENOSPC, "No space left on device (injected)")
+    return write(fd, data)
+
+  os.write = write_running_out_of_space
+
+
+def main(argv) -> int:
+  fault, arg, separator, *rest = argv
+  assert separator == "--", argv
+  if fault == "disk-full-after-save":
+    _inject_disk_full_after_save(int(arg))
+  elif fault == "disk-full-lock":
+    _inject_disk_full_lock()
+  else:
+    raise SystemExit(f"round4_driver.py: unknown fault {fault!r}")
+  from tpu_models import cli
+  return cli.main(rest)
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,127 @@
+"""Reliability round 4 (issue 48): each fault injected in a real `tpu-models` child process.
+
+Rows 37- of docs/reliability.md. The faults are chosen by the arguments of
+round4_driver.py (or fault_driver.py's, for the kinds it already had), never by
+writing this process's environment: children get theirs through `env=`.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from faults import HERE, train_command
+from tpu_models.training import progress
+
+DRIVER4 = os.path.join(HERE, "round4_driver.py")
+RUN = ["trainer.train_steps=30", "task.train_data.num_examples=16"]
+
+
+def _with_driver4(cmd, fault, arg):
+  """`cmd` (python -m tpu_models.cli ARGV) run through round4_driver.py with FAULT ARG."""
+  assert cmd[1:3] == ["-m", "tpu_models.cli"], cmd
+  return [sys.executable, DRIVER4, fault, str(arg), "--"] + cmd[3:]
+
+
+def _finish(proc, timeout=120):
+  out, err = proc.communicate(timeout=timeout)
+  return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _start(cmd, env):
+  return subprocess.Popen(cmd, env=env, cwd=HERE, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+
+
+def _error_line(done):
+  """The one `tpu-models ...: error:` line of a failed child (and no traceback)."""
+  assert "Traceback" not in done.stderr, done.stderr[-3000:]
+  errors = [line for line in done.stderr.splitlines() if line.startswith("tpu-models ")]
+  assert len(errors) == 1, done.stderr[-3000:]
+  return errors[0]
+
+
+def _train_rows(model_dir):
+  return [r["step"] for r in progress.read_metrics(str(model_dir), "train")]
+
+
+# Row 37: a full disk never deletes what a run wrote (issue 48, finding 1).
+
+
+def test_a_full_disk_during_the_first_save_deletes_nothing_the_run_wrote(tmp_path):
+  """Before: the clean-up meant for a fresh run that saved nothing ran because the save is
+  recorded only once it returns, and removed the whole model_dir: the ckpt-10 the message
+  named ("after saving ckpt-10 ... run again to resume"), config.yaml and metrics.jsonl."""
+  recorded, unrecorded = tmp_path / "recorded", tmp_path / "unrecorded"
+  # The full disk after ckpt-10 is complete and recorded; and while ckpt-10 is merged (no
+  # earlier checkpoint). Both children at once: neither waits for the other's start-up.
+  cmd, env = train_command(recorded, *RUN)
+  after = _start(_with_driver4(cmd, "disk-full-after-save", 10), env)
+  during = _start(*train_command(unrecorded, *RUN, fault=("disk-full-checkpoint", 10)))
+  after, during = _finish(after), _finish(during)
+
+  assert after.returncode == 2, after.stderr[-3000:]
+  line = _error_line(after)
+  assert (f"No space left on device after saving checkpoint {recorded / 'ckpt-10'} ("
+          in line), line
+  assert "it is complete and recorded" in line and "resume from it" in line
+  names = set(os.listdir(recorded))
+  assert {"ckpt-10.index", "ckpt-10.data-00000-of-00001", "checkpoint", "config.yaml",
+          "metrics.jsonl"} <= names, names
+  assert "train.lock" not in names and not [n for n in names if ".tmp" in n], names
+  assert _train_rows(recorded) == [10]
+
+  assert during.returncode == 2, during.stderr[-3000:]
+  line = _error_line(during)
+  assert f"while saving checkpoint {unrecorded / 'ckpt-10'} (" in line, line
+  assert "There is no earlier checkpoint" in line
+  # The cut-off save is gone; what the run wrote before it is not (its train row of step 10).
+  names = set(os.listdir(unrecorded))
+  assert names == {"config.yaml", "metrics.jsonl"}, names
+  assert _train_rows(unrecorded) == [10]
+
+  # The message was true: the same command resumes from the checkpoint it named.
+  resumed = subprocess.run(cmd, env=env, cwd=HERE, capture_output=True, text=True,
+                           timeout=120)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert f"Resumed from {recorded / 'ckpt-10'} at step 10" in resumed.stdout
+  assert _train_rows(recorded) == [10, 20, 30]
+
+
+def _private_tmpfs_works():
+  """Whether this machine lets a child mount a tmpfs in a mount namespace of its own."""
+  if not shutil.which("unshare"):
+    return False
+  unshare = ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-rm"]
+  done = subprocess.run(unshare + ["sh", "-c", "mount -t tmpfs -o size=8k tmpfs /mnt"],
+                        capture_output=True, timeout=30)
+  return unshare if done.returncode == 0 else None
+
+
+def test_a_real_full_tmpfs_keeps_the_checkpoint_the_message_names(tmp_path):
+  """The issue's probe itself: a 28 KB tmpfs (a private mount namespace of the child) holds
+  config.yaml, metrics.jsonl and ckpt-10 with no room for the state file's rewrite. Whatever
+  the save ran out in, every file the run wrote is still there afterwards."""
+  unshare = _private_tmpfs_works()
+  if not unshare:
+    pytest.skip("no private mount namespace for a small tmpfs here (unshare -m)")
+  mount = tmp_path / "small"
+  mount.mkdir()
+  cmd, env = train_command(mount / "run", *RUN)
+  # The tmpfs lives as long as the namespace: list the model_dir before leaving it.
+  script = ('mount -t tmpfs -o size=28k tmpfs "$1" || exit 99; shift; "$@"; code=$?; '
+            'echo "== listing"; ls -1 "$0/run"; exit $code')
+  done = subprocess.run(unshare + ["sh", "-c", script, str(mount), str(mount)] + cmd, env=env,
+                        cwd=HERE, capture_output=True, text=True, timeout=120)
+  assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-3000:]
+  line = _error_line(done)
+  assert "No space left on device" in line, line
+  listing = set(done.stdout.split("== listing\n", 1)[1].split())
+  assert {"config.yaml", "metrics.jsonl"} <= listing, listing
+  assert "train.lock" not in listing
+  if "after saving checkpoint" in line:
+    named = line.split("after saving checkpoint ", 1)[1].split(" (", 1)[0]
+    assert {os.path.basename(named) + ".index",
+            os.path.basename(named) + ".data-00000-of-00001"} <= listing, (line, listing)
