@@ -172,7 +172,8 @@ def export_deployment(config: config_lib.ExperimentConfig, model_dir: str, outpu
                      for name, fn in functions.items()},
       "outside_graph": sorted({line for fn in functions.values() for line in fn.outside_graph}),
   }
-  with export_lib.staged_output(output, f"a {format_name} export", say) as staging:
+  with export_lib.staged_output(output, f"a {format_name} export", say,
+                                overwrite=overwrite) as staging:
     os.makedirs(staging)
     if format_name == "onnx":
       record.update(_write_onnx(functions, frozen, staging, say))

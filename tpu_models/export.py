@@ -41,6 +41,7 @@ docs/predict.md.
 
 import contextlib
 import ctypes
+import errno
 import json
 import os
 import re
@@ -131,7 +132,7 @@ def export_saved_model(config: config_lib.ExperimentConfig, model_dir: str, outp
   module.model = model
   for name, fn in signatures.items():
     setattr(module, name, fn)
-  with staged_output(output, "a SavedModel", say) as staging:
+  with staged_output(output, "a SavedModel", say, overwrite=overwrite) as staging:
     tf.saved_model.save(module, staging, signatures=signatures)
     config_lib.dump_config(config, os.path.join(staging, "assets.extra", "config.yaml"))
     with tf.io.gfile.GFile(os.path.join(staging, "assets.extra", "export.json"), "w") as f:
@@ -159,14 +160,18 @@ def refuse_existing_output(output: str, overwrite: bool, api: str = "") -> None:
 
 
 @contextlib.contextmanager
-def staged_output(output: str, what: str, say: Callable[[str], None]):
+def staged_output(output: str, what: str, say: Callable[[str], None], *,
+                  overwrite: bool = False):
   """Yields a staging directory (not yet created) beside `output` to write an export into.
 
-  On success the staging directory is put in place of `output` (`_put_in_place`:
-  atomic on a local Linux filesystem); on any failure it is removed and `output` is
-  left as it was. A full disk is a `DiskFullError` naming the free space; `what` (e.g.
-  "a SavedModel") says what was being written. Partial exports of dead processes are
-  removed first, with a notice to `say`.
+  On success the staging directory is put in place of `output`: with `overwrite`
+  replacing what is there (`_put_in_place`: atomic on a local Linux filesystem), else
+  only where nothing is (`_put_new`: an export to the same output that finished
+  meanwhile is a ConfigError, and that export stays). On any failure the staging
+  directory is removed and `output` is left as it was. A full disk is a
+  `DiskFullError` naming the free space; `what` (e.g. "a SavedModel") says what was
+  being written. Partial exports of dead processes are removed first, with a notice
+  to `say`.
   """
   tf.io.gfile.makedirs(_parent(output))
   _remove_abandoned(output, say)
@@ -176,7 +181,10 @@ def staged_output(output: str, what: str, say: Callable[[str], None]):
     tf.io.gfile.rmtree(staging)
   try:
     yield staging
-    _put_in_place(staging, output)
+    if overwrite:
+      _put_in_place(staging, output)
+    else:
+      _put_new(staging, output, what)
   except (OSError, tf.errors.OpError) as e:
     if not model_dir_lib.is_disk_full(e):
       raise
@@ -226,6 +234,34 @@ def _exchange(a: str, b: str) -> bool:
     return False
   at_fdcwd, rename_exchange = -100, 2
   return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+def _put_new(staging: str, output: str, what: str) -> None:
+  """Moves the complete export `staging` to `output` unless another export got there first.
+
+  The check at the start (`refuse_existing_output`) is long past: two exports to one
+  output both passed it, and the second to finish would have replaced the first.
+  Locally this is one rename(2), which takes the place of a missing or empty directory
+  and fails on anything else, so of two racing exports exactly one lands. Elsewhere
+  (gs://, ram://) the check is repeated just before the move: best effort.
+  """
+  local = model_dir_lib.is_local(staging) and model_dir_lib.is_local(output)
+  try:
+    if local:
+      os.rename(staging, output)
+      return
+    taken = tf.io.gfile.exists(output) and (not tf.io.gfile.isdir(output) or
+                                            tf.io.gfile.listdir(output))
+    if not taken:
+      _move(staging, output)
+      return
+  except OSError as e:
+    if e.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+      raise
+  raise ConfigError(
+      f"Export output {output!r} was written by another export while this one wrote {what} "
+      f"(it was free when this export started); that export is kept and this one was not "
+      f"put in place. Pass --overwrite to replace it, or choose another --output.")
 
 
 def _put_in_place(staging: str, output: str) -> None:

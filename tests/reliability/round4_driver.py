@@ -12,6 +12,9 @@ ResourceExhaustedError, raised as the state file's rewrite after deleting old
 checkpoints would raise it). The checkpoint is on disk and must stay there.
 FAULT disk-full-lock: the model_dir's `train.lock` is created, then writing its
 contents runs out of space (OSError ENOSPC), as on a full disk at the very start.
+FAULT export-after PATH: `tpu-models export` writes its export, then waits (at most
+5 minutes) until PATH exists before putting it in place: an export that another
+export to the same output overtook.
 """
 
 import errno
@@ -50,11 +53,27 @@ def _inject_disk_full_lock() -> None:
   os.write = write_running_out_of_space
 
 
+def _hold_export_until(path: str) -> None:
+  import time
+  from tpu_models import export
+  put_new = export._put_new  # pylint: disable=protected-access
+
+  def put_new_once_overtaken(staging, output, what):
+    deadline = time.time() + 300
+    while not os.path.exists(path) and time.time() < deadline:
+      time.sleep(0.05)
+    return put_new(staging, output, what)
+
+  export._put_new = put_new_once_overtaken  # pylint: disable=protected-access
+
+
 def main(argv) -> int:
   fault, arg, separator, *rest = argv
   assert separator == "--", argv
   if fault == "disk-full-after-save":
     _inject_disk_full_after_save(int(arg))
+  elif fault == "export-after":
+    _hold_export_until(arg)
   elif fault == "disk-full-lock":
     _inject_disk_full_lock()
   else:

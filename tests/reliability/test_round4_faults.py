@@ -5,14 +5,16 @@ round4_driver.py (or fault_driver.py's, for the kinds it already had), never by
 writing this process's environment: children get theirs through `env=`.
 """
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
-from faults import HERE, train_command
+from faults import HERE, _experiment, _write, run_batch, train_command
 from tpu_models.training import progress
 
 DRIVER4 = os.path.join(HERE, "round4_driver.py")
@@ -125,3 +127,55 @@ def test_a_real_full_tmpfs_keeps_the_checkpoint_the_message_names(tmp_path):
     named = line.split("after saving checkpoint ", 1)[1].split(" (", 1)[0]
     assert {os.path.basename(named) + ".index",
             os.path.basename(named) + ".data-00000-of-00001"} <= listing, (line, listing)
+
+
+# A tiny classifier trained and exported once for the export tests (one child: train, export).
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("round4_tiny")
+  data = _write(tmp / "data-0", 16, np.random.default_rng(0))
+  config = _experiment(tmp, "tiny", data, data)
+  model_dir, exported = tmp / "run", tmp / "exported"
+  common = ["--import", "tiny_image_model", "--model-dir", model_dir]
+  done = run_batch(tmp, [["train", config, *common],
+                         ["export", config, *common, "--output", exported]])
+  for result in done:
+    assert result["code"] in (0, None), result
+  return {"tmp": tmp, "config": config, "model_dir": model_dir, "exported": exported,
+          "common": common}
+
+
+def _cli_command(argv):
+  """(cmd, env) of `python -m tpu_models.cli ARGV` for a child."""
+  _, env = train_command("unused")
+  return [sys.executable, "-m", "tpu_models.cli", *[str(a) for a in argv]], env
+
+
+# Row 38: two exports to one output (issue 48, finding 2).
+
+
+def test_of_two_exports_to_one_output_exactly_one_lands_and_the_other_says_so(tiny, tmp_path):
+  """Before: both exited 0 and the later one silently replaced the earlier (the exists-check
+  ran only at the start). Here the LiteRT export is held after writing, before its final
+  step, until the SavedModel export to the same output has landed: it must not replace it."""
+  output = tmp_path / "out"
+  argv = ["export", tiny["config"], *tiny["common"], "--output", output]
+  held_cmd, env = _cli_command(argv + ["--format", "litert"])
+  held = _start(_with_driver4(held_cmd, "export-after", output / "saved_model.pb"), env)
+  first = subprocess.run(_cli_command(argv)[0], env=env, cwd=HERE, capture_output=True,
+                         text=True, timeout=120)
+  held = _finish(held)
+  assert first.returncode == 0, first.stderr[-3000:]
+  assert held.returncode == 2, held.stdout[-2000:] + held.stderr[-3000:]
+  line = _error_line(held)
+  assert line == (f"tpu-models export: error: Export output '{output}' was written by another "
+                  f"export while this one wrote a litert export (it was free when this export "
+                  f"started); that export is kept and this one was not put in place. Pass "
+                  f"--overwrite to replace it, or choose another --output."), line
+  # The SavedModel that landed is whole; nothing of the refused export is left beside it.
+  assert (output / "saved_model.pb").exists() and not (output / "model.tflite").exists()
+  with open(output / "assets.extra" / "export.json") as f:
+    assert json.load(f)["step"] == 4
+  assert sorted(os.listdir(tmp_path)) == ["out"]
