@@ -21,7 +21,14 @@ EXTRAS = {
     # Checked beside TensorFlow 2.21 on Python 3.11: ray 2.60.0, matplotlib 3.11, optuna 5.1.
     # Optuna: `sweep.search: optuna` (Tune's OptunaSearch).
     "sweep": ["ray[tune]>=2.40", "matplotlib>=3.7", "optuna>=3.0"],
-    "dev": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "scikit-image>=0.22"],
+    # `tpu-models serve` (docs/serving.md): Ray Serve's proxy, replicas and batching (brings
+    # fastapi, starlette, uvicorn and prometheus_client). Checked beside TensorFlow 2.21 on
+    # Python 3.11: ray 2.60.0.
+    "serve": ["ray[serve]>=2.40"],
+    # tritonclient[http]: the tests' real v2-protocol client (it pins ml-dtypes<=0.5.4,
+    # which TensorFlow 2.21 and onnx accept).
+    "dev": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "scikit-image>=0.22",
+            "tritonclient[http]>=2.40"],
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
 # `tpu-models export --format litert|litert-int8|onnx` and `evaluate-export` (docs/deploy.md):

@@ -10,6 +10,7 @@
     tpu-models migrate model-garden CONFIG --checkpoint MG_CKPT --output runs/from_mg
     tpu-models weights list; tpu-models weights import NAME FILE_OR_DIR --output MODEL_DIR
     tpu-models sweep SWEEP.yaml [--address auto] [--export-best --format litert] [--report]
+    tpu-models serve MODEL_BASE [--port 8501]        # TF Serving REST + v2 on Ray Serve
 
 This module holds the generic commands only. Every family (tpu_models/registry.py:
 `Family.cli`) contributes the rest from its own CLI module, which may define
@@ -103,9 +104,14 @@ def _parser() -> argparse.ArgumentParser:
   p = generic["export"] = sub.add_parser(
       "export", help="write a SavedModel with serving signatures")
   add_config_args(p, model_dir_required=True)
-  p.add_argument("--output", required=True,
-                 help="directory to write (a SavedModel, or the artefact of --format with its "
-                      "export.json and config.yaml)")
+  target = p.add_mutually_exclusive_group(required=True)
+  target.add_argument("--output",
+                      help="directory to write (a SavedModel, or the artefact of --format with "
+                           "its export.json and config.yaml)")
+  target.add_argument("--to", metavar="MODEL_BASE",
+                      help="write the export as the next numbered version MODEL_BASE/N, "
+                           "atomically (tpu-models serve MODEL_BASE picks it up; "
+                           "docs/serving.md)")
   p.add_argument("--overwrite", action="store_true",
                  help="replace an existing --output (by default that is refused)")
   p.add_argument("--format", dest="export_format", default="saved_model",
@@ -181,12 +187,22 @@ def _parser() -> argparse.ArgumentParser:
                  help="with --export-best: the export format (default saved_model)")
   p.add_argument("--output", default=None,
                  help="with --export-best: the export directory (default SWEEP_DIR/best/FORMAT)")
+  p.add_argument("--to", default=None, metavar="MODEL_BASE",
+                 help="with --export-best: write the export as the next numbered version "
+                      "MODEL_BASE/N instead (tpu-models serve MODEL_BASE picks it up)")
   p.add_argument("--overwrite", action="store_true",
                  help="with --export-best: replace an existing --output")
   add_override_args(p, set_help="override a key of every trial's experiment, or of the sweep "
                                  "section (sweep.trials=4); repeatable",
                     import_help="; every trial imports it too")
   p.set_defaults(run=_sweep, option_dests=[])
+
+  from tpu_models.serving import command as serve_command  # argparse only.
+  p = sub.add_parser("serve", help="serve exports over HTTP on Ray Serve: TF Serving's REST API "
+                                   "and the v2 protocol, new versions swapped in live "
+                                   "(docs/serving.md; the serve extra)")
+  serve_command.add_arguments(p)
+  p.set_defaults(run=serve_command.run, option_dests=[])
 
   p = sub.add_parser("convert", help="write TFRecords from other formats (sources: see "
                                      "`tpu-models convert --help`)")
@@ -398,19 +414,27 @@ def _evaluate(args) -> int:
 
 
 def _export(args) -> int:
-  from tpu_models import export
   config, model_dir = load_experiment(args)
+  if args.to:  # The next version of a MODEL_BASE, renamed into place once complete.
+    from tpu_models.serving import repository
+    repository.publish(args.to, lambda output: _write_export(args, config, model_dir, output),
+                       say=lambda line: print(line, flush=True))
+  else:
+    _write_export(args, config, model_dir, args.output)
+  return 0
+
+
+def _write_export(args, config, model_dir: str, output: str) -> None:
+  from tpu_models import export
   if args.export_format == "saved_model":
-    export.export_saved_model(config, model_dir, args.output, overwrite=args.overwrite,
-                              say=print)
-    return 0
+    export.export_saved_model(config, model_dir, output, overwrite=args.overwrite, say=print)
+    return
   from tpu_models import deploy
-  deploy.export_deployment(config, model_dir, args.output, format_name=args.export_format,
+  deploy.export_deployment(config, model_dir, output, format_name=args.export_format,
                            calibration_examples=args.calibration_examples,
                            overwrite=args.overwrite, agreement_examples=args.agreement_examples,
                            min_agreement=args.min_agreement,
                            say=lambda line: print(line, flush=True))
-  return 0
 
 
 def _evaluate_export(args) -> int:
@@ -483,7 +507,7 @@ def _sweep(args) -> int:
   ended = _sweep_report(sweep.directory)
   if args.export_best:
     from tpu_models.sweep import best
-    best.export_best(sweep.directory, args.export_format, output=args.output,
+    best.export_best(sweep.directory, args.export_format, output=args.output, to=args.to,
                      overwrite=args.overwrite, say=lambda line: print(line, flush=True))
   return 0 if ended or args.report else 1
 

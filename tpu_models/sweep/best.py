@@ -1,6 +1,7 @@
 """Ship the best trial of a sweep: pick by validation, export, score once on test.
 
     tpu-models sweep SWEEP.yaml --export-best --format litert
+    tpu-models sweep SWEEP.yaml --export-best --to MODEL_BASE   # the next served version
 
 The best trial is the one with the best validation value of the sweep's metric
 among the trials that ended (done, or stopped by the scheduler); the test split
@@ -22,8 +23,8 @@ BEST_DIR = "best"
 
 
 def export_best(directory: str, format_name: str = "saved_model", *,
-                output: Optional[str] = None, overwrite: bool = False,
-                calibration_examples: int = 256,
+                output: Optional[str] = None, to: Optional[str] = None,
+                overwrite: bool = False, calibration_examples: int = 256,
                 say: Callable[[str], None] = print) -> Dict[str, Any]:
   """Exports the best trial of the sweep in `directory`; returns what export.json records of it.
 
@@ -31,6 +32,9 @@ def export_best(directory: str, format_name: str = "saved_model", *,
     directory: the sweep directory.
     format_name: saved_model, litert, litert-int8 or onnx.
     output: the export directory (default SWEEP_DIR/best/<format>).
+    to: instead of `output`, a MODEL_BASE: the export (scored on test first) becomes its
+      next numbered version, renamed into place complete (serving/repository.publish),
+      where a running `tpu-models serve MODEL_BASE` picks it up.
     overwrite: replace an existing `output` (by default refused).
     calibration_examples: litert-int8's calibration examples.
     say: receives the export's lines.
@@ -38,6 +42,18 @@ def export_best(directory: str, format_name: str = "saved_model", *,
   Raises:
     ConfigError: no trial has ended with a validation value yet.
   """
+  if to:
+    if output:
+      raise ConfigError("--output and --to both name where the export goes; pass one.")
+    from tpu_models.serving import repository
+    kept = {}
+
+    def write(staging: str) -> None:
+      kept["provenance"] = export_best(directory, format_name, output=staging,
+                                       calibration_examples=calibration_examples, say=say)
+
+    repository.publish(to, write, say=say)
+    return kept["provenance"]
   from tpu_models import config as config_lib
   from tpu_models.training import model_dir as model_dir_lib
   rows, record = results.collect(directory)

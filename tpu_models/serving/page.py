@@ -1,0 +1,108 @@
+"""`GET /`: one static page to try the served models by hand.
+
+Pick a model; for an image model upload a JPEG/PNG (sent as {"b64": ...} to its
+serving_default) and see the classes with scores, or the boxes (and masks) drawn over
+the picture; for the translator type a sentence. The page holds no data: it reads
+`/ui/models` and calls the REST API like any client, with the bearer token typed in
+its field when the server has one.
+"""
+
+HTML = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>tpu-models serve</title>
+<style>
+ body{font-family:sans-serif;margin:1.5em;max-width:60em}
+ #out{white-space:pre-wrap;font-family:monospace}
+ canvas{border:1px solid #999;max-width:100%}
+ .row{margin:.5em 0}
+</style></head><body>
+<h1>tpu-models serve</h1>
+<div class="row"><label>Model <select id="model"></select></label>
+ <label>Token <input id="token" type="password" placeholder="(when the server has one)"></label></div>
+<div class="row" id="imagebox"><input id="file" type="file" accept="image/*"></div>
+<div class="row" id="textbox"><textarea id="text" rows="3" cols="60">Guten Morgen</textarea>
+ <button id="translate">Translate</button></div>
+<div class="row"><canvas id="picture" width="1" height="1"></canvas></div>
+<div id="out"></div>
+<script>
+const COLORS = ["#e6194b","#3cb44b","#4363d8","#f58231","#911eb4","#42d4f4","#f032e6","#bfef45"];
+let models = [];
+const $ = id => document.getElementById(id);
+function headers() {
+  const h = {"Content-Type": "application/json"};
+  if ($("token").value) h["Authorization"] = "Bearer " + $("token").value;
+  return h;
+}
+async function predict(name, body) {
+  const r = await fetch("/v1/models/" + encodeURIComponent(name) + ":predict",
+                        {method: "POST", headers: headers(), body: JSON.stringify(body)});
+  const answer = await r.json();
+  if (!r.ok) throw new Error(answer.error || r.statusText);
+  return answer.predictions;
+}
+function chosen() { return models.find(m => m.name === $("model").value) || {}; }
+function showInputs() {
+  const text = chosen().task === "translation";
+  $("imagebox").style.display = text ? "none" : "";
+  $("textbox").style.display = text ? "" : "none";
+}
+async function load() {
+  const r = await fetch("/ui/models", {headers: headers()});
+  const answer = await r.json();
+  if (!r.ok) { $("out").textContent = "Error: " + answer.error; return; }
+  models = answer.models;
+  $("model").innerHTML = models.map(m =>
+      `<option value="${m.name}">${m.name} (version ${m.version}, ${m.task})</option>`).join("");
+  showInputs();
+}
+function draw(img, row) {
+  const c = $("picture"), g = c.getContext("2d");
+  c.width = img.naturalWidth; c.height = img.naturalHeight; g.drawImage(img, 0, 0);
+  const boxes = row.detection_boxes, scores = row.detection_scores,
+        classes = row.detection_classes, masks = row.detection_masks,
+        n = row.num_detections, lines = [];
+  for (let i = 0; i < n; i++) {
+    if (scores[i] < 0.3) continue;
+    const color = COLORS[classes[i] % COLORS.length];
+    const [y0, x0, y1, x1] = boxes[i];
+    if (masks && row.mask_content_size) {  // Over the model's frame: scaled to the picture.
+      const [h, w] = row.mask_content_size, m = masks[i];
+      const sy = img.naturalHeight / h, sx = img.naturalWidth / w;
+      g.fillStyle = color; g.globalAlpha = 0.45;
+      for (let y = 0; y < h; y++) for (let x = 0; x < w; x++)
+        if (m[y][x]) g.fillRect(x * sx, y * sy, Math.ceil(sx), Math.ceil(sy));
+      g.globalAlpha = 1;
+    }
+    g.strokeStyle = color; g.lineWidth = 3; g.strokeRect(x0, y0, x1 - x0, y1 - y0);
+    g.fillStyle = color; g.font = "14px sans-serif";
+    g.fillText(`${classes[i]} ${scores[i].toFixed(2)}`, x0 + 2, Math.max(12, y0 - 3));
+    lines.push(`class ${classes[i]} score ${scores[i].toFixed(3)} box [${boxes[i].map(v => v.toFixed(1))}]`);
+  }
+  return lines.length ? lines.join("\\n") : "no detection with score >= 0.3";
+}
+async function onFile() {
+  const file = $("file").files[0]; if (!file) return;
+  const url = await new Promise(ok => { const f = new FileReader(); f.onload = () => ok(f.result); f.readAsDataURL(file); });
+  const img = new Image(); await new Promise(ok => { img.onload = ok; img.src = url; });
+  try {
+    const [row] = await predict(chosen().name, {instances: [{b64: url.split(",")[1]}]});
+    if (!row.valid && row.reason) throw new Error(row.reason);
+    if (row.detection_boxes) { $("out").textContent = draw(img, row); document.body.dataset.done = "boxes"; return; }
+    const c = $("picture"); c.width = img.naturalWidth; c.height = img.naturalHeight;
+    c.getContext("2d").drawImage(img, 0, 0);
+    const top = row.probabilities.map((p, k) => [p, k]).sort((a, b) => b[0] - a[0]).slice(0, 5);
+    $("out").textContent = top.map(([p, k]) => `class ${k}: ${p.toFixed(3)}`).join("\\n");
+    document.body.dataset.done = "classes";
+  } catch (e) { $("out").textContent = "Error: " + e.message; document.body.dataset.done = "error"; }
+}
+async function onTranslate() {
+  try {
+    const [row] = await predict(chosen().name, {instances: [$("text").value]});
+    $("out").textContent = row.translations + "  (score " + row.scores.toFixed(3) + ")";
+    document.body.dataset.done = "translation";
+  } catch (e) { $("out").textContent = "Error: " + e.message; document.body.dataset.done = "error"; }
+}
+$("model").onchange = showInputs; $("file").onchange = onFile; $("translate").onclick = onTranslate;
+$("token").onchange = load;
+load();
+</script></body></html>
+"""
