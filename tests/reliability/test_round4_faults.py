@@ -129,6 +129,43 @@ def test_a_real_full_tmpfs_keeps_the_checkpoint_the_message_names(tmp_path):
             os.path.basename(named) + ".data-00000-of-00001"} <= listing, (line, listing)
 
 
+# Row 39: a disk full at the very start of training (issue 48, finding 3).
+
+
+def test_a_disk_full_before_training_is_one_line_and_leaves_nothing(tmp_path):
+  """Before: a traceback (OSError from writing train.lock) and a 0-byte train.lock left,
+  which the next run had to take over. Injected at the lock's write (a model_dir the run
+  makes); and, where a private tmpfs can be mounted, a real full disk: a 16 KB tmpfs with
+  one page free, which the lock takes, so config.yaml's write is the one that fails."""
+  model_dir = tmp_path / "new_run"
+  cmd, env = train_command(model_dir, *RUN)
+  injected = _start(_with_driver4(cmd, "disk-full-lock", 0), env)
+  unshare = _private_tmpfs_works()
+  real = None
+  if unshare:
+    mount = tmp_path / "small"
+    mount.mkdir()
+    script = ('mount -t tmpfs -o size=16k tmpfs "$1" || exit 99; '
+              'head -c 12288 /dev/zero > "$1/fill"; shift; "$@"; code=$?; '
+              'echo "== listing"; ls -1A "$0"; exit $code')
+    real_cmd, _ = train_command(mount / "run", *RUN)
+    real = _start(unshare + ["sh", "-c", script, str(mount), str(mount)] + real_cmd, env)
+  injected = _finish(injected)
+  assert injected.returncode == 2, injected.stderr[-3000:]
+  line = _error_line(injected)
+  assert line.startswith(f"tpu-models train: error: No space left on device in {model_dir} "
+                         f"while writing train.lock before training ("), line
+  assert "nothing was trained" in line and "run the same command again" in line
+  assert not model_dir.exists()  # Made by the run, and nothing of it left (no train.lock).
+  if real is None:
+    pytest.skip("the real full tmpfs needs a private mount namespace (unshare -m)")
+  real = _finish(real)
+  assert real.returncode == 2, real.stdout[-2000:] + real.stderr[-3000:]
+  line = _error_line(real)
+  assert f"No space left on device in {mount / 'run'} while writing " in line, line
+  assert real.stdout.split("== listing\n", 1)[1].split() == ["fill"]  # No run folder left.
+
+
 # A tiny classifier trained and exported once for the export tests (one child: train, export).
 
 

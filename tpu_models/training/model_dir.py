@@ -71,9 +71,20 @@ def write_text_atomically(path: str, text: str) -> None:
   """
   folder, name = os.path.split(path)
   tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
-  with tf.io.gfile.GFile(tmp, "w") as f:
-    f.write(text)
-  tf.io.gfile.rename(tmp, path, overwrite=True)
+  try:
+    with tf.io.gfile.GFile(tmp, "w") as f:
+      f.write(text)
+    tf.io.gfile.rename(tmp, path, overwrite=True)
+  except BaseException:
+    _remove_quietly(tmp)  # E.g. a full disk: no half-written temporary file stays behind.
+    raise
+
+
+def _remove_quietly(path: str) -> None:
+  try:
+    tf.io.gfile.remove(path)
+  except tf.errors.OpError:
+    pass
 
 
 def _process_start(pid: int) -> Optional[str]:
@@ -186,17 +197,26 @@ def _create(path: str, text: str) -> bool:
     except FileExistsError:
       return False
     try:
-      os.write(fd, text.encode())
-    finally:
-      os.close(fd)
+      try:
+        os.write(fd, text.encode())
+      finally:
+        os.close(fd)
+    except BaseException:
+      # Ours and unwritten (a full disk): an empty lock left would be taken for a holder's.
+      os.unlink(path)
+      raise
     return True
   if tf.io.gfile.exists(path):
     return False
   # Not `path` + a suffix: ram:// reports a file as existing when any name starts with it.
   folder, name = os.path.split(path)
   tmp = os.path.join(folder, f".{name}.{socket.gethostname()}.{os.getpid()}.tmp")
-  with tf.io.gfile.GFile(tmp, "w") as f:
-    f.write(text)
+  try:
+    with tf.io.gfile.GFile(tmp, "w") as f:
+      f.write(text)
+  except BaseException:
+    _remove_quietly(tmp)
+    raise
   try:
     tf.io.gfile.rename(tmp, path, overwrite=False)
   except tf.errors.OpError:

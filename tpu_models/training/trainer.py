@@ -595,22 +595,37 @@ class Trainer:
     Anything else, a checkpoint, a metrics row or a summary, is the run's work and is
     kept: a cleanup must never be what loses it.
     """
-    if self._reporter is not None:
-      self._reporter.close()
-      self._reporter = None
     for name in set(tf.io.gfile.listdir(self.model_dir)) - before:
       name = name.rstrip("/")
       if name in _START_RECORDS:
         tf.io.gfile.remove(os.path.join(self.model_dir, name))
+    if self._lock is not None:
+      self._lock.release()
+      self._lock = None
+    self._remove_empty_leftovers()
+
+  def _remove_empty_leftovers(self) -> None:
+    """Removes an empty metrics.jsonl that is new (opening the progress reporter makes it),
+    then the model_dir if this Trainer made it and it is empty."""
+    if self._reporter is not None:
+      self._reporter.close()
+      self._reporter = None
+    if not tf.io.gfile.isdir(self.model_dir):
+      return
     metrics = os.path.join(self.model_dir, METRICS_FILE)
     if (METRICS_FILE not in (self._listing_at_init or set()) and
         tf.io.gfile.exists(metrics) and not tf.io.gfile.stat(metrics).length):
       tf.io.gfile.remove(metrics)
-    if self._lock is not None:
-      self._lock.release()
-      self._lock = None
     if self._listing_at_init is None and not tf.io.gfile.listdir(self.model_dir):
       tf.io.gfile.rmtree(self.model_dir)
+
+  def _disk_full_at_start(self, what: str) -> DiskFullError:
+    """The one line of a disk that is full before training starts (writing `what`)."""
+    return DiskFullError(
+        f"No space left on device in {self.model_dir} while writing {what} before training "
+        f"({model_dir_lib.free_space(self.model_dir)}): nothing was trained, no checkpoint was "
+        f"changed and nothing written by this run was left. Free some space and run the same "
+        f"command again.")
 
   def _run_guarded(self, target_step: int, evaluate_every: int,
                    final_eval: bool) -> Dict[str, float]:
@@ -621,14 +636,29 @@ class Trainer:
       except ConfigError:
         self._startup_lines = None  # Refused: it resumed nothing.
         raise
+      except (OSError, tf.errors.OpError) as e:
+        if not model_dir_lib.is_disk_full(e):
+          raise
+        self._startup_lines = None
+        self._remove_empty_leftovers()
+        raise self._disk_full_at_start(model_dir_lib.LOCK_FILE) from None
       self._listing_at_start = set(tf.io.gfile.listdir(self.model_dir))
     self._announce_start()
-    if self.chief:  # Files the weights need (a tokenizer): refused if changed, else recorded.
-      model_dir_lib.record_fingerprints(self.model_dir, self.task.required_files())
-    if self.chief:  # What this model_dir was trained with (evaluate/export leave it alone).
-      model_dir_lib.record_config(self.model_dir, dump_config(self.config),
-                                  self._resume.step if self._resume.path else None, say=self._say)
-    self._prepare_model_dir()
+    what = model_dir_lib.FINGERPRINTS_FILE
+    try:
+      if self.chief:  # Files the weights need (a tokenizer): refused if changed, else recorded.
+        model_dir_lib.record_fingerprints(self.model_dir, self.task.required_files())
+      what = model_dir_lib.CONFIG_FILE
+      if self.chief:  # What this model_dir was trained with (evaluate/export leave it alone).
+        model_dir_lib.record_config(self.model_dir, dump_config(self.config),
+                                    self._resume.step if self._resume.path else None,
+                                    say=self._say)
+      what = "the model_dir's order (checkpoint state, metrics.jsonl)"
+      self._prepare_model_dir()
+    except (OSError, tf.errors.OpError) as e:
+      if not model_dir_lib.is_disk_full(e):
+        raise
+      raise self._disk_full_at_start(what) from None  # `_run` undoes a fresh run's start.
     reporter = self._open_reporter(target_step)
     if self._train_loop_fn is None:
       self._train_loop_fn = self._build_train_loop()
