@@ -460,8 +460,10 @@ def _evaluate_export(args) -> int:
 def _predict(args) -> int:
   from tpu_models import export
   from tpu_models import task as task_lib
+  from tpu_models.paths import check_directory
   config, model_dir = load_experiment(args)
   task_lib.require(config.task.name, task_lib.FilePredictor)  # Before loading weights.
+  check_directory(args.output_dir, "--output-dir")
   task, model = export.load_model(config, model_dir)
   task_lib.require(task, task_lib.FilePredictor)
   failed = task.predict_files(model, args.inputs, args.output_dir, options=options(args),

@@ -14,7 +14,8 @@ import sys
 import numpy as np
 import pytest
 
-from faults import HERE, _experiment, _write, run_batch, train_command
+from faults import (HERE, _experiment, _write, error_line, run_batch, train_command,
+                    write_cases)
 from tpu_models.training import progress
 
 DRIVER4 = os.path.join(HERE, "round4_driver.py")
@@ -164,6 +165,91 @@ def test_a_disk_full_before_training_is_one_line_and_leaves_nothing(tmp_path):
   line = _error_line(real)
   assert f"No space left on device in {mount / 'run'} while writing " in line, line
   assert real.stdout.split("== listing\n", 1)[1].split() == ["fill"]  # No run folder left.
+
+
+# Row 40: run and output directories that are a file or read-only (issue 48, finding 4).
+
+TESTS = os.path.dirname(HERE)
+REPO = os.path.dirname(TESTS)
+TOY_SWEEP = os.path.join(TESTS, "sweep", "toy_sweep.yaml")
+DETECTOR = os.path.join(REPO, "official", "retinanet", "pasted_objects_retinanet.yaml")
+
+
+def _directory_cases(root, afile):
+  """The commands of the directory test: train, sweep and predict writing under `root`
+  (given a file `afile` too); one child runs them all (faults.run_batch)."""
+  train = ["train", os.path.join(TESTS, "toy.yaml"), "--import", "toy_task", "--mode", "train",
+           "--set", "trainer.train_steps=10"]
+  sweep = ["sweep", TOY_SWEEP]
+  predict = ["predict", DETECTOR, "--model-dir", root / "no_run", afile]
+  return {
+      "train_file": train + ["--model-dir", afile],
+      "train_under_file": train + ["--model-dir", afile / "run"],
+      "train_read_only": train + ["--model-dir", root / "run"],
+      "sweep_file": sweep + ["--set", f"sweep.directory={afile}"],
+      "sweep_read_only": sweep + ["--set", f"sweep.directory={root / 'sweep'}"],
+      "predict_file": predict + ["--output-dir", afile],
+      "predict_read_only": predict + ["--output-dir", root / "pictures"],
+  }
+
+
+def _read_only_runner():
+  """The command prefix that runs a child with `$1` read-only, or None (no way here)."""
+  unshare = _private_tmpfs_works()
+  if unshare:
+    return unshare + ["sh", "-c", 'mount --bind "$1" "$1" && mount -o remount,ro,bind "$1" '
+                      '|| exit 99; shift; exec "$@"', "sh"]
+  return None if os.geteuid() == 0 else []  # Not root: chmod 555 is enough.
+
+
+def test_a_run_or_output_directory_that_is_a_file_or_read_only_is_one_line(tmp_path):
+  """Before: tracebacks (`FailedPreconditionError: … is not a directory` from makedirs,
+  PermissionError / read-only filesystem from the first write), exit 1."""
+  afile = tmp_path / "afile"
+  afile.write_text("not a directory\n")
+  read_only = tmp_path / "read_only"
+  read_only.mkdir()
+  cases = _directory_cases(read_only, afile)
+  names = ["train_file", "train_under_file", "sweep_file", "predict_file"]
+  runner = _read_only_runner()
+  if runner is not None:
+    names += ["train_read_only", "sweep_read_only", "predict_read_only"]
+  if runner == []:
+    read_only.chmod(0o555)
+  cases_file, out_file = write_cases(tmp_path, [cases[name] for name in names])
+  _, env = train_command("unused")
+  driver = [sys.executable, os.path.join(HERE, "fault_driver.py"), "batch", str(cases_file),
+            str(out_file)]
+  prefix = (runner + [str(read_only)]) if runner else []
+  done = subprocess.run(prefix + driver, env=env, cwd=HERE, capture_output=True, text=True,
+                        timeout=300)
+  read_only.chmod(0o755)
+  assert done.returncode == 0, done.stderr[-3000:]
+  results = dict(zip(names, json.loads(out_file.read_text())))
+  expected = "expected a directory this process can create or write"
+  lines = {}
+  for name, result in results.items():
+    assert result["code"] == 2, (name, result)
+    lines[name] = error_line(result)
+    assert expected in lines[name], (name, lines[name])
+  assert lines["train_file"] == (f"tpu-models train: error: model_dir {afile} is a file, not a "
+                                 f"directory; {expected}. Choose another model_dir.")
+  assert (f"model_dir {afile / 'run'} cannot be created: {afile} is a file, not a directory"
+          in lines["train_under_file"])
+  assert lines["sweep_file"].startswith(f"tpu-models sweep: error: sweep.directory {afile} is "
+                                        f"a file, not a directory;")
+  assert lines["predict_file"].startswith(f"tpu-models predict: error: --output-dir {afile} "
+                                          f"is a file, not a directory;")
+  assert afile.read_text() == "not a directory\n"
+  if runner is None:
+    pytest.skip("root without a mount namespace: no folder is read-only to this process")
+  why = "is on a read-only filesystem" if runner else "is not writable by this user"
+  for name, role, sub in [("train_read_only", "model_dir", "run"),
+                          ("sweep_read_only", "sweep.directory", "sweep"),
+                          ("predict_read_only", "--output-dir", "pictures")]:
+    assert (f"{role} {read_only / sub} cannot be created: {read_only} {why};"
+            in lines[name]), lines[name]
+  assert os.listdir(read_only) == []
 
 
 # A tiny classifier trained and exported once for the export tests (one child: train, export).

@@ -37,6 +37,7 @@ import os
 from typing import Any, Dict, List, Optional, Tuple
 
 from tpu_models import config as config_lib
+from tpu_models import paths
 from tpu_models import registry
 from tpu_models.errors import ConfigError
 
@@ -211,6 +212,9 @@ def load_sweep(path: str, overrides: List[str] = (), extra_imports: List[str] = 
       "runs", "sweeps", os.path.splitext(os.path.basename(path))[0])
   if "://" not in directory:
     directory = os.path.abspath(directory)
+  # Every sweep command writes there (the lock, the record, the leaderboard): a file or a
+  # read-only folder is one line before Ray starts.
+  paths.check_directory(directory, "sweep.directory")
   return Sweep(path=path, config=sweep_config, experiment=experiment, dimensions=dimensions,
                metric=metric, mode=mode, directory=directory.rstrip("/"),
                train_steps=base.trainer.train_steps, eval_every=base.trainer.eval_every)

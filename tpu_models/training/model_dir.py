@@ -47,6 +47,7 @@ import tensorflow as tf
 import yaml
 
 from tpu_models.errors import ConfigError
+from tpu_models.paths import check_directory  # noqa: F401  (acquire_lock; public here too)
 
 LOCK_FILE = "train.lock"
 CONFIG_FILE = "config.yaml"
@@ -252,19 +253,23 @@ def _release(path: str, mine: str) -> None:
       pass
 
 
-def acquire_lock(model_dir: str, say: Callable[[str], None] = print) -> ModelDirLock:
+def acquire_lock(model_dir: str, say: Callable[[str], None] = print,
+                 role: str = "model_dir") -> ModelDirLock:
   """Makes this process the one training `model_dir`; see the module docstring.
 
   Args:
     model_dir: the run's directory (created if missing).
     say: where the notice of a taken-over stale lock goes.
+    role: what the directory is called in an error (e.g. "sweep directory").
 
   Returns:
     The held lock; a second call of the same process shares it.
 
   Raises:
-    ConfigError: another live process holds the lock (the message names it).
+    ConfigError: another live process holds the lock (the message names it), or
+      `model_dir` is a file or cannot be written (`check_directory`).
   """
+  check_directory(model_dir, role)
   tf.io.gfile.makedirs(model_dir)
   path = os.path.join(model_dir, LOCK_FILE)
   host, pid = socket.gethostname(), os.getpid()

@@ -115,6 +115,7 @@ class Trainer:
     self.config = validate(config)
     self._config_warnings = config_warnings(config)
     self.model_dir = model_dir
+    model_dir_lib.check_directory(model_dir, "model_dir", writable=False)  # Not a file.
     # What the model_dir held before this Trainer (None: no model_dir), see `_undo_start`.
     self._listing_at_init = (set(tf.io.gfile.listdir(model_dir))
                              if tf.io.gfile.isdir(model_dir) else None)
