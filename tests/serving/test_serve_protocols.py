@@ -1,0 +1,274 @@
+"""`tpu-models serve` speaking TF Serving's REST API and the v2 protocol (tritonclient), with
+its safety defaults: one shared server (a child process) on a tiny classifier's export,
+with a bearer token and a small body cap. Answers are compared with the same export
+called in this process."""
+
+import base64
+import concurrent.futures
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import requests
+import tensorflow as tf
+
+# Looked up, not imported: importing ray writes os.environ (RAY_CLIENT_MODE), which this
+# process (TensorFlow runs here) must not do. The server imports it, in its own process.
+pytestmark = pytest.mark.skipif(
+    not all(importlib.util.find_spec(name) for name in ("ray", "starlette", "prometheus_client")),
+    reason="the serve extra (ray[serve]) is not installed")
+
+import tiny_exports  # noqa: E402
+from serve_process import REPO, serve  # noqa: E402
+
+TOKEN = "s3cret-token"
+MAX_BODY = 200_000
+NAME = "fm"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+  """(Server, session sending the token, the in-process SavedModel of version 1)."""
+  root = str(tmp_path_factory.mktemp("serving"))
+  config, model_dir = tiny_exports.train_classifier(root, 4)
+  base = os.path.join(root, "base")
+  assert tiny_exports.publish_saved_model(config, model_dir, base) == 1
+  token_file = os.path.join(root, "token")
+  with open(token_file, "w") as f:
+    f.write(TOKEN + "\n")
+  os.chmod(token_file, 0o600)
+  with serve(base, "--name", NAME, "--auth-token-file", token_file,
+             "--max-body-bytes", str(MAX_BODY), "--batch-timeout-ms", "20") as server:
+    session = requests.Session()
+    session.headers["Authorization"] = f"Bearer {TOKEN}"
+    yield server, session, tf.saved_model.load(os.path.join(base, "1"))
+
+
+def _b64(data: bytes) -> dict:
+  return {"b64": base64.b64encode(data).decode()}
+
+
+def _pictures():
+  return np.stack([tiny_exports.band_picture(k, 100 + k) for k in range(4)])
+
+
+def _predict(served_, body, path=f"/v1/models/{NAME}:predict", **kwargs):
+  server, session, _ = served_
+  return session.post(server.url + path, data=json.dumps(body).encode(), timeout=30, **kwargs)
+
+
+def test_row_format_b64_jpegs_answer_as_the_export_does_in_process(served):
+  _, _, saved = served
+  jpegs = [tiny_exports.jpeg(p) for p in _pictures()]
+  answer = _predict(served, {"instances": [_b64(j) for j in jpegs]})
+  assert answer.status_code == 200, answer.text
+  rows = answer.json()["predictions"]
+  expected = saved.signatures["serving_default"](image_bytes=tf.constant(jpegs))
+  assert len(rows) == 4
+  for i, row in enumerate(rows):
+    assert set(row) == {"logits", "probabilities", "classes", "valid", "reason"}
+    np.testing.assert_allclose(row["logits"], expected["logits"][i].numpy(), rtol=1e-5, atol=1e-6)
+    assert row["classes"] == int(expected["classes"][i]) and row["valid"] is True
+    assert row["reason"] == ""
+
+
+def test_columnar_inputs_with_a_signature_name_answer_as_outputs(served):
+  _, _, saved = served
+  pixels = _pictures()
+  answer = _predict(served, {"signature_name": "serve_images", "inputs": pixels.tolist()})
+  assert answer.status_code == 200, answer.text
+  outputs = answer.json()["outputs"]
+  expected = saved.signatures["serve_images"](images=tf.constant(pixels))
+  np.testing.assert_allclose(outputs["probabilities"], expected["probabilities"].numpy(),
+                             rtol=1e-5, atol=1e-6)
+  assert outputs["classes"] == expected["classes"].numpy().tolist()
+  # The same with the input named, in row format: one object per row.
+  rows = _predict(served, {"signature_name": "serve_images",
+                           "instances": [{"images": p.tolist()} for p in pixels[:2]]})
+  assert rows.status_code == 200, rows.text
+  np.testing.assert_allclose([r["logits"] for r in rows.json()["predictions"]],
+                             expected["logits"].numpy()[:2], rtol=1e-5, atol=1e-6)
+
+
+def test_status_and_metadata_are_tf_servings_json(served):
+  server, session, _ = served
+  status = session.get(f"{server.url}/v1/models/{NAME}", timeout=10)
+  assert status.status_code == 200
+  assert status.json() == {"model_version_status": [
+      {"version": "1", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}]}
+  assert session.get(f"{server.url}/v1/models/{NAME}/versions/1", timeout=10).json() == \
+      status.json()
+  metadata = session.get(f"{server.url}/v1/models/{NAME}/metadata", timeout=10).json()
+  assert metadata["model_spec"] == {"name": NAME, "signature_name": "", "version": "1"}
+  signatures = metadata["metadata"]["signature_def"]["signature_def"]
+  assert sorted(signatures) == ["serve_images", "serving_default"]
+  image_bytes = signatures["serving_default"]["inputs"]["image_bytes"]
+  assert image_bytes["dtype"] == "DT_STRING"
+  assert image_bytes["tensor_shape"]["dim"] == [{"size": "-1", "name": ""}]
+  assert signatures["serving_default"]["outputs"]["logits"]["dtype"] == "DT_FLOAT"
+  assert signatures["serve_images"]["method_name"] == "tensorflow/serving/predict"
+
+
+@pytest.mark.parametrize("body, status, words", [
+    (b"{\"instances\": [1,", 400, "not valid JSON"),
+    ({"instances": [1], "inputs": [1]}, 400, "exactly one of"),
+    ({"signature_name": "nope", "instances": [_b64(b"x")]}, 400, "'nope' not found"),
+    ({"signature_name": "serve_images", "inputs": [[[[1.5, 2, 3]]]]}, 400, "not whole"),
+    ({"signature_name": "serve_images", "inputs": [[[[1, 2]]]]}, 400, "[N, H, W, 3]"),
+    ({"signature_name": "serve_images", "inputs": [[[300, 2, 3]]]}, 400, "outside 0..255"),
+    ({"instances": [[1, 2], [3]]}, 400, "string"),
+    ({"instances": [{"b64": "not base64!"}]}, 400, "no valid base64"),
+])
+def test_bad_requests_are_one_line_400s_naming_what_was_expected(served, body, status, words):
+  server, session, _ = served
+  data = body if isinstance(body, bytes) else json.dumps(body).encode()
+  answer = session.post(f"{server.url}/v1/models/{NAME}:predict", data=data, timeout=30)
+  assert answer.status_code == status, answer.text
+  error = answer.json()["error"]
+  assert words in error and "\n" not in error
+
+
+@pytest.mark.parametrize("path, words", [
+    ("/v1/models/nope:predict", "'nope' is not served"),
+    (f"/v1/models/{NAME}/versions/7:predict", "version 7"),
+    (f"/v1/models/{NAME}/versions/x1:predict", "a version is a number"),
+    (f"/v1/models/{NAME}/labels/stable:predict", "no label 'stable'"),
+    ("/v1/models/..%2F..%2Fetc:predict", "No route"),  # No path from a URL reaches the disk.
+    ("/v1/models/..:predict", "is not served"),
+    ("/v1/nothing", "No route"),
+])
+def test_unknown_models_versions_labels_and_routes_are_404(served, path, words):
+  answer = _predict(served, {"instances": [_b64(b"x")]}, path=path)
+  assert answer.status_code == 404, answer.text
+  assert words in answer.json()["error"]
+
+
+def test_a_png_bomb_and_non_image_bytes_are_refused_by_their_header(served):
+  server, session, _ = served
+  bomb = tiny_exports.png_bomb(20000)
+  assert len(bomb) < 10_000  # Bounded: its header is all that is read.
+  answer = _predict(served, {"instances": [_b64(bomb)]})
+  assert answer.status_code == 400
+  assert answer.json()["error"] == ("input 'image_bytes' row 0: 20000x20000 pixels (400000000) "
+                                    "is over the limit of 178956970 (max_image_pixels).")
+  answer = _predict(served, {"instances": [_b64(tiny_exports.jpeg(_pictures()[0])),
+                                           _b64(b"%PDF-1.4 not a picture")]})
+  assert answer.status_code == 400
+  assert "row 1: not a JPEG, PNG, GIF, BMP or WebP image" in answer.json()["error"]
+  assert session.get(f"{server.url}/v2/health/ready", timeout=5).status_code == 200
+
+
+def test_a_body_over_the_cap_is_413_declared_or_streamed(served):
+  server, session, _ = served
+  big = {"instances": [_b64(b"\0" * MAX_BODY)]}
+  answer = _predict(served, big)
+  assert answer.status_code == 413
+  assert f"limit of {MAX_BODY} bytes" in answer.json()["error"]
+
+  def chunks():  # No Content-Length: the cap holds while the body streams in.
+    for _ in range(5):
+      yield b" " * (MAX_BODY // 2)
+
+  answer = session.post(f"{server.url}/v1/models/{NAME}:predict", data=chunks(), timeout=30)
+  assert answer.status_code == 413
+  assert _predict(served, {"instances": [_b64(tiny_exports.jpeg(_pictures()[0]))]}).ok
+
+
+def test_without_the_token_every_route_but_health_is_401(served):
+  server, _, _ = served
+  for method, path in [("POST", f"/v1/models/{NAME}:predict"), ("GET", f"/v1/models/{NAME}"),
+                       ("GET", f"/v1/models/{NAME}/metadata"), ("GET", "/metrics"),
+                       ("POST", f"/v2/models/{NAME}/infer"), ("GET", f"/v2/models/{NAME}"),
+                       ("GET", "/ui/models")]:
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
+      answer = requests.request(method, server.url + path, headers=headers, data=b"{}",
+                                timeout=10)
+      assert answer.status_code == 401, (method, path, headers, answer.text)
+      assert "Authorization: Bearer TOKEN" in answer.json()["error"]
+  assert requests.get(f"{server.url}/v2/health/live", timeout=5).status_code == 200
+  assert requests.get(f"{server.url}/v2/health/ready", timeout=5).json() == {"ready": True}
+
+
+def test_tritonclient_infers_as_the_export_does_in_process(served):
+  httpclient = pytest.importorskip("tritonclient.http")
+  server, _, saved = served
+  client = httpclient.InferenceServerClient(server.url[len("http://"):],
+                                            connection_timeout=30, network_timeout=30)
+  # A new dict per call: tritonclient writes its Inference-Header-Content-Length into it.
+  auth = lambda: {"Authorization": f"Bearer {TOKEN}"}  # noqa: E731
+  assert client.is_server_live() and client.is_server_ready()
+  assert client.is_model_ready(NAME, headers=auth())
+  assert not client.is_model_ready(NAME, "9", headers=auth())
+  metadata = client.get_model_metadata(NAME, headers=auth())
+  assert metadata["versions"] == ["1"] and metadata["platform"] == "tensorflow_savedmodel"
+  assert metadata["inputs"] == [{"name": "image_bytes", "datatype": "BYTES", "shape": [-1]}]
+  pixels = _pictures()
+  expected = saved.signatures["serve_images"](images=tf.constant(pixels))
+  for binary in (True, False):  # The binary tensor extension, and plain JSON.
+    images = httpclient.InferInput("images", list(pixels.shape), "UINT8")
+    images.set_data_from_numpy(pixels, binary_data=binary)
+    outputs = [httpclient.InferRequestedOutput(name, binary_data=binary)
+               for name in ("logits", "classes")]
+    result = client.infer(NAME, [images], outputs=outputs, headers=auth(),
+                          parameters={"signature_name": "serve_images"})
+    np.testing.assert_allclose(result.as_numpy("logits"), expected["logits"].numpy(),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(result.as_numpy("classes"), expected["classes"].numpy())
+    assert result.get_response()["model_version"] == "1"
+  jpegs = np.array([tiny_exports.jpeg(p) for p in pixels], dtype=object)
+  image_bytes = httpclient.InferInput("image_bytes", [4], "BYTES")
+  image_bytes.set_data_from_numpy(jpegs)  # BYTES: length-prefixed in the binary body.
+  result = client.infer(NAME, [image_bytes], headers=auth())
+  reference = saved.signatures["serving_default"](image_bytes=tf.constant(list(jpegs)))
+  np.testing.assert_allclose(result.as_numpy("probabilities"),
+                             reference["probabilities"].numpy(), rtol=1e-5, atol=1e-6)
+  assert result.as_numpy("valid").tolist() == [True] * 4
+  wrong = httpclient.InferInput("images", [1, 2], "FP32")
+  wrong.set_data_from_numpy(np.zeros([1, 2], np.float32))
+  with pytest.raises(Exception, match=r"must be datatype UINT8"):
+    client.infer(NAME, [wrong], headers=auth(), parameters={"signature_name": "serve_images"})
+
+
+def test_concurrent_requests_are_batched_and_counted_in_metrics(served):
+  server, session, _ = served
+  jpeg = _b64(tiny_exports.jpeg(_pictures()[1]))
+
+  def one(_):
+    return _predict(served, {"instances": [jpeg]}).status_code
+
+  with concurrent.futures.ThreadPoolExecutor(16) as pool:
+    codes = list(pool.map(one, range(64)))
+  assert codes == [200] * 64
+  text = session.get(f"{server.url}/metrics", timeout=10).text
+  count = float(re.search(r'^tpu_models_batch_size_count\{model="fm"\} (\S+)$', text, re.M)[1])
+  rows = float(re.search(r'^tpu_models_batch_size_sum\{model="fm"\} (\S+)$', text, re.M)[1])
+  assert rows > count, (rows, count)  # Some model calls held several requests' rows.
+  assert re.search(r'^tpu_models_requests_total\{code="200",route="/v1/models/\{name\}:predict"\} '
+                   r'(\d+)', text, re.M)
+  assert re.search(r'^tpu_models_request_errors_total\{code="404",', text, re.M)
+  assert re.search(r'^tpu_models_version_served\{model="fm"\} 1\.0$', text, re.M)
+  assert "tpu_models_request_seconds_bucket" in text
+
+
+def test_the_page_is_served_and_lists_the_model(served):
+  server, session, _ = served
+  page = requests.get(server.url + "/", timeout=10)  # Static: no token needed.
+  assert page.status_code == 200 and "tpu-models serve" in page.text
+  models = session.get(f"{server.url}/ui/models", timeout=10).json()["models"]
+  assert models == [{"name": NAME, "version": 1, "task": "classification",
+                     "signatures": ["serve_images", "serving_default"]}]
+
+
+def test_serve_without_ray_serve_names_the_extra_and_exits_2(tmp_path):
+  # A child whose `import ray` fails, as on a machine without the extra.
+  code = ("import sys; sys.modules['ray'] = None; from tpu_models import cli; "
+          f"sys.exit(cli.main(['serve', {str(tmp_path)!r}]))")
+  done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                        env={**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  assert done.returncode == 2, done.stderr
+  assert "pip install 'tpu-models[serve]'" in done.stderr.strip().splitlines()[-1]
