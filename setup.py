@@ -46,8 +46,9 @@ EXTRAS["bench"] = ["keras-hub>=0.32"]
 setup(
     name="tpu-models",
     version=VERSION,
-    description="ResNet, Transformer and RetinaNet on one TPU-first training loop "
-                "(TensorFlow 2 + Keras 3), with offline pretrained-weight import.",
+    description="ResNet, EfficientNet, ViT, Transformer, RetinaNet and Mask R-CNN on one "
+                "TPU-first training loop (TensorFlow 2 + Keras 3), with offline "
+                "pretrained-weight import.",
     long_description=LONG_DESCRIPTION,
     long_description_content_type="text/markdown",
     packages=find_packages(include=["tpu_models", "tpu_models.*"]),

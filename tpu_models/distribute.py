@@ -1,6 +1,7 @@
 """A `tf.distribute` strategy from a name, so one config runs everywhere.
 
-    auto            TPU if one is reachable, else all local GPUs, else the CPU
+    auto            TPU if $TPU_NAME is set or this is a TPU VM (and it can be reached),
+                    else multi_worker if TF_CONFIG is set, else the local GPUs, else the CPU
     cpu             OneDeviceStrategy on /cpu:0
     gpu, mirrored   MirroredStrategy over the local GPUs (CPU if there are none)
     multi_worker    MultiWorkerMirroredStrategy; the cluster comes from TF_CONFIG
