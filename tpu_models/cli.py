@@ -137,8 +137,8 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--config", default=None,
                  help="experiment YAML whose data is evaluated (default: the export's own "
                       "config.yaml)")
-  p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                 help="override a config value, e.g. --set task.test_data.path=... (repeatable)")
+  add_override_args(p, set_help="override a config value, e.g. --set "
+                                 "task.test_data.path=... (repeatable)")
   p.add_argument("--split", default="test", choices=("eval", "test"),
                  help="the split evaluated (default test)")
   p.add_argument("--threads", type=int, default=None,
@@ -427,6 +427,12 @@ def _export(args) -> int:
 def _write_export(args, config, model_dir: str, output: str) -> None:
   from tpu_models import export
   if args.export_format == "saved_model":
+    if args.min_agreement is not None:  # Was ignored: the SavedModel is the path compared to.
+      from tpu_models.errors import ConfigError
+      raise ConfigError(f"--min-agreement {args.min_agreement} applies to litert, litert-int8 "
+                        f"and onnx exports, which are checked against the SavedModel path; a "
+                        f"saved_model export is that path itself. Leave it out, or pass "
+                        f"--format litert or onnx.")
     export.export_saved_model(config, model_dir, output, overwrite=args.overwrite, say=print)
     return
   from tpu_models import deploy
@@ -441,6 +447,8 @@ def _evaluate_export(args) -> int:
   import json
   from tpu_models import config as config_lib
   from tpu_models import deploy
+  from tpu_models import registry
+  registry.import_modules(args.imports)  # The export's model may be the user's own.
   config_path = args.config or deploy.export_config_path(args.export)
   config = config_lib.load_config(config_path, args.overrides)
   result = deploy.evaluate_export(args.export, config, args.split, threads=args.threads,

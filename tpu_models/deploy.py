@@ -59,6 +59,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
+import yaml
 
 from tpu_models import config as config_lib
 from tpu_models import export as export_lib
@@ -683,7 +684,9 @@ class ExportRunner:
     self.record = read_export(path)
     self.format = self.record["format"]
     if self.format == "saved_model":
-      self._model = tf.saved_model.load(path)
+      for name in self.record.get("sha256", {}):  # Recorded since issue 48; older: none.
+        self._checked_file(name, "SavedModel")
+      self._model = self._load_saved_model(path)
       self.runtime = f"TensorFlow {tf.__version__}"
     elif self.format in ("litert", "litert-int8"):
       select_tf = bool(self.record.get("select_tf_ops"))
@@ -714,9 +717,15 @@ class ExportRunner:
 
   def _checked_file(self, name: str, kind: str) -> str:
     """The path of the export's file `name`; a DataError (one line) when it is missing,
-    empty, or its sha256 is not the one export.json recorded (damaged after export)."""
-    path = os.path.join(self.path, name)
+    empty, or its sha256 is not the one export.json recorded (damaged after export), or
+    when `name` leads out of the export's folder (a record edited or not ours)."""
     again = "export it again (tpu-models export ... --overwrite)"
+    if (not isinstance(name, str) or os.path.isabs(name) or
+        os.path.normpath(name).split(os.sep)[0] == os.pardir):
+      raise DataError(f"{self.path}: export.json names the {kind} file {name!r}, which is "
+                      f"outside the export's folder; refused (an export's files are inside it). "
+                      f"{again[0].upper()}{again[1:]}.")
+    path = os.path.join(self.path, name)
     if not os.path.isfile(path):
       raise DataError(f"{path} is missing: export.json names it as the {kind} model; {again}.")
     if not os.path.getsize(path):
@@ -727,6 +736,22 @@ class ExportRunner:
       raise DataError(f"{path} is damaged: its sha256 is not the one export.json recorded "
                       f"when it was written ({os.path.getsize(path)} bytes now); {again}.")
     return path
+
+  @staticmethod
+  def _load_saved_model(path: str):
+    """tf.saved_model.load, its refusal of a damaged file one line naming the file (for
+    exports without recorded sha256s, or damage the digests cannot see)."""
+    try:
+      return tf.saved_model.load(path)
+    except (OSError, ValueError, tf.errors.OpError) as e:
+      text = " ".join(str(e).split())
+      # saved_model.pb that does not parse: "Cannot parse file b'…/saved_model.pb'"; a
+      # variables file: "TensorBundle at …/variables/variables shard 0 …: Checksum …".
+      file = (os.path.join(path, "saved_model.pb") if "saved_model.pb" in text else
+              os.path.join(path, "variables") + os.sep if "variables" in text else path)
+      raise DataError(f"{file} is not readable as part of a SavedModel ({type(e).__name__}: "
+                      f"{text[:300]}); export it again (tpu-models export ... "
+                      f"--overwrite).") from None
 
   @contextlib.contextmanager
   def _loading(self, path: str, kind: str):
@@ -822,6 +847,7 @@ def evaluate_export(path: str, config: config_lib.ExperimentConfig, split: str =
     raise ConfigError(f"--split must be train, eval or test; got {split!r}.")
   from tpu_models.task import create_task
   require(config.task.name, Deployable)
+  _check_same_model(path, config)
   task = create_task(config.task)
   task.prepare_to_load_export()
   runner = ExportRunner(path, threads=threads)
@@ -833,6 +859,46 @@ def evaluate_export(path: str, config: config_lib.ExperimentConfig, split: str =
   if runner.format != "saved_model":
     result["agreement"] = _agreement_of(runner, task, config, split)
   return result
+
+
+# Task keys besides task.model that shape what an export takes or answers.
+_MODEL_SHAPING_KEYS = ("num_classes", "image_size", "channels")
+
+
+def _check_same_model(path: str, config: config_lib.ExperimentConfig) -> None:
+  """A ConfigError naming the key and both values when `config` (another --config, a --set)
+  describes another model than the one the export at `path` was made from.
+
+  Only the data may differ (what is evaluated): task.name, task.model.* and the task keys
+  of `_MODEL_SHAPING_KEYS` are compared with the export's own config.yaml. Without one
+  (older exports) there is nothing to compare.
+  """
+  try:
+    recorded_path = export_config_path(path)
+  except FileNotFoundError:
+    return
+  with open(recorded_path, encoding="utf-8") as f:
+    recorded = (yaml.safe_load(f) or {}).get("task") or {}
+  ours = config_lib.to_dict(config.task)
+
+  def model_keys(task: Dict[str, Any]) -> Dict[str, Any]:
+    keys = {"task.name": task.get("name")}
+    model = task.get("model")
+    for key, value in (model.items() if isinstance(model, dict) else []):
+      keys[f"task.model.{key}"] = value
+    for key in _MODEL_SHAPING_KEYS:
+      if key in task:
+        keys[f"task.{key}"] = task[key]
+    return keys
+
+  theirs, mine = model_keys(recorded), model_keys(ours)
+  differences = [f"{key} = {mine[key]!r} here, {theirs[key]!r} in the export"
+                 for key in mine if key in theirs and mine[key] != theirs[key]]
+  if differences:
+    raise ConfigError(
+        f"The config given (--config/--set) describes another model than the export {path} "
+        f"holds: {'; '.join(differences)} (the export's record: {recorded_path}). Only the data "
+        f"evaluated may differ: leave those keys as the export has them.")
 
 
 def _agreement_of(runner: "ExportRunner", task, config: config_lib.ExperimentConfig,

@@ -42,11 +42,12 @@ docs/predict.md.
 import contextlib
 import ctypes
 import errno
+import hashlib
 import json
 import os
 import re
 import socket
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import tensorflow as tf
 
@@ -134,10 +135,12 @@ def export_saved_model(config: config_lib.ExperimentConfig, model_dir: str, outp
     setattr(module, name, fn)
   with staged_output(output, "a SavedModel", say, overwrite=overwrite) as staging:
     tf.saved_model.save(module, staging, signatures=signatures)
+    # Checked before loading (deploy.ExportRunner): a damaged file is one line naming it.
+    digests = saved_model_digests(staging)
     config_lib.dump_config(config, os.path.join(staging, "assets.extra", "config.yaml"))
     with tf.io.gfile.GFile(os.path.join(staging, "assets.extra", "export.json"), "w") as f:
       record = {"checkpoint": checkpoint, "step": step, "model_dir": model_dir,
-                "signatures": sorted(signatures), "weights": weights}
+                "signatures": sorted(signatures), "weights": weights, "sha256": digests}
       if outputs:
         record["outputs"] = outputs
       json.dump(record, f, indent=1)
@@ -145,6 +148,26 @@ def export_saved_model(config: config_lib.ExperimentConfig, model_dir: str, outp
   say(f"Exported checkpoint {checkpoint} (step {step}{what}) to {output} "
       f"(signatures: {', '.join(sorted(signatures))}).")
   return output
+
+
+def saved_model_digests(directory: str) -> Dict[str, str]:
+  """{path relative to `directory`: sha256} of a SavedModel's files (saved_model.pb,
+  variables/*, ...; not assets.extra/, which holds the record itself)."""
+  digests = {}
+  for folder, _, names in tf.io.gfile.walk(directory):
+    for name in names:
+      path = os.path.join(folder, name)
+      relative = os.path.relpath(path, directory) if "://" not in path else path[
+          len(directory):].lstrip("/")
+      if relative.startswith("assets.extra/") or not tf.io.gfile.exists(path) or (
+          tf.io.gfile.isdir(path)):  # ram:// lists names that are not there (see _files).
+        continue
+      digest = hashlib.sha256()
+      with tf.io.gfile.GFile(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+          digest.update(block)
+      digests[relative] = digest.hexdigest()
+  return dict(sorted(digests.items()))
 
 
 def refuse_existing_output(output: str, overwrite: bool, api: str = "") -> None:

@@ -262,12 +262,14 @@ def tiny(tmp_path_factory):
   config = _experiment(tmp, "tiny", data, data)
   model_dir, exported = tmp / "run", tmp / "exported"
   common = ["--import", "tiny_image_model", "--model-dir", model_dir]
+  lite = tmp / "lite"
   done = run_batch(tmp, [["train", config, *common],
-                         ["export", config, *common, "--output", exported]])
+                         ["export", config, *common, "--output", exported],
+                         ["export", config, *common, "--output", lite, "--format", "litert"]])
   for result in done:
     assert result["code"] in (0, None), result
   return {"tmp": tmp, "config": config, "model_dir": model_dir, "exported": exported,
-          "common": common}
+          "lite": lite, "common": common}
 
 
 def _cli_command(argv):
@@ -302,3 +304,84 @@ def test_of_two_exports_to_one_output_exactly_one_lands_and_the_other_says_so(ti
   with open(output / "assets.extra" / "export.json") as f:
     assert json.load(f)["step"] == 4
   assert sorted(os.listdir(tmp_path)) == ["out"]
+
+
+# Row 41: evaluate-export of custom, damaged, mismatched and misleading exports (finding 5).
+
+
+def _copy_export(source, target, edit_record=None):
+  shutil.copytree(source, target)
+  record = next(p for p in (target / "export.json", target / "assets.extra" / "export.json")
+                if p.exists())
+  if edit_record:
+    data = json.loads(record.read_text())
+    edit_record(data)
+    record.write_text(json.dumps(data))
+  return target
+
+
+def test_evaluate_export_scores_custom_models_and_refuses_damaged_or_mismatched_ones(tiny,
+                                                                                     tmp_path):
+  """Before: no --import (a user's registered model could not be scored); a truncated
+  saved_model.pb or flipped variables byte, and a --set num_classes the export does not
+  have, were tracebacks; an export.json naming `../model.tflite` was followed out of the
+  export; `export --format saved_model --min-agreement` was silently ignored."""
+  exported, lite = tiny["exported"], tiny["lite"]
+  truncated = _copy_export(exported, tmp_path / "truncated")
+  os.truncate(truncated / "saved_model.pb", os.path.getsize(truncated / "saved_model.pb") // 2)
+  flipped = _copy_export(exported, tmp_path / "flipped")
+  data = flipped / "variables" / "variables.data-00000-of-00001"
+  damaged = bytearray(data.read_bytes())
+  damaged[len(damaged) // 2] ^= 0xFF
+  data.write_bytes(bytes(damaged))
+  # An export written before the digests were recorded: the loader's refusal, one line.
+  older = _copy_export(truncated, tmp_path / "older", lambda r: r.pop("sha256"))
+  # export.json leading out of the export, to a model that is there and would load.
+  shutil.copy(lite / "model.tflite", tmp_path / "model.tflite")
+  outside = _copy_export(lite, tmp_path / "outside",
+                         lambda r: r.update(file="../model.tflite", sha256={}))
+  other = tmp_path / "other.yaml"
+  other.write_text(tiny["config"].read_text().replace("image_size: 16", "image_size: 32"))
+  evaluate = lambda path, *more: ["evaluate-export", path, "--split", "eval", *more]
+  custom = ["--import", "tiny_image_model"]
+  names = ["no_import", "custom", "truncated", "flipped", "older", "num_classes", "config",
+           "outside", "min_agreement"]
+  results = dict(zip(names, run_batch(tmp_path, [
+      evaluate(exported),
+      evaluate(exported, *custom),
+      evaluate(truncated, *custom),
+      evaluate(flipped, *custom),
+      evaluate(older, *custom),
+      evaluate(exported, *custom, "--set", "task.model.num_classes=10"),
+      evaluate(exported, *custom, "--config", other),
+      evaluate(outside, *custom),
+      ["export", tiny["config"], *tiny["common"], "--output", tmp_path / "refused",
+       "--min-agreement", "0.9"],
+  ])))
+  assert "Unknown model 'reliability_tiny_cnn'" in error_line(results["no_import"])
+  assert results["custom"]["code"] == 0, results["custom"]
+  assert "eval through TensorFlow" in results["custom"]["stdout"]
+  for name in names[2:]:
+    assert results[name]["code"] == 2, (name, results[name])
+  assert error_line(results["truncated"]) == (
+      f"tpu-models evaluate-export: error: {truncated / 'saved_model.pb'} is damaged: its "
+      f"sha256 is not the one export.json recorded when it was written "
+      f"({os.path.getsize(truncated / 'saved_model.pb')} bytes now); export it again "
+      f"(tpu-models export ... --overwrite).")
+  assert error_line(results["flipped"]).startswith(
+      f"tpu-models evaluate-export: error: {data} is damaged: its sha256 is not the one")
+  assert error_line(results["older"]).startswith(
+      f"tpu-models evaluate-export: error: {older / 'saved_model.pb'} is not readable as part "
+      f"of a SavedModel (")
+  line = error_line(results["num_classes"])
+  assert "task.model.num_classes = 10 here, 4 in the export" in line, line
+  assert str(exported / "assets.extra" / "config.yaml") in line
+  assert "task.image_size = 32 here, 16 in the export" in error_line(results["config"])
+  line = error_line(results["outside"])
+  assert line.startswith(f"tpu-models evaluate-export: error: {outside}: export.json names the "
+                         f"LiteRT file '../model.tflite', which is outside the export's "
+                         f"folder; refused"), line
+  line = error_line(results["min_agreement"])
+  assert line.startswith("tpu-models export: error: --min-agreement 0.9 applies to litert, "
+                         "litert-int8 and onnx exports"), line
+  assert not (tmp_path / "refused").exists()
