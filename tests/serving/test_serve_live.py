@@ -1,14 +1,16 @@
-"""Versions swapped live under load: `tpu-models export --to MODEL_BASE` lands version 2 while
+"""The loop of docs/serving.md with real processes: a sweep's best trial exported by
+`tpu-models sweep --export-best --to MODEL_BASE` is version 1 of a running `tpu-models
+serve`; then `tpu-models export --to MODEL_BASE` lands version 2 while
 a client sends requests without pause (none fails, the answers switch to version 2 within
 a few poll intervals); a damaged version 3 is refused in one line and 2 keeps serving;
 serving.yaml's labels and default roll back. One shared server (a child process)."""
 
 import importlib.util
-import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -19,7 +21,8 @@ import tensorflow as tf
 import yaml
 
 import tiny_exports
-from serve_process import HERE, REPO, serve, wait_for
+from serve_process import HERE, REPO, kill_processes_naming, serve, wait_for
+from tpu_models.serving import repository
 
 pytestmark = pytest.mark.skipif(
     not all(importlib.util.find_spec(name) for name in ("ray", "starlette", "prometheus_client")),
@@ -31,11 +34,25 @@ POLL = 0.5
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-  """(Server, root, MODEL_BASE) serving version 1 of the tiny classifier (4 steps)."""
+  """(Server, root, MODEL_BASE) serving version 1: the best trial of a one-trial sweep of the
+  tiny classifier, written by `tpu-models sweep --export-best --to MODEL_BASE`."""
   root = str(tmp_path_factory.mktemp("live"))
-  config, model_dir = tiny_exports.train_classifier(root, 4)
+  sweep_file = tiny_exports.write_sweep(root, 4)
   base = os.path.join(root, "base")
-  assert tiny_exports.publish_saved_model(config, model_dir, base) == 1
+  ray_tmp = tempfile.mkdtemp(prefix="rw", dir="/tmp")  # The sweep's own Ray (short paths).
+  try:
+    done = subprocess.run(
+        [sys.executable, "-m", "tpu_models.cli", "sweep", sweep_file, "--export-best",
+         "--to", base], cwd=HERE, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([HERE, REPO]), "RAY_TMPDIR": ray_tmp,
+             "TF_CPP_MIN_LOG_LEVEL": "3"})
+  finally:
+    kill_processes_naming(ray_tmp)
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+  assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+  assert f"Version 1 of {base} is in place" in done.stdout
+  record = repository.read_record(os.path.join(base, "1"))
+  assert record["sweep"]["metric"] == "top1" and record["sweep"]["trial"]
   with serve(base, "--name", NAME, "--poll-seconds", str(POLL)) as server:
     yield server, root, base
 
@@ -65,8 +82,8 @@ def _which(logits, references):
 
 def test_a_new_version_lands_while_a_client_sends_without_pause(live):
   server, root, base = live
-  # Version 2: the same run trained further, exported by the CLI as a real user would.
-  config, _ = tiny_exports.train_classifier(root, 12)
+  # Version 2: a run trained longer, exported by the CLI as a user would.
+  tiny_exports.train_classifier(root, 12)
   config_path = os.path.join(root, "config_12.yaml")
   answers, stop = [], threading.Event()
 

@@ -2,7 +2,6 @@
 SavedModel written as numbered versions of a MODEL_BASE, and helpers for the pictures
 the tests send."""
 
-import io
 import os
 
 import keras
@@ -72,10 +71,15 @@ def _records(path: str, count: int, seed: int) -> str:
 
 
 def classifier_config(root: str, steps: int) -> config_lib.ExperimentConfig:
+  return config_lib.experiment_from_dict(classifier_dict(root, steps), [])
+
+
+def classifier_dict(root: str, steps: int) -> dict:
+  """The tiny classifier's experiment as a dict (its records written under `root`)."""
   train = os.path.join(root, "train.tfrecord")
   if not os.path.exists(train):
     _records(train, 16, 0)
-  config = {
+  return {
       "task": {"name": "classification",
                "model": {"name": "serving_tiny_cnn", "num_classes": CLASSES},
                "image_size": IMAGE_SIZE, "augment": "none", "flip": False,
@@ -85,7 +89,21 @@ def classifier_config(root: str, steps: int) -> config_lib.ExperimentConfig:
                   "optimizer": {"name": "sgd"},
                   "schedule": {"name": "constant", "base_lr": 0.5}, "tensorboard": False},
       "runtime": {"strategy": "cpu"}}
-  return config_lib.experiment_from_dict(config, [])
+
+
+def write_sweep(root: str, steps: int) -> str:
+  """A one-trial sweep of the tiny classifier (validation top-1 at its last step)."""
+  experiment = classifier_dict(root, steps)
+  experiment["trainer"]["eval_every"] = steps
+  experiment["sweep"] = {
+      "directory": os.path.join(root, "sweep"), "trials": 1, "concurrency": 1,
+      "resources": {"cpu": 1}, "metric": "top1",
+      "space": {"trainer.schedule.base_lr": {"grid": [0.5]}},
+      "scheduler": {"name": "none"}, "imports": ["tiny_exports"]}
+  path = os.path.join(root, "sweep.yaml")
+  with open(path, "w") as f:
+    yaml.safe_dump(experiment, f)
+  return path
 
 
 def train_classifier(root: str, steps: int) -> tuple:
@@ -106,12 +124,3 @@ def publish_saved_model(config, model_dir: str, model_base: str) -> int:
       model_base, lambda output: export.export_saved_model(config, model_dir, output))
   return version
 
-
-def read_yaml(path: str) -> dict:
-  with open(path) as f:
-    return yaml.safe_load(f)
-
-
-def png_bytes_of(pixels: np.ndarray) -> bytes:
-  buffer = io.BytesIO(png(pixels))
-  return buffer.getvalue()
