@@ -101,6 +101,29 @@ def test_largest_int64_and_zero_non_sizes_are_accepted():
   assert config.trainer.train_steps == 2 ** 63 - 1
 
 
+def test_bounds_declared_with_a_setting_replace_the_size_rule():
+  """`Annotated[float, Bounds(...)]` on a dataclass field or a builder argument: its range is
+  checked and named, and a size-like name whose 0 means "none" (min_size) may be 0."""
+  import dataclasses
+  from typing import Annotated
+  from tpu_models.config import Bounds
+
+  @dataclasses.dataclass
+  class Settings:
+    threshold: Annotated[float, Bounds(0, 1, low_open=True, high_open=True)] = 0.5
+    min_size: Annotated[float, Bounds(low=0)] = 0.0
+    max_size: float = 1.0  # No declared bound: the size rule.
+
+  assert config_lib.from_dict(Settings, {"min_size": 0, "threshold": 0.25}, "s") == Settings(
+      threshold=0.25, min_size=0.0)
+  for data, message in [({"threshold": 1}, "'s.threshold' must be in (0, 1); got 1.0."),
+                        ({"threshold": 0}, "'s.threshold' must be in (0, 1); got 0.0."),
+                        ({"min_size": -1}, "'s.min_size' must be >= 0; got -1.0."),
+                        ({"max_size": 0}, "'s.max_size' is a size and must be > 0; got 0.0.")]:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+      config_lib.from_dict(Settings, data, "s")
+
+
 def test_base_cycles_and_lists_are_one_line_errors(tmp_path):
   (tmp_path / "self.yaml").write_text("base: self.yaml\n")
   with pytest.raises(ConfigError, match=r"self.yaml makes a cycle: .*self.yaml -> .*self.yaml\."):

@@ -385,3 +385,34 @@ def test_evaluate_export_scores_custom_models_and_refuses_damaged_or_mismatched_
   assert line.startswith("tpu-models export: error: --min-agreement 0.9 applies to litert, "
                          "litert-int8 and onnx exports"), line
   assert not (tmp_path / "refused").exists()
+
+
+# Row 42: Mask R-CNN settings accepted and then wrong, or refused though meaningful (finding 6).
+
+MASKRCNN = os.path.join(REPO, "official", "maskrcnn", "pasted_objects_maskrcnn.yaml")
+
+
+def test_mask_threshold_is_range_checked_and_zero_minimum_sizes_are_accepted(tmp_path):
+  """Before: task.mask_threshold 0, -1 or 2 was accepted (masks covering the whole photo, or
+  none); rpn_min_size=0 / detection_min_size=0, the meaningful "no minimum", were refused by
+  the size-name rule. One child loads each config as `tpu-models config` does."""
+  config = lambda *sets: ["config", MASKRCNN] + [a for s in sets for a in ("--set", s)]
+  names = ["zero", "negative", "two", "one", "zero_sizes", "negative_size"]
+  results = dict(zip(names, run_batch(tmp_path, [
+      config("task.mask_threshold=0"), config("task.mask_threshold=-1"),
+      config("task.mask_threshold=2"), config("task.mask_threshold=1"),
+      config("task.model.rpn_min_size=0", "task.model.detection_min_size=0",
+             "task.mask_threshold=0.3"),
+      config("task.model.detection_min_size=-2")])))
+  for name, got in [("zero", "0.0"), ("negative", "-1.0"), ("two", "2.0"), ("one", "1.0")]:
+    assert results[name]["code"] == 2, results[name]
+    assert error_line(results[name]) == (f"tpu-models config: error: Config key "
+                                         f"'task.mask_threshold' must be in (0, 1); got {got}.")
+  accepted = results["zero_sizes"]
+  assert accepted["code"] in (0, None) and not accepted["traceback"], accepted
+  dumped = accepted["stdout"]
+  assert "rpn_min_size: 0.0" in dumped and "detection_min_size: 0.0" in dumped
+  assert "mask_threshold: 0.3" in dumped
+  assert error_line(results["negative_size"]) == (
+      "tpu-models config: error: Config key 'task.model.detection_min_size' must be >= 0; "
+      "got -2.0.")

@@ -67,12 +67,13 @@ roi_aligned False and roi_sampling_ratio 1 (model_garden.py maps its config).
 
 import dataclasses
 import inspect
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Annotated, Any, Dict, List, Optional, Tuple, Union
 
 import keras
 import tensorflow as tf
 
 from tpu_models.builders import preset
+from tpu_models.config import Bounds
 from tpu_models.errors import ConfigError
 from tpu_models.registry import register_model
 from tpu_models.vision.detection import anchors as anchor_ops
@@ -534,10 +535,10 @@ def maskrcnn(*,
              backbone_frozen_bn: bool = False,
              backbone_pointwise_matmul: Optional[bool] = None,
              rpn_per_level: bool = False,
-             rpn_min_size: float = 0.0,
+             rpn_min_size: Annotated[float, Bounds(low=0)] = 0.0,  # 0: no minimum.
              roi_aligned: bool = True,
              roi_level_epsilon: float = 0.0,
-             detection_min_size: float = 0.0,
+             detection_min_size: Annotated[float, Bounds(low=0)] = 0.0,
              roi_min_side: float = 0.0,
              backbone_project_first_shortcut: bool = False,
              head_batch_norm: bool = False,

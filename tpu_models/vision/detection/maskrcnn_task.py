@@ -43,13 +43,13 @@ graph (`masks.paste_masks_in_image`): "detection_masks" uint8 [B, D, H, W]
 """
 
 import dataclasses
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Annotated, Any, Dict, List, Mapping, Optional
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tpu_models.config import ModelConfig
+from tpu_models.config import Bounds, ModelConfig
 from tpu_models.data import pipeline
 from tpu_models.errors import ConfigError
 from tpu_models.registry import create_model, register_task
@@ -99,8 +99,9 @@ class MaskRCNNConfig(DetectionConfig):
   roi_class_weight: float = 1.0
   roi_box_weight: float = 1.0
   mask_weight: float = 1.0
-  # Pasted masks are thresholded at this probability for mask AP.
-  mask_threshold: float = 0.5
+  # Pasted masks are thresholded at this probability for mask AP (0 or 1 and beyond would
+  # give masks covering the whole photo or none).
+  mask_threshold: Annotated[float, Bounds(0, 1, low_open=True, high_open=True)] = 0.5
 
 
 def _per_image(sums: tf.Tensor, counts: tf.Tensor) -> tf.Tensor:
