@@ -250,7 +250,8 @@ class ModelServer:
     self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="model")
     for host in self._hosts.values():
       host.poll()  # The first versions load before the replica takes requests.
-    say(f"replica {replica} ready: {len(self._hosts)} model(s), TensorFlow threads "
+    say(f"replica {replica} ready on Ray node {_node_id()}: {len(self._hosts)} model(s), "
+        f"TensorFlow threads "
         f"{self._threads}, batching {'up to ' + str(max_batch_size) if self._batching else 'off'}.")
     self._stop = threading.Event()
     self._poller = threading.Thread(target=self._poll_loop, args=(poll_seconds,), daemon=True,
@@ -356,7 +357,7 @@ class ModelServer:
       number = host.resolve(version, label).version
       states = [(number, *host.states.get(number, ("AVAILABLE", "")))]
     else:
-      states = [(v, state, error) for v, (state, error) in host.states.items()]
+      states = [(v, state, error) for v, (state, error) in list(host.states.items())]
     return JSONResponse(protocol_rest.status_response(states))
 
   async def _rest_metadata(self, request, name, version=None, label=None):
@@ -557,6 +558,11 @@ def _set_tensorflow_threads() -> int:
   except RuntimeError as e:  # TensorFlow ran something already in this worker.
     say(f"TensorFlow threads left as they were ({e}).")
   return threads
+
+
+def _node_id() -> str:
+  import ray  # pylint: disable=g-import-not-at-top
+  return ray.get_runtime_context().get_node_id()
 
 
 def _replica_name() -> str:
