@@ -260,7 +260,9 @@ def draw_masks(image: np.ndarray,
 
   Args:
     image: uint8 (or float 0..255) [H, W, 1|3|4]; drawn on as RGB.
-    masks: [D, H, W] binary (nonzero = inside), at the image's size.
+    masks: [D, H, W] binary (nonzero = inside), at the image's size; or a sequence of D
+      such [H, W] masks other than a list or tuple, read one at a time (`masks[i]`, only
+      for the instances drawn: each may be computed when read, e.g. pasted on the host).
     classes: int [D] labels 0..K-1 (negative = padding, skipped).
     scores: float [D]; instances below `min_score` are skipped.
     min_score: the lowest score drawn.
@@ -271,8 +273,9 @@ def draw_masks(image: np.ndarray,
     uint8 [H, W, 3].
   """
   canvas = _as_rgb_uint8(image).copy()
-  masks = np.asarray(masks).reshape(-1, *canvas.shape[:2]) if np.size(masks) else np.zeros(
-      [0, *canvas.shape[:2]], bool)
+  if isinstance(masks, (np.ndarray, list, tuple)):
+    masks = np.asarray(masks).reshape(-1, *canvas.shape[:2]) if np.size(masks) else np.zeros(
+        [0, *canvas.shape[:2]], bool)
   classes = np.asarray(classes).reshape(-1)
   scores = np.asarray(scores).reshape(-1)
   if not 0.0 <= alpha <= 1.0:
@@ -284,13 +287,19 @@ def draw_masks(image: np.ndarray,
   for i in np.argsort(scores, kind="stable"):
     if classes[i] < 0 or scores[i] < min_score:
       continue
-    inside = masks[i] > 0
-    if not inside.any():
+    inside = np.asarray(masks[i]) > 0
+    rows, columns = np.flatnonzero(inside.any(axis=1)), np.flatnonzero(inside.any(axis=0))
+    if not len(rows):
       continue
+    # The mask's bounding window and one pixel around it (outside the mask, as the image's
+    # border is for `_edges`): the same drawing, at a fraction of a large photo's cost.
+    window = (slice(max(rows[0] - 1, 0), rows[-1] + 2),
+              slice(max(columns[0] - 1, 0), columns[-1] + 2))
+    inside, region = inside[window], canvas[window]  # A view: drawn into the canvas.
     color = np.array(class_color(int(classes[i])), np.float32)
-    blended = (1.0 - alpha) * canvas[inside].astype(np.float32) + alpha * color
-    canvas[inside] = np.clip(np.round(blended), 0, 255).astype(np.uint8)
-    canvas[_edges(inside, scale)] = color.astype(np.uint8)
+    blended = (1.0 - alpha) * region[inside].astype(np.float32) + alpha * color
+    region[inside] = np.clip(np.round(blended), 0, 255).astype(np.uint8)
+    region[_edges(inside, scale)] = color.astype(np.uint8)
   return canvas
 
 

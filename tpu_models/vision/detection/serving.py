@@ -101,7 +101,12 @@ class DetectorServing(Servable, FilePredictor, Deployable):
 
   def _detect_pixels_fn(self, model: keras.Model):
     """uint8 [H, W, 3] -> {"boxes" [D, 4] in its pixels, "scores" [D], "classes" [D],
-    "num_detections" [], + `instance_outputs` at [H, W] (e.g. "detection_masks")}."""
+    "num_detections" [], + "masks" [D, m, m] over each box for a segmenter}.
+
+    The masks stay box-relative: `predict` pastes each over the image on the host when it
+    needs it (`_HostPastedMasks`). Pasting all D in the graph took D image-sized float32
+    planes: 5.1 GB for the 8 detections of a legal 8000x8000 PNG (issue 48).
+    """
 
     @tf.function(input_signature=[tf.TensorSpec([None, None, 3], tf.uint8)], autograph=False)
     def detect(pixels):
@@ -110,7 +115,8 @@ class DetectorServing(Servable, FilePredictor, Deployable):
       result = {"boxes": detection_data.to_original_pixels(found["boxes"], info[None]),
                 "scores": found["scores"], "classes": found["classes"],
                 "num_detections": found["num_detections"]}
-      result.update(self.instance_outputs(found, info[None], tf.unstack(tf.shape(pixels)[:2])))
+      if "masks" in found:
+        result["masks"] = found["masks"]
       return {key: value[0] for key, value in result.items()}
 
     return detect
@@ -172,9 +178,11 @@ class DetectorServing(Servable, FilePredictor, Deployable):
       found = {key: value.numpy() for key, value in detect(pixels).items()}
       count = int(found["num_detections"])
       boxes, scores, classes = (found[key][:count] for key in ("boxes", "scores", "classes"))
-      masks = found["detection_masks"][:count] if "detection_masks" in found else None
       picture = pixels.numpy()
-      if masks is not None:
+      masks = None
+      if "masks" in found:
+        masks = _HostPastedMasks(found["masks"][:count], boxes, *picture.shape[:2],
+                                 threshold=getattr(self.config, "mask_threshold", 0.5))
         picture = draw.draw_masks(picture, masks, classes, scores, min_score=min_score)
       picture = draw.draw_detections(picture, boxes, classes, scores, names,
                                      min_score=min_score)
@@ -545,6 +553,24 @@ def _iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
   inter = np.prod(np.clip(bottom_right - top_left, 0, None), axis=-1)
   area = lambda b: np.prod(np.clip(b[..., 2:] - b[..., :2], 0, None), axis=-1)
   return inter / np.maximum(area(box) + area(boxes) - inter, 1e-9)
+
+
+class _HostPastedMasks:
+  """The image-sized binary masks of `predict`'s detections, each pasted when it is read
+  (`masks[i]`: uint8 [H, W]) with the host's `masks.paste_masks`, which gives the
+  graph's values and visits only the box's pixels: one image-sized plane at a time."""
+
+  def __init__(self, masks: np.ndarray, boxes: np.ndarray, height: int, width: int,
+               threshold: float):
+    self._masks, self._boxes = masks, boxes
+    self._height, self._width, self._threshold = int(height), int(width), float(threshold)
+
+  def __len__(self) -> int:
+    return len(self._masks)
+
+  def __getitem__(self, i: int) -> np.ndarray:
+    return mask_ops.paste_masks(self._masks[i:i + 1], self._boxes[i:i + 1], self._height,
+                                self._width, threshold=self._threshold)[0]
 
 
 def _write_detections_json(path: str, image_path: str, image_hw, boxes, classes, scores,
