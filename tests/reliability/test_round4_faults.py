@@ -471,3 +471,55 @@ def test_mask_rcnn_predict_on_an_8000_pixel_png_pastes_one_mask_at_a_time(tmp_pa
   peak = float(done.stderr.split("VMHWM_MB ")[1].split()[0])
   # TensorFlow and the model alone: ~0.75 GB; the image itself is 192 MB as RGB.
   assert peak < 2500, peak
+
+
+# Row 44: a gzip-bomb idx file (finding 8), the peak measured.
+
+
+def _gzip_bomb_idx(path, header, inflated_mb):
+  """An idx .gz whose header is `header` (big-endian u32s) followed by `inflated_mb` MB of
+  zeros: gzip members of 64 MB of zeros, concatenated (gzip reads them as one stream)."""
+  import gzip
+  import struct
+  zeros = gzip.compress(b"\0" * (64 << 20), 9)
+  with open(path, "wb") as f:
+    f.write(gzip.compress(struct.pack(f">{len(header)}I", *header)))
+    for _ in range(inflated_mb // 64):
+      f.write(zeros)
+
+
+def test_a_gzip_bomb_idx_file_is_refused_after_reading_only_what_its_header_announces(
+    tmp_path):
+  """Before: the right one-line error, but only after inflating all of it: 4.8 GB peak for a
+  2 MB file that inflates to 2 GiB (here too, measured on the same file before the fix),
+  and labels.txt left in the output folder. Now the header is checked and exactly the
+  announced bytes (plus one) are streamed."""
+  import gzip
+  from tpu_models.errors import DataError
+  from tpu_models.vision.classification import fashion_mnist
+  data = tmp_path / "fashion"
+  data.mkdir()
+  _gzip_bomb_idx(data / "train-images-idx3-ubyte.gz", [2051, 60000, 28, 28], 2048)
+  assert os.path.getsize(data / "train-images-idx3-ubyte.gz") < 3 << 20
+  for name in ("train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
+               "t10k-labels-idx1-ubyte.gz"):  # Never read: the first file is refused.
+    (data / name).write_bytes(gzip.compress(b"unused"))
+  out = tmp_path / "out"
+  _, env = train_command("unused")
+  done = subprocess.run([sys.executable, "-c", PEAK, "convert", "fashion-mnist", str(out),
+                         "--path", str(data)],
+                        env=env, cwd=HERE, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 2, done.stderr[-3000:]
+  assert _error_line(done) == (
+      f"tpu-models convert: error: {data / 'train-images-idx3-ubyte.gz'} inflates to more "
+      f"than the 47040016 bytes its header announces (60000 items); read no further (a gzip "
+      f"bomb, or not this split's file). Re-download it from "
+      f"{fashion_mnist.FASHION_MNIST_URL}.")
+  assert not out.exists()  # Refused before anything was written.
+  peak = float(done.stderr.split("VMHWM_MB ")[1].split()[0])
+  assert peak < 1500, peak  # TensorFlow ~0.75 GB, the split's 47 MB; inflating all: 4.8 GB.
+  # A header announcing another count is refused before any data is inflated.
+  _gzip_bomb_idx(data / "t10k-images-idx3-ubyte.gz", [2051, 2 ** 31, 28, 28], 64)
+  with pytest.raises(DataError, match=r"header announces 2147483648 items; this split has "
+                                       r"10000\. Re-download"):
+    fashion_mnist._read_idx(str(data / "t10k-images-idx3-ubyte.gz"), 2051, (28, 28), 10000)

@@ -327,11 +327,13 @@ def convert_fashion_mnist(output_dir: str,
     if not 0 < validation_size < sources.FASHION_MNIST_SIZES["train"]:
       raise ValueError(f"validation_size must be in 1..59999, got {validation_size}.")
     splits["validation"] = f"train[{-validation_size}:]"
+  # Every split is read (and its files checked) before anything is written: a damaged
+  # file is refused with no output folder left behind.
+  arrays = {name: sources.load_fashion_mnist(split, path) for name, split in splits.items()}
   labels_file = os.path.join(output_dir, LABELS_FILE)
   _write_labels(labels_file, sources.FASHION_MNIST_CLASSES)
   result = {"counts": {}, "labels_file": labels_file}
-  for name, split in splits.items():
-    images, labels = sources.load_fashion_mnist(split, path)
+  for name, (images, labels) in arrays.items():
     result[name] = write_image_arrays(images, labels, os.path.join(output_dir, name),
                                       num_shards=num_shards,
                                       class_names=sources.FASHION_MNIST_CLASSES)

@@ -89,43 +89,65 @@ def find_fashion_mnist(path: str = "") -> str:
       f"into ${DATA_ENV}/fashion-mnist (or the directory given as data.path).")
 
 
-def _read_idx(filename: str, magic: int, item_shape: Tuple[int, ...]) -> np.ndarray:
-  """One idx file as uint8 [count, *item_shape], with its header checked."""
+def _read_idx(filename: str, magic: int, item_shape: Tuple[int, ...],
+              count: int) -> np.ndarray:
+  """One idx file as uint8 [count, *item_shape], with its header checked.
+
+  The header is read and checked first (magic, item shape, and the item count the split
+  must have), then exactly the bytes it announces are decompressed, streamed, plus one
+  to tell a longer file: a gzip bomb (2 MB that inflate to 2 GiB) costs the split's own
+  size, never what the file would inflate to.
+  """
+  ndim = 1 + len(item_shape)
+  header_size = 4 * (1 + ndim)
   try:
     with gzip.open(filename, "rb") as f:
-      data = f.read()
+      head = f.read(header_size)
+      if len(head) < header_size:
+        raise DataError(f"{filename} is too short ({len(head)} bytes) to be an idx file.")
+      header = np.frombuffer(head, ">u4", count=1 + ndim)
+      if int(header[0]) != magic:
+        raise DataError(f"{filename} has idx magic number {int(header[0])}, expected {magic}; "
+                        f"is it the right file?")
+      announced, dims = int(header[1]), tuple(int(d) for d in header[2:])
+      if dims != item_shape:
+        raise DataError(f"{filename} holds items of shape {dims}, expected {item_shape}.")
+      if announced != count:
+        raise DataError(f"{filename}'s header announces {announced} items; this split has "
+                        f"{count}. Re-download it from {FASHION_MNIST_URL}.")
+      size = count * int(np.prod(item_shape, dtype=np.int64))
+      data = _read_exactly(f, size + 1)  # One byte more tells a longer file.
   except (OSError, EOFError, zlib.error) as e:
     raise DataError(f"{filename} is not a readable gzip file (truncated or corrupt? "
                      f"re-download or reinstall it): {e}") from None
-  ndim = 1 + len(item_shape)
-  header_size = 4 * (1 + ndim)
-  if len(data) < header_size:
-    raise DataError(f"{filename} is too short ({len(data)} bytes) to be an idx file.")
-  header = np.frombuffer(data, ">u4", count=1 + ndim)
-  if int(header[0]) != magic:
-    raise DataError(f"{filename} has idx magic number {int(header[0])}, expected {magic}; "
-                     f"is it the right file?")
-  count, dims = int(header[1]), tuple(int(d) for d in header[2:])
-  if dims != item_shape:
-    raise DataError(f"{filename} holds items of shape {dims}, expected {item_shape}.")
-  expected = header_size + count * int(np.prod(item_shape, dtype=np.int64))
-  if len(data) != expected:
-    raise DataError(f"{filename} holds {len(data)} bytes but its header announces {count} "
-                     f"items ({expected} bytes): the file is truncated or corrupt.")
-  return np.frombuffer(data, np.uint8, offset=header_size).reshape((count,) + item_shape)
+  if len(data) > size:
+    raise DataError(f"{filename} inflates to more than the {header_size + size} bytes its "
+                    f"header announces ({count} items); read no further (a gzip bomb, or not "
+                    f"this split's file). Re-download it from {FASHION_MNIST_URL}.")
+  if len(data) < size:
+    raise DataError(f"{filename} holds {header_size + len(data)} bytes but its header "
+                    f"announces {count} items ({header_size + size} bytes): the file is "
+                    f"truncated or corrupt.")
+  return np.frombuffer(data, np.uint8).reshape((count,) + item_shape)
+
+
+def _read_exactly(f, limit: int) -> bytes:
+  """Up to `limit` decompressed bytes of `f`, read in blocks (never more than `limit`)."""
+  buffer = bytearray()
+  while len(buffer) < limit:
+    block = f.read(min(limit - len(buffer), 1 << 22))
+    if not block:
+      break
+    buffer += block
+  return bytes(buffer)
 
 
 @functools.lru_cache(maxsize=4)
 def _load_split(directory: str, split: str) -> Tuple[np.ndarray, np.ndarray]:
   images_file, labels_file = (os.path.join(directory, n) for n in _FILES[split])
-  images = _read_idx(images_file, _IMAGES_MAGIC, (28, 28))
-  labels = _read_idx(labels_file, _LABELS_MAGIC, ())
-  if len(images) != len(labels):
-    raise DataError(f"{images_file} holds {len(images)} images but {labels_file} holds "
-                     f"{len(labels)} labels.")
-  if len(images) != FASHION_MNIST_SIZES[split]:
-    raise DataError(f"{images_file} holds {len(images)} images; Fashion-MNIST {split} has "
-                     f"{FASHION_MNIST_SIZES[split]}. Re-download it from {FASHION_MNIST_URL}.")
+  # Each file's header must announce the split's size (checked before its data is read).
+  images = _read_idx(images_file, _IMAGES_MAGIC, (28, 28), FASHION_MNIST_SIZES[split])
+  labels = _read_idx(labels_file, _LABELS_MAGIC, (), FASHION_MNIST_SIZES[split])
   if labels.max() > 9:
     raise DataError(f"{labels_file} holds label {labels.max()}; Fashion-MNIST labels are 0..9.")
   images = images[..., None]
