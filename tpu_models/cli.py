@@ -377,7 +377,9 @@ def _train(args) -> int:
       print(f"final eval: {_summary(metrics)}", flush=True)
       if getattr(config.task, "test_data", None) is not None:
         # The held-out test split, once, after training: never used to pick anything.
-        print(f"final test: {_summary(trainer.evaluate_and_report('test'))}", flush=True)
+        test = (trainer.finished_rows or {}).get("test")  # A finished run: its own row.
+        print(f"final test: {_summary(test or trainer.evaluate_and_report('test'))}",
+              flush=True)
   except Preempted as e:  # SIGTERM (143) or Ctrl-C (130): a checkpoint was saved.
     write_unless_unread(sys.stderr, f"{e}\n")  # The exit code says it if nobody reads stderr.
     return e.exit_code

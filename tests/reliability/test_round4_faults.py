@@ -523,3 +523,44 @@ def test_a_gzip_bomb_idx_file_is_refused_after_reading_only_what_its_header_anno
   with pytest.raises(DataError, match=r"header announces 2147483648 items; this split has "
                                        r"10000\. Re-download"):
     fashion_mnist._read_idx(str(data / "t10k-images-idx3-ubyte.gz"), 2051, (28, 28), 10000)
+
+
+# Row 45: re-running a finished run (finding: "minor").
+
+
+def test_re_running_a_finished_run_says_so_and_writes_nothing(tmp_path):
+  """Before: each re-run appended a resume row and a second final evaluation (and test) to
+  metrics.jsonl. The toy task (eval) and a tiny classifier with a test split, each trained
+  and then run again, in one child."""
+  toy = ["train", os.path.join(TESTS, "toy.yaml"), "--import", "toy_task", "--model-dir",
+         tmp_path / "toy", "--mode", "train_and_evaluate", "--set", "trainer.train_steps=20",
+         "--set", "trainer.eval_every=10"]
+  data = _write(tmp_path / "data-0", 8, np.random.default_rng(0))
+  config = _experiment(tmp_path, "tested", data, data,
+                       test_data={"path": data, "global_batch_size": 4})
+  tiny = ["train", config, "--import", "tiny_image_model", "--model-dir", tmp_path / "tiny"]
+  names = ["toy", "toy_again", "toy_train_only", "tiny", "tiny_again"]
+  results = dict(zip(names, run_batch(tmp_path, [toy, toy, toy[:-6] + ["--mode", "train"] +
+                                                 toy[-4:], tiny, tiny])))
+  for name, result in results.items():
+    assert result["code"] in (0, None) and not result["traceback"], (name, result)
+  rows = lambda run: [(r["split"], r["step"]) for r in progress.read_metrics(str(run))]
+  assert rows(tmp_path / "toy") == [("train", 10), ("eval", 10), ("train", 20), ("eval", 20)]
+  assert rows(tmp_path / "tiny") == [("train", 2), ("train", 4), ("eval", 4), ("test", 4)]
+  for name, with_eval in [("toy_again", True), ("toy_train_only", False),
+                          ("tiny_again", True)]:
+    out = results[name]["stdout"]
+    run = tmp_path / name.split("_")[0]
+    assert (f"{run} is finished: ckpt-{20 if 'toy' in name else 4} is at step "
+            f"{20 if 'toy' in name else 4} of trainer.train_steps = "
+            f"{20 if 'toy' in name else 4}") in out, out
+    assert "Nothing was trained, evaluated or written." in out and "Resumed from" not in out
+    assert ("final eval: " in out) == with_eval, out
+  # The recorded figures are what the re-run prints.
+  first, again = results["tiny"]["stdout"], results["tiny_again"]["stdout"]
+  line = lambda out, what: [l for l in out.splitlines() if l.startswith(what)][0]
+  assert line(again, "final eval: ") == line(first, "final eval: ")
+  assert line(again, "final test: ") == line(first, "final test: ")
+  assert sorted(os.listdir(tmp_path / "tiny")) == sorted(
+      ["checkpoint", "ckpt-2.data-00000-of-00001", "ckpt-2.index",
+       "ckpt-4.data-00000-of-00001", "ckpt-4.index", "config.yaml", "metrics.jsonl"])

@@ -55,6 +55,7 @@ from tpu_models.training import host_memory
 from tpu_models.training import model_dir as model_dir_lib
 from tpu_models.training import optimizers as optimizers_lib
 from tpu_models.training import precision
+from tpu_models.training import progress as progress_lib
 from tpu_models.training import schedules
 from tpu_models.training.precision import precision_policy  # noqa: F401  (public here too)
 from tpu_models.training.progress import METRICS_FILE, Reporter, write_unless_unread
@@ -198,6 +199,8 @@ class Trainer:
     # Set when a save begins, not when it returns: a save that failed part-way (a full disk
     # after the checkpoint was recorded) may have left a complete checkpoint.
     self._save_begun = False
+    # {split: metrics} of the final rows of a run found already ended (`_finished`), else None.
+    self.finished_rows: Optional[Dict[str, Dict[str, float]]] = None
 
     self._train_loop_fn = None
     self._eval_step_fn = None
@@ -575,7 +578,43 @@ class Trainer:
     self._run(cfg.train_steps, evaluate_every=cfg.eval_every, final_eval=True)
     return self._last_eval
 
+  def _finished(self, target_step: int, final_eval: bool) -> Optional[Dict[str, float]]:
+    """The recorded metrics of a run that already ended here, else None (see `_run`).
+
+    Ended: resumed from a checkpoint at or past `target_step` and, when the run ends
+    with an evaluation, metrics.jsonl holds an eval row at that step (and a test row
+    with `task.test_data`): a run killed between its last checkpoint and those is not
+    ended, it evaluates. One
+    process only: the workers of a multi-worker job might not all read the same
+    metrics.jsonl, and must take the same path.
+    """
+    step = self.current_step
+    if not self._resume.path or step < target_step or len(self._workers) > 1:
+      return None
+    rows = {}
+    for split in ("train", "eval", "test"):
+      found = [r for r in progress_lib.read_metrics(self.model_dir, split) if r["step"] == step]
+      if found:
+        rows[split] = {k: v for k, v in found[-1].items() if k not in ("time", "split", "step")}
+    # `tpu-models train` ends with the test split when there is one: ended only if it ran.
+    needed = (["eval"] + (["test"] if getattr(self.config.task, "test_data", None) else [])
+              if final_eval else [])
+    if any(split not in rows for split in needed):
+      return None
+    self.finished_rows = rows
+    self._startup_lines = None  # Nothing resumes: say only that it is finished.
+    self._say(f"{self.model_dir} is finished: {os.path.basename(self._resume.path)} is at step "
+              f"{step} of trainer.train_steps = {self.config.trainer.train_steps}"
+              + (f" and metrics.jsonl holds its final evaluation" if final_eval else "")
+              + ". Nothing was trained, evaluated or written. Raise trainer.train_steps to "
+              f"train further, or run `tpu-models evaluate` to evaluate it again.")
+    return rows.get("eval", {}) if final_eval else rows.get("train", {})
+
   def _run(self, target_step: int, evaluate_every: int, final_eval: bool) -> Dict[str, float]:
+    finished = self._finished(target_step, final_eval)
+    if finished is not None:  # Re-running it would only append a second final evaluation.
+      self._last_eval = finished if final_eval else {}
+      return finished
     # A fresh run refused or failed before its first checkpoint leaves the model_dir as
     # it found it: what it wrote on starting (config.yaml, warm_start.json, ...) is removed.
     fresh = self.chief and not self._resume.path and not self._save_begun
