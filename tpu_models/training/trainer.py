@@ -584,9 +584,9 @@ class Trainer:
     Ended: resumed from a checkpoint at or past `target_step` and, when the run ends
     with an evaluation, metrics.jsonl holds an eval row at that step (and a test row
     with `task.test_data`): a run killed between its last checkpoint and those is not
-    ended, it evaluates. One
-    process only: the workers of a multi-worker job might not all read the same
-    metrics.jsonl, and must take the same path.
+    ended, it evaluates. The recorded rows go to `on_evaluation` as an evaluation's
+    would. One process only: the workers of a multi-worker job might not all read the
+    same metrics.jsonl, and must take the same path.
     """
     step = self.current_step
     if not self._resume.path or step < target_step or len(self._workers) > 1:
@@ -605,9 +605,12 @@ class Trainer:
     self._startup_lines = None  # Nothing resumes: say only that it is finished.
     self._say(f"{self.model_dir} is finished: {os.path.basename(self._resume.path)} is at step "
               f"{step} of trainer.train_steps = {self.config.trainer.train_steps}"
-              + (f" and metrics.jsonl holds its final evaluation" if final_eval else "")
+              + (" and metrics.jsonl holds its final evaluation" if final_eval else "")
               + ". Nothing was trained, evaluated or written. Raise trainer.train_steps to "
               f"train further, or run `tpu-models evaluate` to evaluate it again.")
+    if self.chief and self._on_evaluation is not None:
+      for split in needed:  # As when evaluated (a sweep reports the trial's last result).
+        self._on_evaluation(step, split, dict(rows[split]))
     return rows.get("eval", {}) if final_eval else rows.get("train", {})
 
   def _run(self, target_step: int, evaluate_every: int, final_eval: bool) -> Dict[str, float]:
