@@ -9,6 +9,7 @@ their model_dir's newest checkpoint. Tune retries a trial whose process died
 `sweep.max_failures` times (each retry resumes the same way), then marks it failed.
 """
 
+import contextlib
 import json
 import logging
 import os
@@ -153,8 +154,9 @@ def _init_ray(ray, address: Optional[str]) -> None:
       # Ray starts workers at niceness 15 so that its own daemons keep priority on a
       # dedicated node; on a shared machine that starves the trials, which are the work.
       os.environ.setdefault("RAY_worker_niceness", "0")
-      ray.init(num_cpus=os.cpu_count(), include_dashboard=False,
-               object_store_memory=LOCAL_OBJECT_STORE_BYTES, **common)
+      with _on_loopback():  # Reachable from this machine only (unlike --address).
+        ray.init(num_cpus=os.cpu_count(), include_dashboard=False,
+                 object_store_memory=LOCAL_OBJECT_STORE_BYTES, **common)
   except ConnectionError as e:
     raise ConfigError(f"--address {address}: no Ray cluster answers there ({e}). Start one "
                       f"with `ray start --head` (docs/sweeps.md) or leave --address out to run "
@@ -164,6 +166,25 @@ def _init_ray(ray, address: Optional[str]) -> None:
   # Tune's result table would read its own per-trial logs, which the sweep turns off: the
   # leaderboard reads the trials' metrics.jsonl instead.
   logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
+
+
+@contextlib.contextmanager
+def _on_loopback():
+  """A block in which `ray.init` starts a local Ray whose every server listens on 127.0.0.1.
+
+  Ray binds its servers (GCS, raylet, workers, agents) to the node's address, which it takes
+  to be the machine's network address on Linux even when given 127.0.0.1: anyone who can
+  reach the machine could then run code in it. Ray uses loopback where it deems clusters
+  unsupported (`ray_constants.ENABLE_RAY_CLUSTER`, read when it picks the address): that
+  flag is cleared for the start only (no environment variable: TensorFlow runs threads).
+  """
+  from ray._private import ray_constants
+  cluster = ray_constants.ENABLE_RAY_CLUSTER
+  ray_constants.ENABLE_RAY_CLUSTER = False
+  try:
+    yield
+  finally:
+    ray_constants.ENABLE_RAY_CLUSTER = cluster
 
 
 def _trainable(sweep: spec_lib.Sweep):
