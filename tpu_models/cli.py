@@ -521,7 +521,11 @@ def _sweep(args) -> int:
     from tpu_models.sweep import best
     best.export_best(sweep.directory, args.export_format, output=args.output, to=args.to,
                      overwrite=args.overwrite, say=lambda line: print(line, flush=True))
-  return 0 if ended or args.report else 1
+  if not ended and not args.report:  # Every trial failed: the sweep did not do its job.
+    print("tpu-models sweep: error: no trial of the sweep ended (each failed: their errors are "
+          "listed above); fix the cause and run the same command again.", file=sys.stderr)
+    return 1
+  return 0
 
 
 def _sweep_report(directory: str) -> int:

@@ -6,7 +6,8 @@ import os
 
 import psutil
 
-from sweep_helpers import (TOY_SWEEP, ray_sandbox, start_sweep, trial_records, wait_for)
+from sweep_helpers import (TOY_SWEEP, ray_sandbox, run_sweep, start_sweep, trial_records,
+                           wait_for)
 
 
 def _sandbox_processes(ray_tmp: str):
@@ -63,3 +64,32 @@ def test_a_local_sweep_listens_on_loopback_only(tmp_path):
   assert any("gcs_server" in n for n in names) and any("raylet" in n for n in names), sockets
   exposed = sorted((name, address) for name, address in sockets if not _loopback(address))
   assert not exposed, exposed
+
+
+def test_a_value_only_the_model_builder_refuses_is_caught_before_ray_and_all_failed_exits_1(
+    tmp_path):
+  """Before: `hidden: -4` passed the sweep's checks (no size rule covers the name), every
+  trial of it failed in its builder, and the sweep exited 0. The pre-check builds the model
+  of every distinct value of the task keys the space varies (no data, no Ray): exit 2, one
+  line, nothing written. A sweep whose every trial fails (a NaN loss at step 1) exits 1 with
+  one line of ours after the leaderboard."""
+  refused_dir = tmp_path / "refused"
+  failing_dir = tmp_path / "failing"
+  with ray_sandbox() as ray_tmp:
+    refused = run_sweep(ray_tmp, TOY_SWEEP, "--set", f"sweep.directory={refused_dir}",
+                        "--set", "sweep.space.task.model.hidden={grid: [-4, 8]}", timeout=120)
+    failing = run_sweep(ray_tmp, TOY_SWEEP, "--set", f"sweep.directory={failing_dir}",
+                        "--set", "sweep.trials=2", "--set", "sweep.max_failures=0",
+                        "--set", "task.nan_example=0")
+  assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-3000:]
+  errors = [l for l in refused.stderr.splitlines() if l.startswith("tpu-models ")]
+  assert len(errors) == 1 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+  assert errors[0].startswith(f"tpu-models sweep: error: {TOY_SWEEP}: the model of sweep.space "
+                              f"task.model.hidden = -4 cannot be built (ValueError: "), errors
+  assert "every trial with it would fail" in errors[0]
+  assert not refused_dir.exists()  # Refused before Ray started or anything was written.
+  assert failing.returncode == 1, failing.stdout[-2000:] + failing.stderr[-3000:]
+  assert sorted(r["state"] for r in trial_records(str(failing_dir)).values()) == ["failed"] * 2
+  assert failing.stderr.rstrip().splitlines()[-1] == (
+      "tpu-models sweep: error: no trial of the sweep ended (each failed: their errors are "
+      "listed above); fix the cause and run the same command again."), failing.stderr[-2000:]

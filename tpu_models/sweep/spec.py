@@ -32,6 +32,7 @@ Nothing here imports Ray: `tpu-models sweep --report` works without it.
 """
 
 import dataclasses
+import itertools
 import math
 import os
 from typing import Any, Dict, List, Optional, Tuple
@@ -196,6 +197,7 @@ def load_sweep(path: str, overrides: List[str] = (), extra_imports: List[str] = 
       trial = _checked_trial(experiment, dimension, value, path)
       _check_stoppable(trial, f"{path}: sweep.space {dimension.key!r} = {_short(value)}")
   _check_stoppable(base, path)
+  _check_models_build(experiment, dimensions, path)
   metric, mode = _metric_and_mode(sweep_config, base, path)
   grid = math.prod(len(d.values) for d in dimensions if d.kind == "grid")
   if sweep_config.trials % grid:
@@ -296,6 +298,46 @@ def _checked_trial(experiment: dict, dimension: Dimension, value: Any, path: str
   except ConfigError as e:
     raise ConfigError(f"{path}: sweep.space {dimension.key!r} = {_short(value)} is refused by "
                       f"the experiment: {e}") from None
+
+
+# The most models `_check_models_build` builds; past it, each value once.
+MAX_MODEL_BUILDS = 16
+
+
+def _check_models_build(experiment: dict, dimensions: List[Dimension], path: str) -> None:
+  """Builds the model of every distinct combination of the task values the space varies
+  (every grid or choice value, both ends of a range; the experiment's own model when the
+  space varies no task key), before Ray starts: a value only the model builder refuses
+  (a negative hidden size) would otherwise fail every trial of it. No data is read.
+  """
+  from tpu_models.task import create_task
+  varied = [d for d in dimensions if d.key.startswith("task.")]
+  combinations = list(itertools.product(*[d.probes() for d in varied]))
+  if len(combinations) > MAX_MODEL_BUILDS:  # Each value once, the other keys at their first.
+    firsts = [d.probes()[0] for d in varied]
+    combinations = [tuple(value if k == i else firsts[k] for k in range(len(varied)))
+                    for i, d in enumerate(varied) for value in d.probes()]
+  built = set()
+  for combination in combinations:
+    pairs = [(d.key, value) for d, value in zip(varied, combination)]
+    values = (", ".join(f"{key} = {_short(value)}" for key, value in pairs) if pairs else
+              "the experiment's own values")
+    try:
+      config = config_lib.experiment_from_dict(experiment, pairs)
+    except ConfigError as e:  # Each value passed alone; together they do not.
+      raise ConfigError(f"{path}: sweep.space {values} together make an invalid experiment: "
+                        f"{e}") from None
+    task = repr(config_lib.to_dict(config.task))
+    if task in built:
+      continue
+    built.add(task)
+    try:
+      create_task(config.task).build_model()
+    except Exception as e:  # pylint: disable=broad-except  Any builder's refusal.
+      why = " ".join(str(e).split())[:300] or type(e).__name__
+      raise ConfigError(f"{path}: the model of sweep.space {values} cannot be built "
+                        f"({type(e).__name__}: {why}); every trial with it would fail. Change "
+                        f"the space or the experiment.") from None
 
 
 def _check_stoppable(config: config_lib.ExperimentConfig, where: str) -> None:
