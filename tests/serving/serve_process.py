@@ -75,8 +75,9 @@ def serve(*args, timeout: float = 120):
         return False
     try:
       wait_for(ready, timeout, "the server's /v2/health/ready", interval=0.25)
-    except AssertionError as e:
-      raise AssertionError(f"{e}\n{server.log()[-4000:]}") from None
+    except AssertionError as e:  # Its own lines first: Serve's access log floods the tail.
+      raise AssertionError(f"{e}\n" + "\n".join(server.lines("tpu-models serve:"))[-4000:] +
+                           f"\n...\n{server.log()[-2000:]}") from None
     yield server
   finally:
     stop(process)

@@ -25,28 +25,49 @@ pytestmark = pytest.mark.skipif(
 
 import tiny_exports  # noqa: E402
 from serve_process import REPO, serve  # noqa: E402
+from test_translation import corpus, make_config  # noqa: E402,F401  pylint: disable=unused-import
+from tpu_models import deploy  # noqa: E402
+from tpu_models.serving import repository  # noqa: E402
+from tpu_models.training.trainer import Trainer  # noqa: E402
 
 TOKEN = "s3cret-token"
 MAX_BODY = 200_000
-NAME = "fm"
+NAME, LITERT, TRANSLATOR = "fm", "fm_litert", "translator"
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-  """(Server, session sending the token, the in-process SavedModel of version 1)."""
+def exports(tmp_path_factory, corpus):  # pylint: disable=redefined-outer-name
+  """{model name: MODEL_BASE}: the tiny classifier's SavedModel and LiteRT export (4 steps)
+  and a tiny translator's SavedModel (2 steps: any translation will do), each version 1."""
   root = str(tmp_path_factory.mktemp("serving"))
   config, model_dir = tiny_exports.train_classifier(root, 4)
-  base = os.path.join(root, "base")
-  assert tiny_exports.publish_saved_model(config, model_dir, base) == 1
+  bases = {name: os.path.join(root, name) for name in (NAME, LITERT, TRANSLATOR)}
+  assert tiny_exports.publish_saved_model(config, model_dir, bases[NAME]) == 1
+  repository.publish(bases[LITERT], lambda output: deploy.export_deployment(
+      config, model_dir, output, format_name="litert", agreement_examples=8))
+  translator = make_config(corpus, ["trainer.train_steps=2", "trainer.checkpoint_every=2",
+                                    "trainer.steps_per_loop=2", "task.eval_bleu=false"])
+  translator_dir = os.path.join(root, "translator_run")
+  trainer = Trainer(translator, translator_dir)
+  trainer.train()
+  trainer.close()
+  tiny_exports.publish_saved_model(translator, translator_dir, bases[TRANSLATOR])
+  return root, bases
+
+
+@pytest.fixture(scope="module")
+def served(exports):  # pylint: disable=redefined-outer-name
+  """(Server of the three models, session sending the token, version 1 of NAME loaded here)."""
+  root, bases = exports
   token_file = os.path.join(root, "token")
   with open(token_file, "w") as f:
     f.write(TOKEN + "\n")
   os.chmod(token_file, 0o600)
-  with serve(base, "--name", NAME, "--auth-token-file", token_file,
-             "--max-body-bytes", str(MAX_BODY), "--batch-timeout-ms", "20") as server:
+  with serve(*(f"{name}={base}" for name, base in bases.items()), "--auth-token-file",
+             token_file, "--max-body-bytes", str(MAX_BODY), "--batch-timeout-ms", "20") as server:
     session = requests.Session()
     session.headers["Authorization"] = f"Bearer {TOKEN}"
-    yield server, session, tf.saved_model.load(os.path.join(base, "1"))
+    yield server, session, tf.saved_model.load(os.path.join(bases[NAME], "1"))
 
 
 def _b64(data: bytes) -> dict:
@@ -260,8 +281,50 @@ def test_the_page_is_served_and_lists_the_model(served):
   page = requests.get(server.url + "/", timeout=10)  # Static: no token needed.
   assert page.status_code == 200 and "tpu-models serve" in page.text
   models = session.get(f"{server.url}/ui/models", timeout=10).json()["models"]
-  assert models == [{"name": NAME, "version": 1, "task": "classification",
-                     "signatures": ["serve_images", "serving_default"]}]
+  assert models == [
+      {"name": NAME, "version": 1, "task": "classification",
+       "signatures": ["serve_images", "serving_default"]},
+      {"name": LITERT, "version": 1, "task": "classification", "signatures": ["serve_images"]},
+      {"name": TRANSLATOR, "version": 1, "task": "translation", "signatures": ["serving_default"]}]
+
+
+def test_the_translator_answers_strings_as_its_export_does_in_process(served, exports):
+  server, session, _ = served
+  _, bases = exports
+  sentences = ["das haus ist klein", "", "ich bin müde \u00e9\u2603"]
+  saved = tf.saved_model.load(os.path.join(bases[TRANSLATOR], "1"))
+  expected = saved.signatures["serving_default"](sentences=tf.constant(sentences))
+  rows = session.post(f"{server.url}/v1/models/{TRANSLATOR}:predict", timeout=60,
+                      json={"instances": sentences})
+  assert rows.status_code == 200, rows.text
+  translations = [t.decode("utf-8") for t in expected["translations"].numpy()]
+  assert [r["translations"] for r in rows.json()["predictions"]] == translations
+  assert rows.json()["predictions"][1] == {"translations": "", "scores": 0.0}
+  columns = session.post(f"{server.url}/v1/models/{TRANSLATOR}:predict", timeout=60,
+                         json={"inputs": {"sentences": sentences}}).json()["outputs"]
+  assert columns["translations"] == translations
+  np.testing.assert_allclose(columns["scores"], expected["scores"].numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_litert_export_is_served_through_its_own_runtime(served, exports):
+  server, session, _ = served
+  _, bases = exports
+  pixels = _pictures()
+  expected = deploy.ExportRunner(os.path.join(bases[LITERT], "1"))("serve_images",
+                                                                  {"images": pixels})
+  answer = session.post(f"{server.url}/v1/models/{LITERT}:predict", timeout=30,
+                        json={"signature_name": "serve_images", "inputs": pixels.tolist()})
+  assert answer.status_code == 200, answer.text
+  np.testing.assert_allclose(answer.json()["outputs"]["logits"], expected["logits"], rtol=1e-5,
+                             atol=1e-6)
+  metadata = session.get(f"{server.url}/v2/models/{LITERT}", timeout=10).json()
+  assert metadata["platform"] == "tensorflow_lite"
+  assert metadata["inputs"] == [{"name": "images", "datatype": "UINT8",
+                                 "shape": [-1, tiny_exports.IMAGE_SIZE, tiny_exports.IMAGE_SIZE, 3]}]
+  wrong = session.post(f"{server.url}/v1/models/{LITERT}:predict", timeout=30,
+                       json={"signature_name": "serve_images", "inputs": pixels[:, :8].tolist()})
+  assert wrong.status_code == 400
+  assert "must be uint8 [N, 16, 16, 3]; got shape [4, 8, 16, 3]" in wrong.json()["error"]
 
 
 def test_serve_without_ray_serve_names_the_extra_and_exits_2(tmp_path):

@@ -91,6 +91,9 @@ class Servable:
 
   def _load_saved_model(self) -> None:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    # The translator's graph holds SentencePiece and other tensorflow_text ops, which exist
+    # in this process only once tensorflow_text is imported (a dependency of the package).
+    import tensorflow_text  # pylint: disable=g-import-not-at-top,unused-import
     self._model = tf.saved_model.load(self.path)
     self.runtime = f"TensorFlow {tf.__version__}"
     self.signatures = {}
