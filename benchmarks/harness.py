@@ -229,7 +229,10 @@ def run_worker(command, timeout: float):
   """Runs one measurement; returns its JSON result, or None (with the error logged)."""
   start = time.perf_counter()
   try:
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    # env=os.environ: what Python sees, also when a caller keeps it in Python
+    # (tpu_models.startup.environ_kept_in_python) rather than in the process environment.
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                          env=dict(os.environ))
   except subprocess.TimeoutExpired:
     log(f"  TIMEOUT after {timeout:.0f}s: {' '.join(command)}")
     return None

@@ -1,9 +1,15 @@
 """Shared test setup: quiet TensorFlow, XLA unoptimised, the toy task on the path, float32 by
-default."""
+default, no writes to the process environment once TensorFlow runs, stacks on demand."""
 
+import faulthandler
 import os
+import signal
 import subprocess
 import sys
+
+# Every thread's Python stack on SIGUSR1: scripts/bounded_run.py sends it to the whole run
+# (controller and xdist workers) before it ends a run that outlived its bound.
+faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # XLA's LLVM back end unoptimised (-O0), here and in the processes tests start: the tests ask
@@ -19,10 +25,54 @@ for _folder in ("", "text", os.path.join("vision", "detection"),
                 os.path.join("vision", "classification"), "reliability"):
   sys.path.insert(0, os.path.join(TESTS, _folder))
 
+from tpu_models import startup  # noqa: E402
+
+startup.import_tensorflow_quietly()  # Its C++ start-up notices would end every worker's output.
+
 import keras  # noqa: E402
 import pytest  # noqa: E402
 
 import entry_points  # noqa: E402
+from entry_points import python_environ  # noqa: E402
+
+
+class ProcessEnvironmentWritten(AssertionError):
+  """A test (or the code it runs) wrote the process environment where TensorFlow runs."""
+
+
+# pytest and its plugins keep their own PYTEST_* variables (PYTEST_CURRENT_TEST around every
+# test phase, PYTEST_VERSION, PYTEST_XDIST_*); only Python reads them, so here they change
+# os.environ's mapping and never the process environment.
+_PYTHON_SIDE_ONLY = "PYTEST_"
+
+
+def _refuse_environment_writes():
+  """Makes every setenv/unsetenv through os.environ in this process an error: TensorFlow's
+  threads read the environment with getenv(3), and a concurrent write may free the array
+  they read (tpu_models/startup.py; a segfault seen in this suite). Children get their
+  variables by `env=`; code under test that reads os.environ gets them by `python_environ`
+  (the `environ` fixture), which never writes the process environment."""
+  def refuse(key, *unused):
+    name = os.fsdecode(key)
+    if name.startswith(_PYTHON_SIDE_ONLY):
+      return
+    raise ProcessEnvironmentWritten(
+        f"os.environ[{name!r}] written in a process where TensorFlow runs threads (a setenv "
+        f"race that can segfault): pass it to a child with env=, or use the `environ` "
+        f"fixture / entry_points.python_environ for code under test in this process")
+  os.putenv = refuse  # os.environ's __setitem__/__delitem__ call these module globals.
+  os.unsetenv = refuse
+
+
+_refuse_environment_writes()
+
+
+@pytest.fixture
+def environ():
+  """os.environ as a plain dict for this test (entry_points.python_environ): set, delete,
+  or monkeypatch.setenv/delenv in it; the process environment is never written."""
+  with python_environ() as values:
+    yield values
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

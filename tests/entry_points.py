@@ -9,29 +9,34 @@ import os
 import sys
 import traceback
 
+from tpu_models import startup
+
+
+# os.environ as a plain dict for a block: code in it never writes the process environment
+# that TensorFlow's threads read (tpu_models/startup.py; light: imports no TensorFlow).
+python_environ = startup.environ_kept_in_python
+
 
 def exit_code_of(main, argv) -> int:
   """`main(list(argv))`'s exit code as a finished `python -m ...` reports it: its return value,
   a SystemExit's code (a message: printed, 1), an exception's traceback on stderr and 1.
-  Environment variables it set (the CLI's TF_* defaults) are undone afterwards, as they
-  would die with a child; stdout and stderr are flushed."""
-  environ = dict(os.environ)
-  try:
-    code = main(list(argv))
-  except SystemExit as e:
-    if e.code is None or isinstance(e.code, int):
-      code = e.code or 0
-    else:  # sys.exit("message"): Python prints it and exits 1.
-      print(e.code, file=sys.stderr)
+  Environment variables it sets (the CLI's TF_* defaults) go to a `python_environ` copy
+  that ends with it, as they would die with a child; stdout and stderr are flushed."""
+  with python_environ():
+    try:
+      code = main(list(argv))
+    except SystemExit as e:
+      if e.code is None or isinstance(e.code, int):
+        code = e.code or 0
+      else:  # sys.exit("message"): Python prints it and exits 1.
+        print(e.code, file=sys.stderr)
+        code = 1
+    except Exception:  # pylint: disable=broad-except  # A bug: Python prints it and exits 1.
+      traceback.print_exc()
       code = 1
-  except Exception:  # pylint: disable=broad-except  # A bug: Python prints it and exits 1.
-    traceback.print_exc()
-    code = 1
-  finally:
-    os.environ.clear()
-    os.environ.update(environ)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    finally:
+      sys.stdout.flush()
+      sys.stderr.flush()
   return code
 
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from conftest import REPO
-from tpu_models import cli
+from tpu_models import cli, startup
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
@@ -34,7 +34,7 @@ def _cli(*args, **env):
 COMMANDS = r"""
 import json, os, sys
 from entry_points import exit_code_of  # tests/, the working directory
-from tpu_models import cli
+from tpu_models import cli, startup
 mark, commands = sys.argv[1], json.loads(sys.argv[2])
 for argv in commands:
   code = exit_code_of(cli.main, argv)
@@ -58,7 +58,7 @@ def _cli_in_one_child(*commands):
 
 
 def test_start_up_filter_drops_whole_notice_lines_only():
-  notices = cli._STARTUP_NOTICES + cli._NO_GPU_NOTICES
+  notices = startup.STARTUP_NOTICES + startup.NO_GPU_NOTICES
   stderr = (b"WARNING: All log messages before absl::InitializeLog() is called are written to "
             b"STDERR\n"
             b"I0000 00:00:17.1 1 onednn.cc:1] oneDNN custom operations are on. You may see ...\n"
@@ -66,17 +66,17 @@ def test_start_up_filter_drops_whole_notice_lines_only():
             b"I0000 cudart_stub.cc:31] Could not find cuda drivers on your machine, GPU will not "
             b"be used.\n"
             b"last line without newline")
-  assert cli._without_notices(stderr, notices) == (
+  assert startup.without_notices(stderr, notices) == (
       b"E0000 real error: could not open libfoo.so\nlast line without newline")
 
 
-@pytest.mark.skipif(cli._has_nvidia_device(), reason="the CUDA notices are kept where a GPU is")
+@pytest.mark.skipif(startup.has_nvidia_device(), reason="the CUDA notices are kept where a GPU is")
 def test_start_up_notices_are_dropped_and_everything_else_kept(tmp_path):
   # Which notices TensorFlow prints depends on the CPU (oneDNN's only on some): whichever
   # this machine shows with the filter off must be gone with it on.
   shown = _cli("list", "tasks", TPU_MODELS_TF_STARTUP_LOGS="1")
   assert shown.returncode == 0, shown.stderr
-  notices = cli._STARTUP_NOTICES + cli._NO_GPU_NOTICES
+  notices = startup.STARTUP_NOTICES + startup.NO_GPU_NOTICES
   quiet = _cli("train", "toy.yaml", "--import", "toy_task", "--model-dir", str(tmp_path / "run"),
                "--set", "trainer.train_steps=10")
   assert quiet.returncode == 0, quiet.stderr

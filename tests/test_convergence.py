@@ -14,7 +14,7 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.fixture
-def convergence(capfd, monkeypatch):
+def convergence(capfd, monkeypatch, environ):
   """The script's main() as a user would call it, from tests/ so that `--import toy_task`
   resolves, in this process: its training runs are child processes all the same, and a
   child per call would spend ~8 s of CPU importing TensorFlow only to read the YAMLs.

@@ -30,17 +30,13 @@ def test_default_on_needs_two_cpus(tensorflow_not_imported):
   assert environ == {}
 
 
-def test_withdraw_default_takes_back_only_its_own_value(tensorflow_not_imported, monkeypatch):
-  monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
-  monkeypatch.setattr(onednn, "_set_by_default", False)
-  assert onednn.default_on(machine="x86_64", cpus=2)
-  assert os.environ["TF_ENABLE_ONEDNN_OPTS"] == "1"
-  assert onednn.withdraw_default()
-  assert "TF_ENABLE_ONEDNN_OPTS" not in os.environ
-  monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "1")  # The user's: stays.
-  assert not onednn.default_on(machine="x86_64", cpus=2)
-  assert not onednn.withdraw_default()
-  assert os.environ["TF_ENABLE_ONEDNN_OPTS"] == "1"
+def test_child_environ_follows_the_childs_cpus_and_the_users_value():
+  """What a sweep gives its trial processes: the default for their CPUs, not the driver's."""
+  assert onednn.child_environ(2, "x86_64", user_environ={}) == {"TF_ENABLE_ONEDNN_OPTS": "1"}
+  assert onednn.child_environ(1, "x86_64", user_environ={}) == {}  # TensorFlow's own choice.
+  assert onednn.child_environ(4, "aarch64", user_environ={}) == {}
+  # The user's value, "0" included, reaches the child by inheritance: nothing to add.
+  assert onednn.child_environ(4, "x86_64", user_environ={"TF_ENABLE_ONEDNN_OPTS": "0"}) == {}
 
 
 @pytest.mark.parametrize("value", ["0", "1", ""])

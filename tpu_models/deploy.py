@@ -63,6 +63,7 @@ import yaml
 
 from tpu_models import config as config_lib
 from tpu_models import export as export_lib
+from tpu_models import startup
 from tpu_models.errors import ConfigError, DataError, ExportMismatchError, MissingExtraError
 from tpu_models.task import Deployable, DeployFunction, Servable, require
 from tpu_models.training import checkpoints
@@ -94,7 +95,9 @@ def check_format(format_name: str) -> None:
 
 def _require_tf2onnx():
   try:
-    import tf2onnx  # pylint: disable=g-import-not-at-top
+    with startup.environ_kept_in_python():  # It sets TF_CPP_MIN_LOG_LEVEL when imported.
+      import tf2onnx  # pylint: disable=g-import-not-at-top
+      import tf2onnx.convert  # pylint: disable=g-import-not-at-top
   except ImportError:
     raise MissingExtraError(f"--format onnx needs tf2onnx and onnxruntime: {_INSTALL_DEPLOY} "
                             f"(or pip install tf2onnx onnxruntime).") from None
@@ -610,8 +613,10 @@ def _write_onnx(functions: Mapping[str, DeployFunction], frozen: Mapping[str, An
     path = os.path.join(directory, _onnx_file(name, list(functions)))
     function = _callable(fn, frozen[name], integer_io=True)
     try:
-      tf2onnx.convert.from_function(function, input_signature=function.input_signature,
-                                    opset=ONNX_OPSET, output_path=path)
+      # tf2onnx sets TF_CPP_MIN_LOG_LEVEL on every conversion: Python's copy only (startup.py).
+      with startup.environ_kept_in_python():
+        tf2onnx.convert.from_function(function, input_signature=function.input_signature,
+                                      opset=ONNX_OPSET, output_path=path)
     except Exception as e:  # pylint: disable=broad-except
       raise ConfigError(f"tf2onnx cannot convert signature {name!r}: {str(e).splitlines()[0]}. "
                         f"Export --format litert or saved_model instead.") from None

@@ -17,20 +17,20 @@ Not with one thread: on the AVX2-only EPYC, TensorFlow 2.21 with oneDNN forced o
 and one intra-op thread corrupted its heap within a few steps of a convolutional
 network's training ("free(): invalid pointer", "malloc_consolidate(): invalid
 chunk size"; two threads ran clean; docs/reliability.md, row 36). So the default
-needs `MIN_THREADS` usable CPUs, and a sweep whose trials get one CPU each takes it
-back (`withdraw_default`) before it starts its trial processes: they get
-TensorFlow's own choice.
+needs `MIN_THREADS` usable CPUs. The sweep driver runs no TensorFlow work itself:
+the CLI leaves its environment alone and the driver gives its trial processes
+`child_environ(cpus)`, so trials of one CPU each get TensorFlow's own choice.
 """
 
 import os
 import platform
-import sys
-from typing import MutableMapping, Optional
+from typing import Dict, Mapping, MutableMapping, Optional
+
+from tpu_models import startup
 
 ENV = "TF_ENABLE_ONEDNN_OPTS"
 MIN_THREADS = 2
 _X86_64 = ("x86_64", "amd64")
-_set_by_default = False  # default_on() set os.environ's value (not the user).
 
 
 def usable_cpus() -> int:
@@ -45,37 +45,32 @@ def default_on(environ: Optional[MutableMapping[str, str]] = None,
   """Sets TF_ENABLE_ONEDNN_OPTS=1 in `environ` (os.environ) on an x86-64 machine.
 
   Leaves it alone when it is set already (the user's choice, "0" included),
-  when TensorFlow is imported (too late to matter), on other machines
-  (`machine`, platform.machine() when None) and with fewer than MIN_THREADS
-  CPUs (`cpus`, usable_cpus() when None). Returns whether it set it.
+  when TensorFlow is imported (too late to matter, and unsafe: startup.py), on
+  other machines (`machine`, platform.machine() when None) and with fewer than
+  MIN_THREADS CPUs (`cpus`, usable_cpus() when None). Returns whether it set it.
   """
-  global _set_by_default
-  target = os.environ if environ is None else environ
+  if startup.tensorflow_started():
+    return False
+  wanted = child_environ(usable_cpus() if cpus is None else cpus, machine,
+                         user_environ=os.environ if environ is None else environ)
+  if environ is None:
+    startup.set_defaults_before_tensorflow(wanted)
+  else:
+    environ.update(wanted)
+  return bool(wanted)
+
+
+def child_environ(cpus: int, machine: Optional[str] = None,
+                  user_environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+  """The oneDNN default for a process that will run TensorFlow on `cpus` CPUs (a sweep
+  trial): {TF_ENABLE_ONEDNN_OPTS: "1"} on x86-64 with at least MIN_THREADS CPUs, unless
+  `user_environ` (os.environ) sets it already -- the child inherits the user's value then
+  -- else {} (TensorFlow's own choice)."""
+  user_environ = os.environ if user_environ is None else user_environ
   machine = (platform.machine() if machine is None else machine).lower()
-  cpus = usable_cpus() if cpus is None else cpus
-  if (ENV in target or "tensorflow" in sys.modules or machine not in _X86_64 or
-      cpus < MIN_THREADS):
-    return False
-  target[ENV] = "1"
-  _set_by_default = target is os.environ
-  return True
-
-
-def withdraw_default() -> bool:
-  """Takes default_on()'s TF_ENABLE_ONEDNN_OPTS=1 out of os.environ again.
-
-  For child processes that will run one intra-op thread (see the module
-  docstring): they then get TensorFlow's own choice. A value the user set stays.
-  Returns whether it withdrew it.
-  """
-  global _set_by_default
-  if not _set_by_default:
-    return False
-  _set_by_default = False
-  if os.environ.get(ENV) != "1":
-    return False
-  del os.environ[ENV]
-  return True
+  if ENV in user_environ or machine not in _X86_64 or cpus < MIN_THREADS:
+    return {}
+  return {ENV: "1"}
 
 
 def enabled() -> bool:

@@ -56,6 +56,9 @@ import signal
 import sys
 import traceback
 
+# A case's variables go to a Python-side copy of os.environ: TensorFlow runs threads here.
+from entry_points import python_environ
+
 
 def _kill() -> None:
   sys.stdout.flush()
@@ -214,20 +217,6 @@ def _fake_export_failures() -> None:
   ClassificationTask.deploy_functions = maybe_wrongly_normalised
 
 
-@contextlib.contextmanager
-def _environment(env):
-  saved = {name: os.environ.get(name) for name in env}
-  os.environ.update(env)
-  try:
-    yield
-  finally:
-    for name, value in saved.items():
-      if value is None:
-        os.environ.pop(name, None)
-      else:
-        os.environ[name] = value
-
-
 def _serve(case) -> dict:
   import tensorflow as tf
   export_dir = case["serve"]
@@ -269,7 +258,7 @@ def _batch(cases_path: str, out_path: str) -> int:
       _fake_export_failures()
     out, err = io.StringIO(), io.StringIO()
     code, trace = None, ""
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), _environment(env):
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), python_environ(**env):
       try:
         code = cli.main(argv)
       except SystemExit as e:

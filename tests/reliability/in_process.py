@@ -6,7 +6,7 @@ TensorFlow again (~6-8 s of CPU) before it does any work. Here the same runs go 
 the fault driver's own `_batch`), `train_here` what `subprocess.run(train_command(...))`
 does, with the driver's in-process faults (a full disk) available too. The driver's hooks
 replace module attributes for good in its child; here they are undone afterwards, as are
-the environment and the working directory (the child's: tests/reliability, already on
+the (Python-side) environment and the working directory (the child's: tests/reliability, already on
 sys.path, so `--import` adds nothing to it).
 
 Faults whose subject is a process (a SIGKILL mid-save, a live lock holder, a dead one's
@@ -15,7 +15,6 @@ pid) stay children: faults.train_command, faults.driver_command.
 
 import contextlib
 import json
-import os
 
 import pytest
 import tensorflow as tf
@@ -24,6 +23,7 @@ from tensorflow.python.ops import gen_io_ops
 
 import fault_driver
 from conftest import run_main
+from entry_points import python_environ
 from faults import HERE, train_command, write_cases
 from tpu_models import cli
 from tpu_models.training import precision
@@ -38,18 +38,15 @@ _HOOKED = ((precision, "linux_cpu_flags"), (tf.saved_model, "save"),
 @contextlib.contextmanager
 def driver_hooks():
   """A block in which fault_driver's hooks may be installed; on exit they, os.environ and
-  the working directory are as before. FAULT_CPU_FLAGS is honoured, as in the driver."""
-  environ = dict(os.environ)
-  with pytest.MonkeyPatch.context() as patch:
+  the working directory are as before. FAULT_CPU_FLAGS is honoured, as in the driver. The
+  driver's FAULT_* variables go to a Python-side copy of the environment (python_environ):
+  its hooks read them there, and TensorFlow's threads never see a setenv."""
+  with pytest.MonkeyPatch.context() as patch, python_environ():
     for owner, name in _HOOKED:
       patch.setattr(owner, name, getattr(owner, name))  # Remembered: put back on exit.
     patch.chdir(HERE)
     fault_driver._fake_cpu_flags()  # pylint: disable=protected-access
-    try:
-      yield
-    finally:
-      os.environ.clear()
-      os.environ.update(environ)
+    yield
 
 
 def run_batch_here(tmp_path, cases):

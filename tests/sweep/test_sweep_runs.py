@@ -44,7 +44,8 @@ def test_asha_stops_the_weak_trials_at_an_evaluation_with_their_checkpoint(tmp_p
   assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
 
 
-def test_optuna_trials_run_on_both_nodes_of_a_two_node_ray_cluster(tmp_path, monkeypatch):
+def test_optuna_trials_run_on_both_nodes_of_a_two_node_ray_cluster(tmp_path, monkeypatch,
+                                                                    environ):
   from ray.cluster_utils import Cluster
   directory = str(tmp_path / "sweep")
   with ray_sandbox() as ray_tmp:

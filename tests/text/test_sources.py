@@ -124,7 +124,7 @@ def test_held_out_split_is_deterministic_and_never_leaks(tmp_path):
   assert "test 1000" in splits.summary()
 
 
-def test_de_en_dictionary_source(tmp_path, monkeypatch, capfd):
+def test_de_en_dictionary_source(tmp_path, monkeypatch, environ, capfd):
   path = tmp_path / "de-en"
   path.write_text("\n".join(_synthetic_dictionary()) + "\n", encoding="utf-8")
   # Found through $TPU_MODELS_DATA as well as by an explicit path.
@@ -146,7 +146,7 @@ def test_de_en_dictionary_source(tmp_path, monkeypatch, capfd):
     ts.load_de_en("dev", str(path))
 
 
-def test_de_en_missing_file_says_how_to_install(tmp_path, monkeypatch):
+def test_de_en_missing_file_says_how_to_install(tmp_path, monkeypatch, environ):
   monkeypatch.setattr(ts, "DEBIAN_DE_EN", str(tmp_path / "nowhere" / "de-en"))
   monkeypatch.setenv("TPU_MODELS_DATA", str(tmp_path))
   with pytest.raises(FileNotFoundError, match="apt-get install trans-de-en") as error:

@@ -47,8 +47,8 @@ def test_explicit_values_are_kept():
 
 @pytest.mark.parametrize("flags,expected", [(AVX2_ONLY, "float32"),
                                             (SAPPHIRE_RAPIDS, "bfloat16")])
-def test_trainer_builds_the_model_in_the_precision_auto_chose(tmp_path, monkeypatch, flags,
-                                                              expected):
+def test_trainer_builds_the_model_in_the_precision_auto_chose(tmp_path, monkeypatch, environ,
+                                                              flags, expected):
   monkeypatch.setattr(precision, "linux_cpu_flags", lambda *a, **k: frozenset(flags))
   monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
   config = toy_task.toy_config(["runtime.mixed_precision=auto", "trainer.train_steps=1"])

@@ -19,7 +19,8 @@ def test_a_variant_is_a_name_and_its_overrides():
     parse("task.model.width=64")
 
 
-def test_two_variants_of_the_toy_recipe_are_timed_in_fresh_processes(capfd, monkeypatch):
+def test_two_variants_of_the_toy_recipe_are_timed_in_fresh_processes(capfd, monkeypatch,
+                                                                     environ):
   # The workers are child processes (run from the repository): they find toy_task on PYTHONPATH.
   monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [TESTS, os.environ.get(
       "PYTHONPATH")])))

@@ -11,3 +11,13 @@ best.py     export the best trial and score it once on the test split
 
 See docs/sweeps.md.
 """
+
+# The driver's Ray Tune settings, read from the environment by Tune in the driver process:
+# set by the CLI before TensorFlow is imported (tpu_models/startup.py says why not later).
+DRIVER_ENVIRON = {
+    "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",  # metrics.jsonl is ours.
+    "RAY_AIR_NEW_OUTPUT": "0",  # verbose=0 then prints nothing of Tune's.
+    # Tune's experiment state is small: save it often, so that a killed driver re-runs as
+    # little as possible.
+    "TUNE_GLOBAL_CHECKPOINT_S": "5",
+}

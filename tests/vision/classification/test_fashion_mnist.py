@@ -104,7 +104,7 @@ def test_source_uses_config_split(fake_dir):
   assert labels == [i % 10 for i in range(100, 110)]
 
 
-def test_search_order_and_env(fake_dir, monkeypatch, tmp_path):
+def test_search_order_and_env(fake_dir, monkeypatch, environ, tmp_path):
   root = os.path.dirname(fake_dir)
   monkeypatch.setenv("TPU_MODELS_DATA", root)
   assert sources.find_fashion_mnist() == fake_dir  # $TPU_MODELS_DATA/fashion-mnist
@@ -114,7 +114,7 @@ def test_search_order_and_env(fake_dir, monkeypatch, tmp_path):
   assert sources.find_fashion_mnist(other) == other  # config.path first
 
 
-def test_missing_files_error_names_places_and_fix(monkeypatch, tmp_path):
+def test_missing_files_error_names_places_and_fix(monkeypatch, environ, tmp_path):
   monkeypatch.setenv("TPU_MODELS_DATA", str(tmp_path / "data"))
   monkeypatch.setattr(sources, "DEBIAN_FASHION_MNIST", str(tmp_path / "debian"))
   with pytest.raises(FileNotFoundError) as info:
