@@ -36,7 +36,7 @@ def test_help_lists_commands():
   unknown = _run("no-such-command")
   assert unknown.returncode == 2
   generic = {"list", "config", "train", "evaluate", "export", "evaluate-export", "predict",
-             "check", "benchmark", "convert", "sweep"}
+             "check", "benchmark", "convert", "sweep", "serve"}
   families = {"migrate", "weights", "vocab", "sample"}  # weights/cli.py, text/cli.py
   assert _choices(unknown.stderr) == generic | families
   unknown = _run("convert", "no-such-source")

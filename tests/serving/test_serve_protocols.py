@@ -282,10 +282,12 @@ def test_the_page_is_served_and_lists_the_model(served):
   assert page.status_code == 200 and "tpu-models serve" in page.text
   models = session.get(f"{server.url}/ui/models", timeout=10).json()["models"]
   assert models == [
-      {"name": NAME, "version": 1, "task": "classification",
+      {"name": NAME, "version": 1, "task": "classification", "input": "image",
        "signatures": ["serve_images", "serving_default"]},
-      {"name": LITERT, "version": 1, "task": "classification", "signatures": ["serve_images"]},
-      {"name": TRANSLATOR, "version": 1, "task": "translation", "signatures": ["serving_default"]}]
+      {"name": LITERT, "version": 1, "task": "classification", "input": "image",
+       "signatures": ["serve_images"]},
+      {"name": TRANSLATOR, "version": 1, "task": "translation", "input": "text",
+       "signatures": ["serving_default"]}]
 
 
 def test_the_translator_answers_strings_as_its_export_does_in_process(served, exports):

@@ -418,6 +418,7 @@ class ModelServer:
       servable = snapshot.servables.get(snapshot.default)
       models.append({"name": name, "version": snapshot.default,
                      "task": _task_name(servable) if servable else None,
+                     "input": _input_kind(servable) if servable else None,
                      "signatures": sorted(servable.signatures) if servable else []})
     return JSONResponse({"models": models})
 
@@ -530,6 +531,13 @@ def _why(error: Exception) -> str:
            if line.strip() and not line.strip().startswith(("Graph execution error",
                                                              "Detected at node", "[["))]
   return _one_line(lines[0] if lines else type(error).__name__)
+
+
+def _input_kind(servable) -> str:
+  """"image" when a signature takes an input named for images (the page then offers an
+  upload), else "text" (a text box)."""
+  keys = [key for signature in servable.signatures.values() for key in signature.inputs]
+  return "image" if any("image" in key for key in keys) else "text"
 
 
 def _task_name(servable: Servable) -> Optional[str]:

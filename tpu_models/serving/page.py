@@ -1,8 +1,9 @@
 """`GET /`: one static page to try the served models by hand.
 
-Pick a model; for an image model upload a JPEG/PNG (sent as {"b64": ...} to its
-serving_default) and see the classes with scores, or the boxes (and masks) drawn over
-the picture; for the translator type a sentence. The page holds no data: it reads
+Pick a model; for a model whose serving_default takes images upload a JPEG/PNG (sent
+as {"b64": ...}) and see its answer drawn by structure: boxes (and masks) over the
+picture where the row has `<kind>_boxes`, else the five largest `probabilities`; for a
+model that takes text type a sentence and see the strings it answers. The page holds no data: it reads
 `/ui/models` and calls the REST API like any client, with the bearer token typed in
 its field when the server has one.
 """
@@ -20,7 +21,7 @@ HTML = """<!doctype html>
  <label>Token <input id="token" type="password" placeholder="(when the server has one)"></label></div>
 <div class="row" id="imagebox"><input id="file" type="file" accept="image/*"></div>
 <div class="row" id="textbox"><textarea id="text" rows="3" cols="60">Guten Morgen</textarea>
- <button id="translate">Translate</button></div>
+ <button id="run">Run</button></div>
 <div class="row"><canvas id="picture" width="1" height="1"></canvas></div>
 <div id="out"></div>
 <script>
@@ -41,7 +42,7 @@ async function predict(name, body) {
 }
 function chosen() { return models.find(m => m.name === $("model").value) || {}; }
 function showInputs() {
-  const text = chosen().task === "translation";
+  const text = chosen().input === "text";
   $("imagebox").style.display = text ? "none" : "";
   $("textbox").style.display = text ? "" : "none";
 }
@@ -54,12 +55,14 @@ async function load() {
       `<option value="${m.name}">${m.name} (version ${m.version}, ${m.task})</option>`).join("");
   showInputs();
 }
+function boxesKey(row) { return Object.keys(row).find(k => k.endsWith("_boxes")); }
 function draw(img, row) {
   const c = $("picture"), g = c.getContext("2d");
   c.width = img.naturalWidth; c.height = img.naturalHeight; g.drawImage(img, 0, 0);
-  const boxes = row.detection_boxes, scores = row.detection_scores,
-        classes = row.detection_classes, masks = row.detection_masks,
-        n = row.num_detections, lines = [];
+  const kind = boxesKey(row).slice(0, -"_boxes".length);
+  const boxes = row[kind + "_boxes"], scores = row[kind + "_scores"],
+        classes = row[kind + "_classes"], masks = row[kind + "_masks"],
+        n = row["num_" + kind], lines = [];
   for (let i = 0; i < n; i++) {
     if (scores[i] < 0.3) continue;
     const color = COLORS[classes[i] % COLORS.length];
@@ -77,7 +80,7 @@ function draw(img, row) {
     g.fillText(`${classes[i]} ${scores[i].toFixed(2)}`, x0 + 2, Math.max(12, y0 - 3));
     lines.push(`class ${classes[i]} score ${scores[i].toFixed(3)} box [${boxes[i].map(v => v.toFixed(1))}]`);
   }
-  return lines.length ? lines.join("\\n") : "no detection with score >= 0.3";
+  return lines.length ? lines.join("\\n") : "nothing with score >= 0.3";
 }
 async function onFile() {
   const file = $("file").files[0]; if (!file) return;
@@ -86,7 +89,7 @@ async function onFile() {
   try {
     const [row] = await predict(chosen().name, {instances: [{b64: url.split(",")[1]}]});
     if (!row.valid && row.reason) throw new Error(row.reason);
-    if (row.detection_boxes) { $("out").textContent = draw(img, row); document.body.dataset.done = "boxes"; return; }
+    if (boxesKey(row)) { $("out").textContent = draw(img, row); document.body.dataset.done = "boxes"; return; }
     const c = $("picture"); c.width = img.naturalWidth; c.height = img.naturalHeight;
     c.getContext("2d").drawImage(img, 0, 0);
     const top = row.probabilities.map((p, k) => [p, k]).sort((a, b) => b[0] - a[0]).slice(0, 5);
@@ -94,14 +97,14 @@ async function onFile() {
     document.body.dataset.done = "classes";
   } catch (e) { $("out").textContent = "Error: " + e.message; document.body.dataset.done = "error"; }
 }
-async function onTranslate() {
+async function onText() {
   try {
     const [row] = await predict(chosen().name, {instances: [$("text").value]});
-    $("out").textContent = row.translations + "  (score " + row.scores.toFixed(3) + ")";
-    document.body.dataset.done = "translation";
+    $("out").textContent = Object.entries(row).map(([k, v]) => `${k}: ${v}`).join("\\n");
+    document.body.dataset.done = "text";
   } catch (e) { $("out").textContent = "Error: " + e.message; document.body.dataset.done = "error"; }
 }
-$("model").onchange = showInputs; $("file").onchange = onFile; $("translate").onclick = onTranslate;
+$("model").onchange = showInputs; $("file").onchange = onFile; $("run").onclick = onText;
 $("token").onchange = load;
 load();
 </script></body></html>

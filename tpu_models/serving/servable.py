@@ -91,8 +91,8 @@ class Servable:
 
   def _load_saved_model(self) -> None:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    # The translator's graph holds SentencePiece and other tensorflow_text ops, which exist
-    # in this process only once tensorflow_text is imported (a dependency of the package).
+    # A graph may hold tensorflow_text ops (a tokenizer in the graph), which exist in this
+    # process only once tensorflow_text is imported (a dependency of the package).
     import tensorflow_text  # pylint: disable=g-import-not-at-top,unused-import
     self._model = tf.saved_model.load(self.path)
     self.runtime = f"TensorFlow {tf.__version__}"
@@ -169,7 +169,7 @@ class Servable:
     """
     for name, spec in sorted(self.signatures.items()):
       if any(tensor.shape is None for tensor in spec.inputs.values()):
-        continue  # Any rank (e.g. the classifier's serve_images): no row to make up.
+        continue  # Any rank (e.g. a serve_images of pixels): no row to make up.
       batch = spec.fixed_batch or 1
       inputs = {}
       for key, tensor in spec.inputs.items():
