@@ -3,11 +3,12 @@ real `tpu-models sweep` process with its own local Ray (sweep_helpers.ray_sandbo
 
 import ipaddress
 import os
+import signal
 
 import psutil
 
-from sweep_helpers import (TOY_SWEEP, ray_sandbox, run_sweep, start_sweep, trial_records,
-                           wait_for)
+from sweep_helpers import (TOY_SWEEP, checkpoints, metric_rows, ray_sandbox, run_sweep,
+                           start_sweep, trial_records, wait_for)
 
 
 def _sandbox_processes(ray_tmp: str):
@@ -93,3 +94,42 @@ def test_a_value_only_the_model_builder_refuses_is_caught_before_ray_and_all_fai
   assert failing.stderr.rstrip().splitlines()[-1] == (
       "tpu-models sweep: error: no trial of the sweep ended (each failed: their errors are "
       "listed above); fix the cause and run the same command again."), failing.stderr[-2000:]
+
+
+def test_sigterm_to_the_driver_stops_the_sweep_in_one_line_with_143_and_it_resumes(tmp_path):
+  """Before: SIGTERM to the driver gave Ray's native stack dump (`*** SIGTERM received ***`)
+  and exit 1. Now Tune's own graceful stop runs (its state saved, the trials stopped), one
+  line of ours, exit 143, no process of the sandbox left; the same command resumes and
+  ends with every train row once."""
+  directory = str(tmp_path / "sweep")
+  args = [TOY_SWEEP, "--set", f"sweep.directory={directory}", "--set", "sweep.trials=2",
+          "--set", "sweep.concurrency=1", "--set", "task.batch_delay_seconds=0.2"]
+  log = str(tmp_path / "driver.log")
+  with ray_sandbox() as ray_tmp:
+    driver = start_sweep(ray_tmp, *args, log_path=log)
+    wait_for(lambda: any(checkpoints(r["model_dir"]) for r in trial_records(directory).values()
+                         if os.path.isdir(r.get("model_dir", ""))),
+             240, "a trial's first checkpoint", process=driver, log_path=log)
+    os.kill(driver.pid, signal.SIGTERM)
+    assert driver.wait(timeout=120) == 143, open(log).read()[-3000:]
+    output = open(log).read()
+    ours = [l for l in output.splitlines() if l.startswith("tpu-models sweep")]
+    assert ours == [f"tpu-models sweep: Stopped by SIGTERM: Tune saved the sweep's state in "
+                    f"{directory} and stopped its running trials (each keeps its newest "
+                    f"checkpoint). Run the same command again to resume."], output[-3000:]
+    assert "SIGTERM received" not in output and "Traceback" not in output, output[-3000:]
+    # The trial stopped mid-way is recorded as interrupted (running, without a driver), not as
+    # stopped by the scheduler: as that, it would train nothing when resumed.
+    interrupted = [r for r in trial_records(directory).values() if r["state"] == "running"]
+    assert len(interrupted) == 1 and 10 <= interrupted[0]["step"] < 40, trial_records(directory)
+    # Ray's processes end with the driver (ray.shutdown): none of this sandbox is left.
+    wait_for(lambda: not [p for p in _sandbox_processes(ray_tmp) if p.is_running()
+                          and p.status() != psutil.STATUS_ZOMBIE], 60, "Ray's processes to end")
+    resumed = run_sweep(ray_tmp, *args)
+  assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+  assert "Resuming the sweep" in resumed.stdout
+  records = trial_records(directory)
+  assert sorted(r["state"] for r in records.values()) == ["done"] * 2, records
+  for record in records.values():
+    steps = [r["step"] for r in metric_rows(record["model_dir"]) if r["split"] == "train"]
+    assert steps == [10, 20, 30, 40], steps

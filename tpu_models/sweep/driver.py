@@ -13,10 +13,12 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
+import psutil
 import ray
 from ray import tune
 
@@ -53,10 +55,16 @@ def run_sweep(sweep: spec_lib.Sweep, *, address: Optional[str] = None,
   try:
     _check_same_sweep(sweep)
     resuming = _tune_state_exists(directory)
-    # The driver's own Tune settings are environment variables that only the CLI can set,
-    # before TensorFlow starts (DRIVER_ENVIRON); the trials' travel with Ray's runtime_env.
+    os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"  # Trials keep the driver's working directory.
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # metrics.jsonl is ours.
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # verbose=0 then prints nothing of Tune's.
+    # Tune's experiment state is small: save it often, so that a killed driver re-runs
+    # as little as possible.
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "5")
+    if round(sweep.config.resources.cpu) < onednn.MIN_THREADS:
+      onednn.withdraw_default()  # One-thread trials: TensorFlow's own choice (onednn.py).
     ray_start = time.time()
-    _init_ray(ray, address, trial_environ(sweep))
+    _init_ray(ray, address)
     ray_seconds = time.time() - ray_start
     nodes = len([n for n in ray.nodes() if n.get("Alive")])
     cpus = ray.cluster_resources().get("CPU", 0)
@@ -81,14 +89,108 @@ def run_sweep(sweep: spec_lib.Sweep, *, address: Optional[str] = None,
                                    resume_errored=False, restart_errored=False)
       else:
         tuner = _new_tuner(sweep, trainable, progress_every)
-      tuner.fit()
+      with _stop_on_sigterm() as stop:
+        tuner.fit()
     finally:
+      local = None if address else _ray_processes_since(ray_start)
       ray.shutdown()
+      if local:
+        _end_processes(local)
     run.update(ended=time.time())
+    if stop.received:
+      run.update(stopped_by="SIGTERM")
+      _reopen_trials_stopped_since(directory, stop.time)
     files.update_last_run(directory, run)
+    if stop.received:
+      raise SweepStopped(f"Stopped by SIGTERM: Tune saved the sweep's state in {directory} and "
+                         f"stopped its running trials (each keeps its newest checkpoint). Run the "
+                         f"same command again to resume.")
     return run
   finally:
     lock.release()
+
+
+def _ray_processes_since(start: float) -> List[psutil.Process]:
+  """This process's descendants that Ray started since `start` (a local Ray's GCS, raylet,
+  agents and trial workers), not other children the caller may have."""
+  found = []
+  for process in psutil.Process().children(recursive=True):
+    with contextlib.suppress(psutil.Error):
+      words = " ".join(process.cmdline()[:3])
+      if process.create_time() >= start - 1 and (
+          process.name().startswith("ray::") or "raylet" in words or "gcs_server" in words
+          or f"{os.sep}ray{os.sep}" in words):
+        found.append(process)
+  return found
+
+
+def _end_processes(processes: List[psutil.Process], grace_seconds: float = 10.0) -> None:
+  """Ends what `ray.shutdown` left of a local Ray: a trial worker still training when Tune
+  stopped (SIGTERM to the driver) outlived its raylet. SIGTERM, then SIGKILL after the grace."""
+  alive = [p for p in processes if p.is_running()]
+  for process in alive:
+    with contextlib.suppress(psutil.Error):
+      process.terminate()
+  _, alive = psutil.wait_procs(alive, timeout=grace_seconds)
+  for process in alive:
+    with contextlib.suppress(psutil.Error):
+      process.kill()
+  psutil.wait_procs(alive, timeout=grace_seconds)
+
+
+class SweepStopped(Exception):
+  """The driver was stopped by SIGTERM after saving Tune's state; `tpu-models sweep` exits 143."""
+  exit_code = 143
+
+
+class _SigtermStop:
+  received = False
+  time = 0.0
+
+
+def _reopen_trials_stopped_since(directory: str, since: float) -> None:
+  """Trials that ended as "stopped" after `since` (the SIGTERM) go back to "running".
+
+  Tune's stop ends a running trial as its scheduler's stop does, so the trial records
+  itself stopped; but Tune saved it as running and resumes it, and a trial whose record
+  says stopped trains nothing when started again (trial.run_trial). Its process has ended
+  (`_end_processes`), so the record is not written under it.
+  """
+  import tensorflow as tf
+  root = os.path.join(directory, trial_lib.TRIALS_DIR)
+  for name in tf.io.gfile.listdir(root) if tf.io.gfile.isdir(root) else []:
+    model_dir = trial_lib.trial_dir(directory, name.rstrip("/"))
+    record = trial_lib.read_trial_record(model_dir)
+    if record.get("state") == "stopped" and record.get("ended", 0.0) >= since:
+      record["state"] = "running"  # Shown as "interrupted" until the sweep resumes.
+      trial_lib.write_trial_record(model_dir, record)
+
+
+@contextlib.contextmanager
+def _stop_on_sigterm():
+  """A block (Tune's `fit`) that SIGTERM ends as Tune's own graceful stop does.
+
+  Ray's start installs a native handler that dumps a stack and exits 1 on SIGTERM. Here
+  the signal sets `received` and calls the handler Tune runs `fit` under for SIGUSR1
+  (stop the loop, save the experiment state, stop the trials); its warning is ours to
+  say. Outside `fit`, the SIGTERM ends the block with SweepStopped at once.
+  """
+  stop = _SigtermStop()
+
+  def on_sigterm(signum, frame):
+    stop.received, stop.time = True, time.time()
+    tune_stop = signal.getsignal(signal.SIGUSR1)
+    if not callable(tune_stop):
+      raise SweepStopped("Stopped by SIGTERM before the trials started; run the same "
+                         "command again to resume.")
+    logging.getLogger("ray.tune.tune").setLevel(logging.ERROR)  # Its "Stop signal" warning.
+    tune_stop(signum, frame)
+
+  previous = signal.signal(signal.SIGTERM, on_sigterm)
+  try:
+    yield stop
+  finally:
+    signal.signal(signal.SIGTERM, previous)
 
 
 def _lock_sweep(directory: str):
@@ -139,27 +241,18 @@ def _tune_state_exists(directory: str) -> bool:
   return bool(tf.io.gfile.glob(os.path.join(directory, files.TUNE_DIR, "experiment_state-*.json")))
 
 
-def trial_environ(sweep: spec_lib.Sweep) -> Dict[str, str]:
-  """Environment variables of the trial processes (Ray's runtime_env): they keep the
-  driver's working directory, and get the oneDNN default for their own CPU share (a
-  one-CPU trial TensorFlow's own choice: onednn.py)."""
-  return {"RAY_CHDIR_TO_TRIAL_DIR": "0",
-          **onednn.child_environ(round(sweep.config.resources.cpu))}
-
-
-def _init_ray(ray, address: Optional[str], env_vars: Dict[str, str]) -> None:
-  common = dict(log_to_driver=False, logging_level=logging.WARNING, configure_logging=True,
-                runtime_env={"env_vars": env_vars})
+def _init_ray(ray, address: Optional[str]) -> None:
+  common = dict(log_to_driver=False, logging_level=logging.WARNING, configure_logging=True)
   try:
     if address:
       ray.init(address=address, **common)
     else:
       # Ray starts workers at niceness 15 so that its own daemons keep priority on a
       # dedicated node; on a shared machine that starves the trials, which are the work.
+      os.environ.setdefault("RAY_worker_niceness", "0")
       with _on_loopback():  # Reachable from this machine only (unlike --address).
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False,
-                 object_store_memory=LOCAL_OBJECT_STORE_BYTES,
-                 _system_config={"worker_niceness": 0}, **common)
+                 object_store_memory=LOCAL_OBJECT_STORE_BYTES, **common)
   except ConnectionError as e:
     raise ConfigError(f"--address {address}: no Ray cluster answers there ({e}). Start one "
                       f"with `ray start --head` (docs/sweeps.md) or leave --address out to run "
