@@ -33,6 +33,8 @@ import os
 import sys
 from typing import Any, Callable, Dict, List, Optional
 
+from tpu_models import startup
+
 # The generic commands whose options families may extend (`add_options`).
 EXTENSIBLE_COMMANDS = ("train", "evaluate", "export", "predict", "check", "benchmark")
 
@@ -195,7 +197,10 @@ def _parser() -> argparse.ArgumentParser:
   add_override_args(p, set_help="override a key of every trial's experiment, or of the sweep "
                                  "section (sweep.trials=4); repeatable",
                     import_help="; every trial imports it too")
-  p.set_defaults(run=_sweep, option_dests=[])
+  from tpu_models.sweep import DRIVER_ENVIRON  # Light: the package's docstring and this dict.
+  # The driver runs no TensorFlow work: the oneDNN default goes to each trial for its own
+  # CPU share (sweep/driver.py), not to this process.
+  p.set_defaults(run=_sweep, option_dests=[], environ=DRIVER_ENVIRON, onednn_default=False)
 
   from tpu_models.serving import command as serve_command  # argparse only.
   p = sub.add_parser("serve", help="serve exports over HTTP on Ray Serve: TF Serving's REST API "
@@ -277,61 +282,16 @@ def load_experiment(args):
   return config, model_dir
 
 
-# TensorFlow's C++ start-up notices that say nothing about the run. absl writes them
-# before its logging is initialised, so TF_CPP_MIN_LOG_LEVEL cannot filter them
-# (docs/training.md says what each means). Only whole lines containing these are dropped.
-_STARTUP_NOTICES = (
-    "All log messages before absl::InitializeLog() is called are written to STDERR",
-    "oneDNN custom operations are on.",  # Informational: oneDNN kernels in use.
-)
-# The CUDA platform's probe on a machine with no NVIDIA driver: dropped only there.
-_NO_GPU_NOTICES = (
-    "Could not find cuda drivers on your machine, GPU will not be used.",
-    "failed call to cuInit:",
-)
-
-
-def _has_nvidia_device() -> bool:
-  import glob
-  return bool(glob.glob("/dev/nvidia[0-9]*")) or os.path.exists("/proc/driver/nvidia")
-
-
-def _import_tensorflow_quietly() -> None:
-  """Imports TensorFlow and probes for GPUs with stderr (fd 2) captured, then replays it
-  without the known start-up notices. Set TPU_MODELS_TF_STARTUP_LOGS=1 to see them all."""
-  if "tensorflow" in sys.modules or os.environ.get("TPU_MODELS_TF_STARTUP_LOGS") == "1":
-    return
-  notices = _STARTUP_NOTICES + (() if _has_nvidia_device() else _NO_GPU_NOTICES)
-  import tempfile
-  sys.stderr.flush()
-  saved = os.dup(2)
-  with tempfile.TemporaryFile() as captured:
-    os.dup2(captured.fileno(), 2)
-    try:
-      import tensorflow as tf
-      tf.config.list_physical_devices("GPU")  # Where the CUDA probe (cuInit) logs.
-    finally:
-      sys.stderr.flush()
-      os.dup2(saved, 2)
-      os.close(saved)
-      captured.seek(0)
-      kept = _without_notices(captured.read(), notices)
-      if kept:
-        os.write(2, kept)
-
-
-def _without_notices(stderr: bytes, notices) -> bytes:
-  """`stderr` without the whole lines that contain one of `notices` (str)."""
-  return b"".join(line for line in stderr.splitlines(keepends=True)
-                  if not any(notice.encode() in line for notice in notices))
-
-
 def main(argv: Optional[List[str]] = None) -> int:
   args = _parser().parse_args(argv)
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # Keep C++ start-up chatter out of the way.
-  from tpu_models import onednn
-  onednn.default_on()  # Before TensorFlow is imported, which reads it once.
-  _import_tensorflow_quietly()
+  # Environment variables only before TensorFlow starts (startup.py says why); a command's
+  # own (`environ` of its parser) too, e.g. the sweep driver's Ray Tune settings.
+  startup.set_defaults_before_tensorflow(
+      {"TF_CPP_MIN_LOG_LEVEL": "2", **getattr(args, "environ", {})})
+  if getattr(args, "onednn_default", True):
+    from tpu_models import onednn
+    onednn.default_on()  # Before TensorFlow is imported, which reads it once.
+  startup.import_tensorflow_quietly()
   from tpu_models.errors import USER_ERRORS
   try:
     return args.run(args)

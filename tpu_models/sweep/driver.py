@@ -55,16 +55,10 @@ def run_sweep(sweep: spec_lib.Sweep, *, address: Optional[str] = None,
   try:
     _check_same_sweep(sweep)
     resuming = _tune_state_exists(directory)
-    os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"  # Trials keep the driver's working directory.
-    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # metrics.jsonl is ours.
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # verbose=0 then prints nothing of Tune's.
-    # Tune's experiment state is small: save it often, so that a killed driver re-runs
-    # as little as possible.
-    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "5")
-    if round(sweep.config.resources.cpu) < onednn.MIN_THREADS:
-      onednn.withdraw_default()  # One-thread trials: TensorFlow's own choice (onednn.py).
+    # The driver's own Tune settings are environment variables that only the CLI can set,
+    # before TensorFlow starts (DRIVER_ENVIRON); the trials' travel with Ray's runtime_env.
     ray_start = time.time()
-    _init_ray(ray, address)
+    _init_ray(ray, address, trial_environ(sweep))
     ray_seconds = time.time() - ray_start
     nodes = len([n for n in ray.nodes() if n.get("Alive")])
     cpus = ray.cluster_resources().get("CPU", 0)
@@ -241,18 +235,27 @@ def _tune_state_exists(directory: str) -> bool:
   return bool(tf.io.gfile.glob(os.path.join(directory, files.TUNE_DIR, "experiment_state-*.json")))
 
 
-def _init_ray(ray, address: Optional[str]) -> None:
-  common = dict(log_to_driver=False, logging_level=logging.WARNING, configure_logging=True)
+def trial_environ(sweep: spec_lib.Sweep) -> Dict[str, str]:
+  """Environment variables of the trial processes (Ray's runtime_env): they keep the
+  driver's working directory, and get the oneDNN default for their own CPU share (a
+  one-CPU trial TensorFlow's own choice: onednn.py)."""
+  return {"RAY_CHDIR_TO_TRIAL_DIR": "0",
+          **onednn.child_environ(round(sweep.config.resources.cpu))}
+
+
+def _init_ray(ray, address: Optional[str], env_vars: Dict[str, str]) -> None:
+  common = dict(log_to_driver=False, logging_level=logging.WARNING, configure_logging=True,
+                runtime_env={"env_vars": env_vars})
   try:
     if address:
       ray.init(address=address, **common)
     else:
       # Ray starts workers at niceness 15 so that its own daemons keep priority on a
       # dedicated node; on a shared machine that starves the trials, which are the work.
-      os.environ.setdefault("RAY_worker_niceness", "0")
       with _on_loopback():  # Reachable from this machine only (unlike --address).
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False,
-                 object_store_memory=LOCAL_OBJECT_STORE_BYTES, **common)
+                 object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+                 _system_config={"worker_niceness": 0}, **common)
   except ConnectionError as e:
     raise ConfigError(f"--address {address}: no Ray cluster answers there ({e}). Start one "
                       f"with `ray start --head` (docs/sweeps.md) or leave --address out to run "
