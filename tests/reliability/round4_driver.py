@@ -12,6 +12,8 @@ ResourceExhaustedError, raised as the state file's rewrite after deleting old
 checkpoints would raise it). The checkpoint is on disk and must stay there.
 FAULT disk-full-lock: the model_dir's `train.lock` is created, then writing its
 contents runs out of space (OSError ENOSPC), as on a full disk at the very start.
+FAULT kill-before-eval STEP: SIGKILL when the evaluation of step STEP starts (its
+checkpoint is saved): a run killed between a checkpoint and its evaluation.
 FAULT export-after PATH: `tpu-models export` writes its export, then waits (at most
 5 minutes) until PATH exists before putting it in place: an export that another
 export to the same output overtook.
@@ -67,11 +69,27 @@ def _hold_export_until(path: str) -> None:
   export._put_new = put_new_once_overtaken  # pylint: disable=protected-access
 
 
+def _kill_before_eval(step: int) -> None:
+  import signal
+  from tpu_models.training.trainer import Trainer
+  evaluate = Trainer._evaluate_and_report  # pylint: disable=protected-access
+
+  def kill_at_step(self, *args, **kwargs):
+    if self.current_step == step:
+      sys.stdout.flush()
+      os.kill(os.getpid(), signal.SIGKILL)
+    return evaluate(self, *args, **kwargs)
+
+  Trainer._evaluate_and_report = kill_at_step  # pylint: disable=protected-access
+
+
 def main(argv) -> int:
   fault, arg, separator, *rest = argv
   assert separator == "--", argv
   if fault == "disk-full-after-save":
     _inject_disk_full_after_save(int(arg))
+  elif fault == "kill-before-eval":
+    _kill_before_eval(int(arg))
   elif fault == "export-after":
     _hold_export_until(arg)
   elif fault == "disk-full-lock":

@@ -564,3 +564,30 @@ def test_re_running_a_finished_run_says_so_and_writes_nothing(tmp_path):
   assert sorted(os.listdir(tmp_path / "tiny")) == sorted(
       ["checkpoint", "ckpt-2.data-00000-of-00001", "ckpt-2.index",
        "ckpt-4.data-00000-of-00001", "ckpt-4.index", "config.yaml", "metrics.jsonl"])
+
+
+# Row 46: a run killed between a checkpoint and its evaluation (sweeps item 15).
+
+
+def test_a_run_killed_between_its_checkpoint_and_its_evaluation_evaluates_first(tmp_path):
+  """Before: the resumed run went on from ckpt-20 and never evaluated step 20 (a sweep's
+  ASHA rung at 20 was skipped and the trial compared on less). Killed (SIGKILL) as the
+  evaluation of step 20 starts; the same command evaluates step 20 first, says so, and
+  ends with one eval row per evaluation step."""
+  model_dir = tmp_path / "run"
+  cmd, env = train_command(model_dir, "trainer.eval_every=10")
+  mode = cmd.index("--mode")
+  cmd[mode + 1] = "train_and_evaluate"  # Evaluating every 10 steps, as a sweep's trial does.
+  killed = subprocess.run(_with_driver4(cmd, "kill-before-eval", 20), env=env, cwd=HERE,
+                          capture_output=True, text=True, timeout=120)
+  assert killed.returncode == -9, killed.stderr[-3000:]
+  rows = lambda: [(r["split"], r["step"]) for r in progress.read_metrics(str(model_dir))]
+  assert rows() == [("train", 10), ("eval", 10), ("train", 20)]
+  assert (model_dir / "ckpt-20.index").exists()
+  resumed = subprocess.run(cmd, env=env, cwd=HERE, capture_output=True, text=True,
+                           timeout=120)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert ("ckpt-20 has no evaluation recorded (the run stopped between its checkpoint and its "
+          "evaluation): evaluating step 20 before training on.") in resumed.stdout
+  assert rows() == [("train", 10), ("eval", 10), ("train", 20), ("resume", 20), ("eval", 20),
+                    ("train", 30), ("eval", 30), ("train", 40), ("eval", 40)]

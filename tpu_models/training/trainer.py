@@ -716,6 +716,10 @@ class Trainer:
     self._run_start = time.time()
     self._elapsed_at_start = float(self.elapsed_seconds.numpy())
     with self._catch_stop_signals():
+      if self._evaluation_missing(evaluate_every, target_step):
+        evaluated_at = self.current_step
+        if self._evaluate_and_report() and cfg.stop_at_target:
+          return last_metrics
       while self.current_step < target_step:
         step = self.current_step
         num_steps = self._steps_to_boundary(step, target_step, evaluate_every)
@@ -750,6 +754,25 @@ class Trainer:
       self._evaluate_and_report()
     self.elapsed_seconds.assign(self._elapsed())
     return last_metrics
+
+  def _evaluation_missing(self, evaluate_every: int, target_step: int) -> bool:
+    """Whether this run resumed at an evaluation step whose evaluation is not recorded.
+
+    A run killed between a checkpoint and the evaluation of that step would resume past
+    it and never evaluate there (a sweep's scheduler would compare the trial on one
+    evaluation less): it evaluates first, and says so. The last step is left to the final
+    evaluation.
+    """
+    step = self.current_step
+    if (not evaluate_every or not self._resume.path or step <= 0 or
+        step % evaluate_every or step >= target_step or len(self._workers) > 1):
+      return False
+    if any(r["step"] == step for r in progress_lib.read_metrics(self.model_dir, "eval")):
+      return False
+    self._say(f"{os.path.basename(self._resume.path)} has no evaluation recorded (the run "
+              f"stopped between its checkpoint and its evaluation): evaluating step {step} "
+              f"before training on.")
+    return True
 
   def _stop_if_signalled(self, reporter: Reporter) -> None:
     """After SIGTERM/SIGINT: save at the current step (unless just saved) and raise Preempted.
