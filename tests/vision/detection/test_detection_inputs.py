@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tpu_models.vision.detection import anchor_coverage as coverage
 from tpu_models.vision.detection import inputs as detection
 from tpu_models.vision.detection import anchors as anchors_lib
 from tpu_models.vision.detection import boxes as box_ops
@@ -196,7 +197,7 @@ def test_best_anchor_iou_equals_the_brute_force_maximum(size, params):
   boxes = np.concatenate([centers - sides / 2, centers + sides / 2], axis=1)
   brute = box_ops.iou(tf.constant(boxes, tf.float32),
                       anchors_lib.multilevel_anchors(size, **params)).numpy().max(axis=1)
-  np.testing.assert_allclose(detection.best_anchor_iou(boxes, size, **params), brute, atol=1e-5)
+  np.testing.assert_allclose(coverage.best_anchor_iou(boxes, size, **params), brute, atol=1e-5)
 
 
 def _write_box_records(path, boxes_per_image, side=256):
@@ -216,7 +217,7 @@ def test_anchor_coverage_warns_about_tiny_boxes_and_names_the_bucket(tmp_path):
              zip(rng.uniform(0, 120, [3, 2]), rng.choice([48, 64, 96, 128], [3, 2]))]
             for _ in range(20)]
   _write_box_records(tmp_path / "tiny.tfrecord", [t + n for t, n in zip(tiny, normal)])
-  report = detection.anchor_coverage(str(tmp_path / "tiny.tfrecord"), 256,
+  report = coverage.anchor_coverage(str(tmp_path / "tiny.tfrecord"), 256,
                                      class_names=["a", "b"])
   assert report.num_images == 20 and report.num_boxes == 120
   assert report.by_bucket["small"][0] == 60 and report.by_bucket["small"][1] < 0.2
@@ -228,7 +229,7 @@ def test_anchor_coverage_warns_about_tiny_boxes_and_names_the_bucket(tmp_path):
   assert "by class: a " in text
 
   _write_box_records(tmp_path / "normal.tfrecord", normal)
-  report = detection.anchor_coverage(str(tmp_path / "normal.tfrecord"), 256)
+  report = coverage.anchor_coverage(str(tmp_path / "normal.tfrecord"), 256)
   assert report.ok and report.share >= 0.9, report.format()
 
 
@@ -236,7 +237,7 @@ def test_anchor_coverage_suggests_aspect_ratios_for_elongated_boxes():
   rng = np.random.default_rng(1)
   corners = rng.uniform(0, 100, [50, 2])
   boxes = np.concatenate([corners, corners + [20, 140]], axis=1)  # 7:1 wide, "medium".
-  report = detection.box_coverage(boxes, np.zeros(50), 256)
+  report = coverage.box_coverage(boxes, np.zeros(50), 256)
   assert not report.ok
   assert "medium" in report.warnings[0] and "aspect_ratios=[0.5, 1.0, 2.0, 8.0]" in \
       report.warnings[0]

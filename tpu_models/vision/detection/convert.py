@@ -52,7 +52,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import tensorflow as tf
 
-from tpu_models.vision.classification import convert as convert_lib
+from tpu_models.vision import records as records_lib
 from tpu_models.vision import image as image_lib
 from tpu_models.vision.detection import coco as coco_lib
 from tpu_models.vision.detection import inputs as detection
@@ -250,11 +250,11 @@ def _load_image(image: _Image, max_pixels: int):
   try:
     with tf.io.gfile.GFile(image.path, "rb") as f:
       data = f.read()
-    encoded, height, width, reencoded = convert_lib._prepare_image(data, None, max_pixels)
+    encoded, height, width, reencoded = records_lib.prepare_image(data, None, max_pixels)
   except tf.errors.NotFoundError:
     return image, None, "file not found", ""
   except (tf.errors.OpError, ValueError, OSError) as e:
-    return image, None, convert_lib._reason(e), getattr(e, "kind", "")
+    return image, None, records_lib.error_reason(e), getattr(e, "kind", "")
   if image.declared_hw is not None and tuple(image.declared_hw) != (height, width):
     return image, None, (f"the annotation says {image.declared_hw[1]}x{image.declared_hw[0]} "
                          f"(WxH) but the image is {width}x{height}; its boxes would be wrong"), ""
@@ -321,7 +321,7 @@ def _write_records(images: List[_Image],
   if shuffle_seed is not None:
     random.Random(shuffle_seed).shuffle(images)
   names = [entry["name"] for entry in label_map]
-  bar = convert_lib._Progress(len(images), progress, description)
+  bar = records_lib.Progress(len(images), progress, description)
   report = _Report(bar)
   report.invalid.update(invalid or {})
   stats = {"clipped_boxes": 0}

@@ -422,7 +422,7 @@ class DetectionTaskBase(Task, DataReporter):
     return [("warning", report.format())]
 
   def anchor_coverage(self, max_images: Optional[int] = 5000):
-    """The anchor coverage of the training records (`inputs.anchor_coverage`).
+    """The anchor coverage of the training records (`anchor_coverage.anchor_coverage`).
 
     Returns:
       A `CoverageReport` (`print(report)` for the table by size bucket and
@@ -439,7 +439,9 @@ class DetectionTaskBase(Task, DataReporter):
       return None
     layout = dict(self.layout)
     image_size = layout.pop("image_size")
-    return detection_data.anchor_coverage(
+    from tpu_models.vision.detection import anchor_coverage as coverage_lib
+
+    return coverage_lib.anchor_coverage(
         data.path, image_size, **layout, matched_threshold=self.config.matched_threshold,
         max_images=max_images, class_names=self.class_names() if self.label_map() else None)
 
