@@ -10,7 +10,7 @@ model config:
                      "gt_masks": ...}, training=True)   # training: the ground truth in too
 
 Stages (every shape fixed by the config, nothing data-dependent):
-  backbone  ResNet v1.5 C2-C5 and the FPN P2-P6 of `retinanet.resnet_fpn`
+  backbone  ResNet v1.5 C2-C5 and the FPN P2-P6 of `backbone.resnet_fpn`
             (P6 a stride-2 conv of P5, as Model Garden's FPN, or a stride-2
             max pool: coarser_levels), no BN on the FPN by default.
   rpn       one 3x3 conv + ReLU shared by all levels, then 1x1 convs for A
@@ -55,7 +55,7 @@ change no variable (`torchvision_maskrcnn.TORCHVISION_MASKRCNN_V1`: its
 anchors, padding, frozen-BN epsilon, max-pool P6, per-level RPN filter,
 unaligned RoIAlign, size filters); its importer maps the rest.
 
-Variable paths: backbone/... and fpn/... as RetinaNet's (`retinanet.py`),
+Variable paths: backbone/... and fpn/... as backbone.py lists them,
 rpn/{conv,class_logits,box_deltas}/..., box_head/{fc1,fc2,class_logits,box_deltas}/...,
 mask_head/{conv{i},upsample,mask_logits}/....
 
@@ -77,9 +77,9 @@ from tpu_models.config import Bounds
 from tpu_models.errors import ConfigError
 from tpu_models.registry import register_model
 from tpu_models.vision.detection import anchors as anchor_ops
+from tpu_models.vision.detection import backbone as backbone_lib
 from tpu_models.vision.detection import boxes as box_ops
 from tpu_models.vision.detection import nms as nms_lib
-from tpu_models.vision.detection import retinanet as retinanet_lib
 from tpu_models.vision.detection import roi_ops
 from tpu_models.vision.layers import EigenConv2D, TiledConv2DTranspose
 
@@ -675,15 +675,10 @@ def maskrcnn(*,
                       f"roi_positive_fraction)), got {num_mask_rois}.")
 
   images = keras.Input(shape=(height, width, 3), name="image")
-  pyramid, batch_norm = retinanet_lib.resnet_fpn(
-      images, backbone_depth=backbone_depth, min_level=2, max_level=max_level,
-      fpn_channels=fpn_channels, use_batch_norm=use_batch_norm, bn_momentum=bn_momentum,
-      bn_epsilon=bn_epsilon, fused_bn=fused_bn, backbone_stem=backbone_stem,
-      backbone_width=backbone_width, backbone_stage_widths=backbone_stage_widths,
-      backbone_padding=backbone_padding, backbone_bn_epsilon=backbone_bn_epsilon,
-      backbone_trainable=backbone_trainable, backbone_frozen_bn=backbone_frozen_bn,
-      backbone_pointwise_matmul=backbone_pointwise_matmul, coarser_levels=coarser_levels,
-      backbone_project_first_shortcut=backbone_project_first_shortcut)
+  pyramid, batch_norm = backbone_lib.resnet_fpn(
+      images, min_level=2, max_level=max_level, fpn_channels=fpn_channels,
+      use_batch_norm=use_batch_norm, coarser_levels=coarser_levels,
+      **backbone_lib.backbone_args(locals()))
   head_norm = batch_norm if head_batch_norm else None
   rpn_logits, rpn_deltas = _rpn_outputs(pyramid, rpn_channels or fpn_channels, per_location,
                                         head_norm)

@@ -18,10 +18,9 @@ normalised as the backbone expects, with (H, W) = image_size (static: the
 anchor count depends on it).
 
 Architecture (as the Model Garden's RetinaNet, so its checkpoints map 1:1):
-  backbone  ResNet v1.5 (tpu_models.vision.classification.resnet, include_top=False): C3-C5.
-  fpn       lateral 1x1 convs on C3..C5, top-down sum with nearest 2x
-            upsampling, a 3x3 output conv per level; P6 = 3x3/2 conv of P5
-            (before its BN; p67_input="c5" takes C5 as in the paper), P7 = 3x3/2
+  backbone  ResNet v1.5 C3-C5 and the FPN P3-P7 (backbone.py: `resnet_fpn`):
+  fpn       lateral 1x1 convs, top-down sum, a 3x3 output conv per level; P6 =
+            3x3/2 conv of P5 (p67_input="c5": of C5, as in the paper), P7 = 3x3/2
             conv of ReLU(P6); then one BN per level.
   head      class and box subnets of head_convs 3x3 convs + BN + ReLU each; the
             convolutions are shared across levels, the BNs are per level (their
@@ -39,12 +38,7 @@ grid size; see anchors.py). The importer reorders the head's output channels
 into our anchor order, so the order above holds for every option.
 
 Variable paths (stable; checkpoints and warm starts restore by path):
-  backbone/conv1/kernel, backbone/bn1/{gamma,beta,moving_mean,moving_variance},
-  backbone/stage{2..5}_block{b}_{conv1,bn1,conv2,...,shortcut_conv,shortcut_bn}/...
-      (the ResNet classifier's own paths under "backbone/": warm-start from a
-      classifier with trainer.init_checkpoint_map {"^backbone/": ""})
-  fpn/lateral_p{3..5}/{kernel,bias}, fpn/output_p{3..5}/{kernel,bias},
-  fpn/coarser_p{6,7}/{kernel,bias}, fpn/bn_p{3..7}/...
+  backbone/... and fpn/... as backbone.py lists them (levels 3-7),
   head/class_conv{i}/{kernel,bias}, head/class_bn{i}_p{level}/...,
   head/class_logits/{kernel,bias}, and the same with box_ / box_deltas.
 """
@@ -57,14 +51,13 @@ import keras
 
 from tpu_models.errors import ConfigError
 from tpu_models.vision.classification import resnet as resnet_lib
-from tpu_models.vision.layers import EigenConv2D, FusedBatchNormalization
+from tpu_models.vision.layers import EigenConv2D
 from tpu_models.vision.detection import anchors as anchor_ops
+from tpu_models.vision.detection import backbone as backbone_lib
 from tpu_models.vision.detection import boxes as box_ops
 from tpu_models.builders import preset
 from tpu_models.registry import register_model
 
-_BACKBONE_MAX_LEVEL = 5  # ResNet's last stage, C5: stride 32.
-_BACKBONE_STEMS = ("imagenet", "space_to_depth")  # Stride-4 stems: C_l has stride 2^l.
 
 
 def _head_conv(filters: int, name: str, bias: float = 0.0) -> keras.layers.Conv2D:
@@ -74,18 +67,6 @@ def _head_conv(filters: int, name: str, bias: float = 0.0) -> keras.layers.Conv2
       filters, 3, padding="same", name=name,
       kernel_initializer=keras.initializers.RandomNormal(stddev=0.01),
       bias_initializer=keras.initializers.Constant(bias))
-
-
-def _fpn_conv(filters: int, kernel_size: int, strides: int, name: str,
-              padding: str = "same"):
-  """The conv (a callable on NHWC tensors); "symmetric" pads a strided conv k // 2 first."""
-  if padding == "symmetric" and strides > 1:
-    pad = keras.layers.ZeroPadding2D(kernel_size // 2, name=f"{name}_pad")
-    conv = EigenConv2D(filters, kernel_size, strides=strides, padding="valid",
-                       name=name, kernel_initializer=keras.initializers.VarianceScaling())
-    return lambda x: conv(pad(x))
-  return EigenConv2D(filters, kernel_size, strides=strides, padding="same", name=name,
-                     kernel_initializer=keras.initializers.VarianceScaling())
 
 
 @register_model("retinanet")
@@ -171,14 +152,14 @@ def retinanet(*,
   """
   height, width = box_ops.image_hw(image_size)
   min_level, max_level = int(min_level), int(max_level)
-  if not 3 <= min_level <= _BACKBONE_MAX_LEVEL or max_level < min_level:
-    raise ConfigError(f"RetinaNet needs 3 <= min_level <= {_BACKBONE_MAX_LEVEL} and "
+  if not 3 <= min_level <= backbone_lib.MAX_LEVEL or max_level < min_level:
+    raise ConfigError(f"RetinaNet needs 3 <= min_level <= {backbone_lib.MAX_LEVEL} and "
                       f"max_level >= min_level; got min_level={min_level}, "
                       f"max_level={max_level}.")
-  multiple = 2**min(max_level, _BACKBONE_MAX_LEVEL)
+  multiple = 2**min(max_level, backbone_lib.MAX_LEVEL)
   if height % multiple or width % multiple or height <= 0 or width <= 0:
     raise ConfigError(f"RetinaNet image_size must be a multiple of {multiple} (2^"
-                      f"{min(max_level, _BACKBONE_MAX_LEVEL)}) for levels {min_level}-"
+                      f"{min(max_level, backbone_lib.MAX_LEVEL)}) for levels {min_level}-"
                       f"{max_level}; got {image_size!r}.")
   if p67_input not in ("p5", "c5"):
     raise ConfigError(f"p67_input must be 'p5' or 'c5', got {p67_input!r}.")
@@ -191,8 +172,8 @@ def retinanet(*,
   if backbone_bn_epsilon < 0 or bn_epsilon < 0:
     raise ConfigError(f"BN epsilons must be >= 0, got bn_epsilon={bn_epsilon}, "
                       f"backbone_bn_epsilon={backbone_bn_epsilon}.")
-  if backbone_stem not in _BACKBONE_STEMS:
-    raise ConfigError(f"RetinaNet backbone_stem must be one of {', '.join(_BACKBONE_STEMS)} "
+  if backbone_stem not in backbone_lib.STEMS:
+    raise ConfigError(f"RetinaNet backbone_stem must be one of {', '.join(backbone_lib.STEMS)} "
                       f"(C_l at stride 2^l), got {backbone_stem!r}.")
   if num_classes < 1 or head_convs < 0 or not 0.0 < prior_probability < 1.0:
     raise ConfigError(f"Expected num_classes >= 1, head_convs >= 0 and 0 < "
@@ -205,16 +186,10 @@ def retinanet(*,
   head_channels = head_channels or fpn_channels
 
   inputs = keras.Input(shape=(height, width, 3), name="image")
-  pyramid, batch_norm = resnet_fpn(
-      inputs, backbone_depth=backbone_depth, min_level=min_level, max_level=max_level,
-      fpn_channels=fpn_channels, p67_input=p67_input, p67_padding=p67_padding,
-      use_batch_norm=use_batch_norm, bn_momentum=bn_momentum, bn_epsilon=bn_epsilon,
-      fused_bn=fused_bn, backbone_stem=backbone_stem, backbone_width=backbone_width,
-      backbone_stage_widths=backbone_stage_widths, backbone_padding=backbone_padding,
-      backbone_bn_epsilon=backbone_bn_epsilon, backbone_trainable=backbone_trainable,
-      backbone_frozen_bn=backbone_frozen_bn,
-      backbone_pointwise_matmul=backbone_pointwise_matmul,
-      backbone_project_first_shortcut=backbone_project_first_shortcut)
+  pyramid, batch_norm = backbone_lib.resnet_fpn(
+      inputs, min_level=min_level, max_level=max_level, fpn_channels=fpn_channels,
+      p67_input=p67_input, p67_padding=p67_padding, use_batch_norm=use_batch_norm,
+      **backbone_lib.backbone_args(locals()))
   with keras.name_scope("head"):
     class_outputs = _subnet(pyramid, "class", head_convs, head_channels, per_location,
                             num_classes, use_batch_norm, batch_norm,
@@ -230,97 +205,6 @@ def retinanet(*,
   }
   model = keras.Model(inputs, outputs, name=name or "retinanet")
   return model
-
-
-def resnet_fpn(inputs: keras.KerasTensor, *, backbone_depth: int, min_level: int,
-               max_level: int, fpn_channels: int, p67_input: str = "p5",
-               p67_padding: str = "same", use_batch_norm: bool = True,
-               bn_momentum: float = 0.99, bn_epsilon: float = 1e-3, fused_bn: bool = True,
-               backbone_stem: str = "imagenet", backbone_width: int = 64,
-               backbone_stage_widths: Optional[List[int]] = None,
-               backbone_padding: str = "same", backbone_bn_epsilon: Optional[float] = None,
-               backbone_trainable: bool = True, backbone_frozen_bn: bool = False,
-               backbone_pointwise_matmul: Optional[bool] = None,
-               backbone_project_first_shortcut: bool = False,
-               coarser_levels: str = "conv"):
-  """The detection family's ResNet backbone and FPN on a functional input (RetinaNet, Mask R-CNN).
-
-  Builds the ResNet (`backbone/...` variables) and the FPN (`fpn/...`) as
-  described in the module docstring; the arguments are `retinanet`'s
-  (validated there or by the caller).
-
-  Args:
-    inputs: keras.Input [B, H, W, 3] (static H, W).
-    min_level: 2..5 (C_min_level from the backbone); max_level >= min_level.
-    coarser_levels: how the levels above 5 are made: "conv" (the stride-2
-      3x3 convs of the module docstring) or "max_pool" (each the previous
-      level subsampled by a 1x1 stride-2 max pool, no variables:
-      torchvision's LastLevelMaxPool, its Faster/Mask R-CNN's P6).
-
-  Returns:
-    ({level: KerasTensor [B, H / 2^l, W / 2^l, fpn_channels]} for
-    min_level..max_level, batch_norm(name) -> a BN layer of the model's
-    kind, momentum and epsilon, for the heads).
-  """
-  height, width = inputs.shape[1], inputs.shape[2]
-  if backbone_bn_epsilon is None:
-    backbone_bn_epsilon = bn_epsilon
-  with keras.name_scope("backbone"):
-    backbone = resnet_lib.resnet(
-        depth=backbone_depth, include_top=False, input_shape=[height, width, 3],
-        stem=backbone_stem, bn_momentum=bn_momentum, bn_epsilon=backbone_bn_epsilon,
-        padding=backbone_padding, fused_bn=fused_bn, pointwise_matmul=backbone_pointwise_matmul,
-        width=backbone_width, stage_widths=backbone_stage_widths,
-        project_first_shortcut=backbone_project_first_shortcut,
-        name="backbone")
-  backbone.trainable = backbone_trainable
-  if backbone_frozen_bn:
-    for layer in backbone.layers:
-      if isinstance(layer, keras.layers.BatchNormalization):
-        layer.trainable = False
-  stages = backbone(inputs)
-
-  bn_class = FusedBatchNormalization if fused_bn else keras.layers.BatchNormalization
-
-  def batch_norm(name: str) -> keras.layers.Layer:
-    return bn_class(axis=-1, momentum=bn_momentum, epsilon=bn_epsilon, name=name)
-
-  if coarser_levels not in ("conv", "max_pool"):
-    raise ConfigError(f"coarser_levels must be 'conv' or 'max_pool', got {coarser_levels!r}.")
-  with keras.name_scope("fpn"):
-    pyramid = _fpn(stages, min_level, max_level, fpn_channels, p67_input, use_batch_norm,
-                   batch_norm, p67_padding, coarser_levels)
-  return pyramid, batch_norm
-
-
-def _fpn(stages: Dict[str, keras.KerasTensor], min_level: int, max_level: int,
-         channels: int, p67_input: str, use_batch_norm: bool, batch_norm,
-         p67_padding: str = "same", coarser_levels: str = "conv"
-         ) -> Dict[int, keras.KerasTensor]:
-  """{level: [B, H_l, W_l, channels]} for min_level..max_level."""
-  top = min(max_level, _BACKBONE_MAX_LEVEL)
-  laterals = {level: _fpn_conv(channels, 1, 1, f"lateral_p{level}")(stages[f"C{level}"])
-              for level in range(min_level, top + 1)}
-  merged = {top: laterals[top]}
-  for level in range(top - 1, min_level - 1, -1):
-    upsampled = keras.layers.UpSampling2D(2, interpolation="nearest",
-                                          name=f"upsample_p{level + 1}")(merged[level + 1])
-    merged[level] = keras.layers.Add(name=f"merge_p{level}")([upsampled, laterals[level]])
-  pyramid = {level: _fpn_conv(channels, 3, 1, f"output_p{level}")(merged[level])
-             for level in range(min_level, top + 1)}
-  for level in range(top + 1, max_level + 1):
-    if coarser_levels == "max_pool":  # ceil(n / 2) of every other row and column.
-      pyramid[level] = keras.layers.MaxPooling2D(1, strides=2, name=f"pool_p{level}")(
-          pyramid[level - 1])
-      continue
-    if level == _BACKBONE_MAX_LEVEL + 1:
-      x = stages["C5"] if p67_input == "c5" else pyramid[level - 1]
-    else:
-      x = keras.layers.ReLU(name=f"relu_p{level - 1}")(pyramid[level - 1])
-    pyramid[level] = _fpn_conv(channels, 3, 2, f"coarser_p{level}", p67_padding)(x)
-  if use_batch_norm:
-    pyramid = {level: batch_norm(f"bn_p{level}")(x) for level, x in pyramid.items()}
-  return pyramid
 
 
 def _subnet(pyramid: Dict[int, keras.KerasTensor], kind: str, num_convs: int, channels: int,
