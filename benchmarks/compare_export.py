@@ -6,7 +6,7 @@
 Exports the newest checkpoint of --model-dir in every format this machine can write
 (`tpu-models export --format ...`, into --work-dir; existing exports there are reused
 unless --fresh), then measures on the CPU, each through its own runtime
-(deploy.ExportRunner: TensorFlow, the LiteRT interpreter, onnxruntime) with the same
+(export.ExportRunner: TensorFlow, the LiteRT interpreter, onnxruntime) with the same
 random uint8 inputs of the signature's shape:
 
     latency     batch 1: median milliseconds of --calls calls (after --warmup)
@@ -116,9 +116,9 @@ class _PeerLiteRT:
   """A .tflite written by another library, run by our LiteRT interpreter on float32 inputs."""
 
   def __init__(self, path: str, threads: int):
-    from tpu_models import deploy  # pylint: disable=g-import-not-at-top
-    self._interpreter = deploy._litert_interpreter(path, threads=threads)  # pylint: disable=protected-access
-    self.runtime = deploy.litert_runtime_label()
+    from tpu_models.export import litert  # pylint: disable=g-import-not-at-top
+    self._interpreter = litert.make_interpreter(path, threads=threads)
+    self.runtime = litert.litert_runtime_label()
     signature = sorted(self._interpreter.get_signature_list())[0]
     self._runner = self._interpreter.get_signature_runner(signature)
     self.input_name = next(iter(self._runner.get_input_details()))
@@ -156,7 +156,7 @@ def main(argv=None) -> int:
   import numpy as np
   import tensorflow as tf
   from tpu_models import config as config_lib
-  from tpu_models import deploy, export
+  from tpu_models import export
 
   tf.config.threading.set_intra_op_parallelism_threads(args.threads)
   config = config_lib.load_config(args.config)
@@ -169,7 +169,7 @@ def main(argv=None) -> int:
         export.export_saved_model(config, args.model_dir, path, overwrite=True, say=print)
       else:
         try:
-          deploy.export_deployment(config, args.model_dir, path, format_name=name,
+          export.export_deployment(config, args.model_dir, path, format_name=name,
                                    calibration_examples=args.calibration_examples,
                                    overwrite=True, say=print)
         except ImportError as e:
@@ -177,7 +177,7 @@ def main(argv=None) -> int:
           continue
     paths[name] = path
 
-  runners = {name: deploy.ExportRunner(path, threads=args.threads)
+  runners = {name: export.ExportRunner(path, threads=args.threads)
              for name, path in paths.items()}
   # The input shape: a LiteRT export's own signature ([-1, H, W, C]), else the config's.
   shape = None
@@ -241,7 +241,7 @@ def main(argv=None) -> int:
   for name, runner in runners.items():
     row = timed_row(name, runner.runtime, _artefact_size(paths[name], runner.record))
     if args.accuracy:
-      metrics = deploy.evaluate_export(paths[name], config, args.split,
+      metrics = export.evaluate_export(paths[name], config, args.split,
                                        threads=args.threads)["metrics"]
       row["metrics"] = metrics
     rows.append(row)

@@ -1,11 +1,11 @@
-"""export._put_in_place: the new export replaces the old without a moment with neither."""
+"""export/staging.py's _put_in_place: the new export replaces the old without a moment with neither."""
 
 import os
 
 import pytest
 import tensorflow as tf
 
-from tpu_models import export
+from tpu_models.export import staging as staging_lib
 
 
 def _make(path, text):
@@ -22,11 +22,11 @@ def _read(path):
 @pytest.mark.parametrize("exchange", [True, False])
 def test_local_swap_by_exchange_or_by_renaming_aside(tmp_path, monkeypatch, exchange):
   if not exchange:
-    monkeypatch.setattr(export, "_exchange", lambda a, b: False)
+    monkeypatch.setattr(staging_lib, "_exchange", lambda a, b: False)
   output, staging = str(tmp_path / "out"), str(tmp_path / "out.partial-1")
   _make(output, "old")
   _make(staging, "new")
-  export._put_in_place(staging, output)
+  staging_lib._put_in_place(staging, output)
   assert _read(output) == "new"
   if exchange:  # The old export is where the new one was; the caller removes it.
     assert _read(staging) == "old"
@@ -35,19 +35,19 @@ def test_local_swap_by_exchange_or_by_renaming_aside(tmp_path, monkeypatch, exch
 
 
 def test_exchange_is_refused_for_non_local_paths():
-  assert export._exchange("ram://a", "ram://b") is False
+  assert staging_lib._exchange("ram://a", "ram://b") is False
 
 
 def test_an_output_at_a_filesystem_root_has_that_root_as_its_parent():
   # os.path.dirname("ram://exp") is "ram:", which export once created as a local directory.
-  assert export._parent("ram://exp") == "ram://"
-  assert export._beside("ram://exp", export._PARTIAL) == f"ram://.exp.partial-{os.getpid()}"
-  assert export._parent("gs://bucket/runs/exp") == "gs://bucket/runs"
-  assert export._parent("exp") == "." and export._parent("/tmp/exp") == "/tmp"
+  assert staging_lib._parent("ram://exp") == "ram://"
+  assert staging_lib._beside("ram://exp", staging_lib._PARTIAL) == f"ram://.exp.partial-{os.getpid()}"
+  assert staging_lib._parent("gs://bucket/runs/exp") == "gs://bucket/runs"
+  assert staging_lib._parent("exp") == "." and staging_lib._parent("/tmp/exp") == "/tmp"
 
 
 def test_a_failed_rename_in_puts_the_old_export_back(tmp_path, monkeypatch):
-  monkeypatch.setattr(export, "_exchange", lambda a, b: False)
+  monkeypatch.setattr(staging_lib, "_exchange", lambda a, b: False)
   output, staging = str(tmp_path / "out"), str(tmp_path / "out.partial-1")
   _make(output, "old")
   _make(staging, "new")
@@ -60,7 +60,7 @@ def test_a_failed_rename_in_puts_the_old_export_back(tmp_path, monkeypatch):
 
   monkeypatch.setattr(tf.io.gfile, "rename", fail_moving_the_new_one_in)
   with pytest.raises(OSError, match="injected"):
-    export._put_in_place(staging, output)
+    staging_lib._put_in_place(staging, output)
   assert _read(output) == "old" and _read(staging) == "new"
 
 
@@ -74,7 +74,7 @@ def test_leftovers_of_dead_exports_are_removed_or_restored_and_live_ones_kept(tm
   _make(f"{output}.partial-{os.getpid()}", "being written")  # A live export's.
   _make(str(tmp_path / "other.partial-1"), "another output's")
   said = []
-  export._remove_abandoned(output, said.append)
+  staging_lib._remove_abandoned(output, said.append)
   assert _read(output) == "old"
   assert sorted(os.listdir(tmp_path)) == ["other.partial-1", "out", f"out.partial-{os.getpid()}"]
   assert said[0].startswith(f"Restored {output} from {output}.old-{dead.pid}")
@@ -95,7 +95,7 @@ def test_on_ram_the_swap_moves_file_by_file_with_saved_model_pb_last(monkeypatch
   import uuid
   root = f"ram://{uuid.uuid4().hex}"
   output = f"{root}/out"
-  staging = export._beside(output, export._PARTIAL)
+  staging = staging_lib._beside(output, staging_lib._PARTIAL)
   assert staging == f"{root}/.out.partial-{os.getpid()}"  # Not a name that extends OUTPUT's.
   _make_with_variables(output, "old")
   _make_with_variables(staging, "new")
@@ -107,7 +107,7 @@ def test_on_ram_the_swap_moves_file_by_file_with_saved_model_pb_last(monkeypatch
     return rename(source, target, overwrite)
 
   monkeypatch.setattr(tf.io.gfile, "rename", record)
-  export._put_in_place(staging, output)
+  staging_lib._put_in_place(staging, output)
   assert _read(output) == "new" and tf.io.gfile.listdir(root) == ["out"]
   with tf.io.gfile.GFile(f"{output}/variables/variables.index") as f:
     assert f.read() == "new"
@@ -123,7 +123,7 @@ def test_on_ram_the_swap_moves_file_by_file_with_saved_model_pb_last(monkeypatch
 
   monkeypatch.setattr(tf.io.gfile, "rename", fail_at_the_new_saved_model)
   with pytest.raises(OSError, match="injected"):
-    export._put_in_place(staging, output)
+    staging_lib._put_in_place(staging, output)
   assert _read(output) == "new"
   with tf.io.gfile.GFile(f"{output}/variables/variables.index") as f:
     assert f.read() == "new"

@@ -397,8 +397,7 @@ def _write_export(args, config, model_dir: str, output: str) -> None:
                         f"--format litert or onnx.")
     export.export_saved_model(config, model_dir, output, overwrite=args.overwrite, say=print)
     return
-  from tpu_models import deploy
-  deploy.export_deployment(config, model_dir, output, format_name=args.export_format,
+  export.export_deployment(config, model_dir, output, format_name=args.export_format,
                            calibration_examples=args.calibration_examples,
                            overwrite=args.overwrite, agreement_examples=args.agreement_examples,
                            min_agreement=args.min_agreement,
@@ -408,12 +407,12 @@ def _write_export(args, config, model_dir: str, output: str) -> None:
 def _evaluate_export(args) -> int:
   import json
   from tpu_models import config as config_lib
-  from tpu_models import deploy
+  from tpu_models import export
   from tpu_models import registry
   registry.import_modules(args.imports)  # The export's model may be the user's own.
-  config_path = args.config or deploy.export_config_path(args.export)
+  config_path = args.config or export.export_config_path(args.export)
   config = config_lib.load_config(config_path, args.overrides)
-  result = deploy.evaluate_export(args.export, config, args.split, threads=args.threads,
+  result = export.evaluate_export(args.export, config, args.split, threads=args.threads,
                                   say=lambda line: print(line, flush=True))
   metrics = ", ".join(f"{k} {int(v)}" if k == "examples" else f"{k} {v:.4f}"
                       for k, v in result["metrics"].items())

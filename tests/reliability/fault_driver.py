@@ -136,14 +136,14 @@ def _inject(fault: str, step: int) -> None:
     _inject_converter_kill(step)
     return
   if fault == "kill-after-export-swap":
-    from tpu_models import export
-    put_in_place = export._put_in_place  # pylint: disable=protected-access
+    from tpu_models.export import staging
+    put_in_place = staging._put_in_place  # pylint: disable=protected-access
 
     def put_in_place_then_kill(staging, output):
       put_in_place(staging, output)
       _kill()
 
-    export._put_in_place = put_in_place_then_kill  # pylint: disable=protected-access
+    staging._put_in_place = put_in_place_then_kill  # pylint: disable=protected-access
     return
   from tensorflow.python.checkpoint import checkpoint_management as manager_lib
   record_state = manager_lib.update_checkpoint_state_internal

@@ -57,8 +57,8 @@ def _inject_disk_full_lock() -> None:
 
 def _hold_export_until(path: str) -> None:
   import time
-  from tpu_models import export
-  put_new = export._put_new  # pylint: disable=protected-access
+  from tpu_models.export import staging
+  put_new = staging._put_new  # pylint: disable=protected-access
 
   def put_new_once_overtaken(staging, output, what):
     deadline = time.time() + 300
@@ -66,7 +66,7 @@ def _hold_export_until(path: str) -> None:
       time.sleep(0.05)
     return put_new(staging, output, what)
 
-  export._put_new = put_new_once_overtaken  # pylint: disable=protected-access
+  staging._put_new = put_new_once_overtaken  # pylint: disable=protected-access
 
 
 def _kill_before_eval(step: int) -> None:

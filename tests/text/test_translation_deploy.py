@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpu_models import deploy
 from tpu_models import export
 from tpu_models.errors import ConfigError
 from tpu_models.text import translation
@@ -34,8 +33,8 @@ def trained(corpus, tmp_path_factory):  # pylint: disable=redefined-outer-name
 def test_litert_steps_decode_as_the_keras_model(corpus, trained, tmp_path, beam_size):
   config = make_config(corpus, STEPS + [f"task.beam_size={beam_size}"])
   output = str(tmp_path / "litert")
-  deploy.export_deployment(config, trained, output, format_name="litert")
-  with open(os.path.join(output, deploy.EXPORT_JSON)) as f:
+  export.export_deployment(config, trained, output, format_name="litert")
+  with open(os.path.join(output, export.EXPORT_JSON)) as f:
     record = json.load(f)
   assert record["builtin_ops_only"] and record["select_tf_ops"] == [], record["ops"]
   assert set(record["signatures"]) == {"encode", "decode_step"}
@@ -43,8 +42,8 @@ def test_litert_steps_decode_as_the_keras_model(corpus, trained, tmp_path, beam_
   # The export's check: its searched tokens equal the unconverted steps' on every sentence.
   assert record["agreement"]["unit"] == "sentences' tokens of eval"
   assert record["agreement"]["fraction"] == 1.0 and record["agreement"]["total"] == 7
-  runner = deploy.ExportRunner(output)
-  assert runner.runtime.startswith(deploy.litert_runtime())
+  runner = export.ExportRunner(output)
+  assert runner.runtime.startswith(export.litert_runtime())
 
   task, model = export.load_model(config, trained)
   sentences = [de for de, _ in corpus["validation"][:3]]
@@ -61,14 +60,14 @@ def test_litert_steps_decode_as_the_keras_model(corpus, trained, tmp_path, beam_
     trainer = Trainer(evaluation, trained)
     reference = trainer.evaluate()
     trainer.close()
-    result = deploy.evaluate_export(output, evaluation, split="eval")
+    result = export.evaluate_export(output, evaluation, split="eval")
     assert result["metrics"]["examples"] == 7
     assert result["metrics"]["bleu"] == pytest.approx(reference["bleu"], abs=1e-6)
     assert result["metrics"]["chrf"] == pytest.approx(reference["chrf"], abs=1e-6)
     # The SavedModel (strings in and out, its search in the graph) by the same command.
     saved = str(tmp_path / "saved")
     export.export_saved_model(evaluation, trained, saved)
-    by_saved = deploy.evaluate_export(saved, evaluation, split="eval")
+    by_saved = export.evaluate_export(saved, evaluation, split="eval")
     assert by_saved["format"] == "saved_model"
     assert by_saved["metrics"] == pytest.approx(result["metrics"], abs=1e-6)
 
@@ -79,12 +78,12 @@ def test_onnx_steps_decode_as_the_keras_model(corpus, trained, tmp_path):
   pytest.importorskip("onnxruntime")
   config = make_config(corpus, STEPS + ["task.beam_size=2"])
   output = str(tmp_path / "onnx")
-  deploy.export_deployment(config, trained, output, format_name="onnx")
-  with open(os.path.join(output, deploy.EXPORT_JSON)) as f:
+  export.export_deployment(config, trained, output, format_name="onnx")
+  with open(os.path.join(output, export.EXPORT_JSON)) as f:
     record = json.load(f)
   assert record["files"] == {"encode": "encode.onnx", "decode_step": "decode_step.onnx"}
   assert record["agreement"]["fraction"] == 1.0 and record["agreement"]["total"] == 7
-  runner = deploy.ExportRunner(output)
+  runner = export.ExportRunner(output)
   task, model = export.load_model(config, trained)
   sentences = [de for de, _ in corpus["validation"][:3]]
   inputs = translation.encode_batch(task.vocab, tf.constant(sentences), task.eval_input_length)
@@ -99,6 +98,6 @@ def test_int8_is_refused_naming_float32(corpus, trained, tmp_path):
   before anything is converted or written."""
   with pytest.raises(ConfigError, match=r"float32 only: an int8 decode_step .* is not built\. "
                                         r"Export --format litert \(float32\) or onnx") as error:
-    deploy.export_deployment(make_config(corpus, STEPS), trained, str(tmp_path / "int8"),
+    export.export_deployment(make_config(corpus, STEPS), trained, str(tmp_path / "int8"),
                              format_name="litert-int8")
   assert "\n" not in str(error.value) and not os.path.exists(tmp_path / "int8")

@@ -71,8 +71,8 @@ def export_best(directory: str, format_name: str = "saved_model", *,
     from tpu_models import export
     export.export_saved_model(config, best.model_dir, output, overwrite=overwrite, say=say)
   else:
-    from tpu_models import deploy
-    deploy.export_deployment(config, best.model_dir, output, format_name=format_name,
+    from tpu_models import export
+    export.export_deployment(config, best.model_dir, output, format_name=format_name,
                              calibration_examples=calibration_examples, overwrite=overwrite,
                              say=say)
   test = _score_test(output, config, best.model_dir, say)
@@ -101,8 +101,8 @@ def _score_test(output: str, config, model_dir: str,
     return None
   from tpu_models.task import Deployable, create_task
   if isinstance(create_task(config.task), Deployable):
-    from tpu_models import deploy
-    result = deploy.evaluate_export(output, config, "test", say=say)
+    from tpu_models import export
+    result = export.evaluate_export(output, config, "test", say=say)
     return {"runtime": result["runtime"], "metrics": result["metrics"]}
   from tpu_models.training.trainer import Trainer  # The checkpoint itself, by the Trainer.
   trainer = Trainer(config, model_dir)

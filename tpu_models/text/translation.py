@@ -33,7 +33,7 @@ Serving (`tpu-models export`): `serving_default(sentences: tf.string [N])`
 returns `{"translations": tf.string [N], "scores": float32 [N]}`; the
 tokenizer, the beam search and the detokenizer are all in the graph.
 
-Deployment (`tpu-models export --format litert|onnx`, deploy.py): two float32
+Deployment (`tpu-models export --format litert|onnx`, tpu_models/export/): two float32
 signatures with fixed shapes, the search and the tokenizer outside.
 `encode(inputs: int32 [1, S])` returns the cross-attention keys and values of
 every decoder layer and the padding bias; `decode_step(ids [R, 1], position [1],

@@ -11,7 +11,6 @@ import pytest
 import tensorflow as tf
 
 from tpu_models import cli
-from tpu_models import deploy
 from tpu_models import export
 from tpu_models.errors import ConfigError, DataError, MissingExtraError
 from tpu_models.training.trainer import Trainer
@@ -53,13 +52,13 @@ def exports(trained, tmp_path_factory):
   result = {"saved_model": saved}
   formats = ["litert", "litert-int8"] + (["onnx"] if has_module("tf2onnx") else [])
   for name in formats:
-    result[name] = deploy.export_deployment(config, model_dir, str(root / name),
+    result[name] = export.export_deployment(config, model_dir, str(root / name),
                                             format_name=name, calibration_examples=16)
   return result
 
 
 def _served(saved: str, pixels: np.ndarray):
-  return deploy.ExportRunner(saved)("serve_images", {"images": pixels})
+  return export.ExportRunner(saved)("serve_images", {"images": pixels})
 
 
 def test_litert_float_holds_builtin_ops_and_serves_the_saved_models_numbers(trained, exports):
@@ -70,7 +69,7 @@ def test_litert_float_holds_builtin_ops_and_serves_the_saved_models_numbers(trai
   assert record["signatures"]["serve_images"]["inputs"]["images"].startswith("uint8")
   assert any("decoding encoded images" in line for line in record["outside_graph"])
   assert os.path.exists(os.path.join(exports["litert"], "config.yaml"))
-  litert = deploy.ExportRunner(exports["litert"])("serve_images", {"images": pixels})
+  litert = export.ExportRunner(exports["litert"])("serve_images", {"images": pixels})
   reference = _served(saved, pixels)
   np.testing.assert_allclose(litert["logits"], reference["logits"], atol=1e-4, rtol=1e-4)
   np.testing.assert_array_equal(litert["classes"], np.argmax(litert["logits"], -1))
@@ -85,7 +84,7 @@ def test_int8_takes_uint8_pixels_unchanged_and_stays_close_to_float(trained, exp
   assert quantization["dtype"] == "uint8"
   size = lambda name: os.path.getsize(os.path.join(exports[name], "model.tflite"))
   assert size("litert-int8") < size("litert") / 2  # int8 weights: a quarter, plus the graph.
-  int8 = deploy.ExportRunner(exports["litert-int8"])("serve_images", {"images": pixels})
+  int8 = export.ExportRunner(exports["litert-int8"])("serve_images", {"images": pixels})
   reference = _served(saved, pixels)
   spread = np.ptp(reference["logits"])
   assert np.abs(int8["logits"] - reference["logits"]).max() < 0.2 * spread
@@ -97,7 +96,7 @@ def test_evaluate_export_computes_top1_through_the_runtime(trained, exports, for
   if format_name not in exports:
     pytest.skip("the deploy extra (tf2onnx) is not installed")
   config = trained[0]
-  result = deploy.evaluate_export(exports[format_name], config, "eval")
+  result = export.evaluate_export(exports[format_name], config, "eval")
   assert result["format"] == format_name
   assert result["metrics"]["examples"] == 21  # Every validation image once, no padding.
   # 4 classes: chance is 0.25. int8 of a tiny network calibrated on 16 images may lose
@@ -110,7 +109,7 @@ def test_onnx_serves_the_saved_models_numbers(trained, exports):
   _, _, saved, pixels = trained
   record = json.load(open(os.path.join(exports["onnx"], "export.json")))
   assert record["checked_with"].startswith("onnxruntime")
-  onnx = deploy.ExportRunner(exports["onnx"])("serve_images", {"images": pixels})
+  onnx = export.ExportRunner(exports["onnx"])("serve_images", {"images": pixels})
   reference = _served(saved, pixels)
   np.testing.assert_allclose(onnx["logits"], reference["logits"], atol=1e-4, rtol=1e-4)
   np.testing.assert_array_equal(onnx["classes"], reference["classes"])
@@ -122,7 +121,7 @@ def test_pixels_of_the_wrong_shape_or_dtype_are_the_runtimes_error(trained, expo
   if format_name not in exports:
     pytest.skip("the deploy extra (tf2onnx) is not installed")
   pixels = trained[3]
-  runner = deploy.ExportRunner(exports[format_name])
+  runner = export.ExportRunner(exports[format_name])
   errors = (ValueError, RuntimeError) if format_name != "onnx" else Exception
   with pytest.raises(errors):
     runner("serve_images", {"images": pixels[:, :16]})  # Height 16, not 32.
@@ -137,11 +136,11 @@ def test_int8_without_its_calibration_data_is_one_line(trained, tmp_path):
   config, model_dir, _, _ = trained
   missing = config_with(config, "task.train_data.path", str(tmp_path / "nowhere-*"))
   with pytest.raises(DataError, match=r"litert-int8 calibrates on task.train_data .*nowhere"):
-    deploy.export_deployment(missing, model_dir, str(tmp_path / "int8"),
+    export.export_deployment(missing, model_dir, str(tmp_path / "int8"),
                              format_name="litert-int8", calibration_examples=4)
   assert not os.path.exists(tmp_path / "int8")
   with pytest.raises(ConfigError, match="calibration-examples must be >= 1"):
-    deploy.export_deployment(config, model_dir, str(tmp_path / "int8"),
+    export.export_deployment(config, model_dir, str(tmp_path / "int8"),
                              format_name="litert-int8", calibration_examples=0)
 
 
@@ -175,7 +174,7 @@ def test_an_op_litert_has_no_builtin_for_is_kept_as_select_tf_and_listed(trained
   monkeypatch.setattr(ClassificationTask, "deploy_functions", with_decoding)
   monkeypatch.setattr(ClassificationTask, "deployed_agreement", agreement_of_bytes)
   lines = []
-  out = deploy.export_deployment(config, model_dir, str(tmp_path / "flex"),
+  out = export.export_deployment(config, model_dir, str(tmp_path / "flex"),
                                  format_name="litert", say=lines.append)
   record = json.load(open(os.path.join(out, "export.json")))
   assert "DecodeJpeg" in record["select_tf_ops"] and not record["builtin_ops_only"]
@@ -183,7 +182,7 @@ def test_an_op_litert_has_no_builtin_for_is_kept_as_select_tf_and_listed(trained
   if record["agreement"].get("checked") is False:  # TensorFlow 2.21's pip interpreter.
     assert any(line.startswith("Agreement with the SavedModel path NOT checked:") and
                "Flex delegate" in line for line in lines), lines
-  runner = deploy.ExportRunner(out)
+  runner = export.ExportRunner(out)
   assert runner.runtime.startswith("tf.lite")  # TensorFlow's: it can hold the Flex delegate.
   # TensorFlow 2.21's pip interpreter links no Flex delegate: one line saying so.
   jpeg = np.array([_jpeg(np.random.default_rng(0), 1)], object)
@@ -224,4 +223,4 @@ def test_cli_exports_evaluates_and_refuses_onnx_without_the_extra(trained, tmp_p
   error = capsys.readouterr().err.strip()
   assert len(error.splitlines()) == 1 and "pip install 'tpu-models[deploy]'" in error
   with pytest.raises(MissingExtraError):
-    deploy.export_deployment(config, model_dir, str(tmp_path / "onnx"), format_name="onnx")
+    export.export_deployment(config, model_dir, str(tmp_path / "onnx"), format_name="onnx")

@@ -19,7 +19,6 @@ import tensorflow as tf
 
 from tpu_models import cli
 from tpu_models import config as config_lib
-from tpu_models import deploy
 from tpu_models import export
 from tpu_models.errors import ConfigError, ExportMismatchError
 from tpu_models.training.trainer import Trainer
@@ -53,7 +52,7 @@ def exports(trained):
   config, model_dir, root = trained
   result = {"saved_model": export.export_saved_model(config, model_dir, str(root / "sm"))}
   for name in FORMATS:
-    result[name] = deploy.export_deployment(config, model_dir, str(root / name),
+    result[name] = export.export_deployment(config, model_dir, str(root / name),
                                             format_name=name, calibration_examples=16)
   return result
 
@@ -71,10 +70,10 @@ def _validation_pixels(root, shape=(32, 32)) -> np.ndarray:
 def test_the_same_pixels_give_the_saved_models_classes_in_every_format(trained, exports):
   _, _, root = trained
   pixels = _validation_pixels(root)
-  reference = deploy.ExportRunner(exports["saved_model"])("serve_images", {"images": pixels})
+  reference = export.ExportRunner(exports["saved_model"])("serve_images", {"images": pixels})
   task = ClassificationTask(trained[0].task)
   for name in FORMATS:
-    runner = deploy.ExportRunner(exports[name])
+    runner = export.ExportRunner(exports[name])
     out = runner("serve_images", {"images": pixels})
     agreement = np.mean(out["classes"] == reference["classes"])
     record = json.load(open(os.path.join(exports[name], "export.json")))
@@ -86,11 +85,11 @@ def test_the_same_pixels_give_the_saved_models_classes_in_every_format(trained, 
     else:
       assert agreement == 1.0, (name, agreement)  # >= 99.5% of 21 images: every one.
       np.testing.assert_allclose(out["logits"], reference["logits"], atol=1e-4, rtol=1e-4)
-      assert checked["fraction"] == 1.0 and checked["floor"] == deploy.FLOAT_AGREEMENT_FLOOR
+      assert checked["fraction"] == 1.0 and checked["floor"] == export.FLOAT_AGREEMENT_FLOOR
     assert "center crop" in record["signatures"]["serve_images"]["inputs"]["images"]
     assert not any("cropping" in line for line in record["outside_graph"])
   # The crop is inside: the same pixels without it give other logits.
-  uncropped = deploy.ExportRunner(exports["litert"])(
+  uncropped = export.ExportRunner(exports["litert"])(
       "serve_images", {"images": image_lib.resize_batch(
           image_lib.center_crop_batch(tf.constant(pixels, tf.float32), 32), 32).numpy()
                        .round().astype(np.uint8)})
@@ -107,16 +106,16 @@ def test_another_export_image_shape_is_cropped_and_resized_inside(trained, tmp_p
   config, model_dir, root = trained
   config = config_lib.experiment_from_dict(config_lib.to_dict(config),
                                            ["task.export_image_shape=[36, 40]"])
-  litert = deploy.export_deployment(config, model_dir, str(tmp_path / "litert"),
+  litert = export.export_deployment(config, model_dir, str(tmp_path / "litert"),
                                     format_name="litert")
   saved = export.export_saved_model(config, model_dir, str(tmp_path / "sm"))
   pixels = _validation_pixels(root, (36, 40))
-  ours = deploy.ExportRunner(litert)("serve_images", {"images": pixels})
-  theirs = deploy.ExportRunner(saved)("serve_images", {"images": pixels})
+  ours = export.ExportRunner(litert)("serve_images", {"images": pixels})
+  theirs = export.ExportRunner(saved)("serve_images", {"images": pixels})
   np.testing.assert_array_equal(ours["classes"], theirs["classes"])
   np.testing.assert_allclose(ours["logits"], theirs["logits"], atol=1e-4, rtol=1e-4)
   with pytest.raises(ValueError, match=r"must have shape \[N, 36, 40, 3\]"):
-    deploy.ExportRunner(litert)("serve_images", {"images": pixels[:, :32, :32]})
+    export.ExportRunner(litert)("serve_images", {"images": pixels[:, :32, :32]})
 
 
 def test_an_export_below_the_agreement_floor_is_refused_and_the_previous_one_kept(
@@ -154,9 +153,9 @@ def test_an_export_below_the_agreement_floor_is_refused_and_the_previous_one_kep
   assert sorted(os.listdir(tmp_path)) == ["experiment.yaml", "litert"]  # No partial left.
   # Accepted on purpose with --min-agreement 0.
   with pytest.raises(ExportMismatchError):
-    deploy.export_deployment(config, model_dir, str(tmp_path / "new"), format_name="litert")
+    export.export_deployment(config, model_dir, str(tmp_path / "new"), format_name="litert")
   assert not os.path.exists(tmp_path / "new")
-  deploy.export_deployment(config, model_dir, str(tmp_path / "new"), format_name="litert",
+  export.export_deployment(config, model_dir, str(tmp_path / "new"), format_name="litert",
                            min_agreement=0.0)
   assert json.load(open(tmp_path / "new" / "export.json"))["agreement"]["fraction"] < 0.995
 

@@ -361,7 +361,7 @@ class ClassificationTask(Task, Servable, Deployable):
     return {"serving_default": serving_default.get_concrete_function(),
             "serve_images": serve_images.get_concrete_function()}
 
-  # Deployment (LiteRT, ONNX: tpu_models/deploy.py).
+  # Deployment (LiteRT, ONNX: tpu_models/export/).
 
   def deploy_functions(self, model: keras.Model) -> Dict[str, DeployFunction]:
     """`serve_images`: the SavedModel's `serve_images` at one fixed input shape.

@@ -1,13 +1,4 @@
-"""SavedModel export with serving signatures, preprocessing included.
-
-    tpu-models export CONFIG --model-dir runs/fm --output exported/fm [--overwrite]
-
-The SavedModel is written in float32 whatever precision trained it (variables
-are float32 under mixed precision anyway), so it serves on any device. It is
-made from the newest READABLE checkpoint of the model_dir (an unreadable newer
-one is reported and skipped, see training/checkpoints.py); which one, and its
-step, is printed and kept in `assets.extra/export.json` beside the config. An
-existing non-empty output directory is refused unless `overwrite`.
+"""Exports are complete or absent: written beside the output, then put in place whole.
 
 The export is written beside the output first (`OUTPUT.partial-PID`) and put in
 place only once complete: on Linux with a local filesystem the old and the new
@@ -29,145 +20,20 @@ process killed mid-move leaves an `OUTPUT` without `saved_model.pb`, which
 the old export is then whole in `.OUTPUT.old-PID` (or partly there and partly in
 `OUTPUT`, when killed while setting it aside), and such leftovers are not removed
 automatically (no pid can be checked there).
-
-The signatures are the task's: `task.serving_signatures(model)` returns them by
-name (`serving_default` among them), preprocessing and postprocessing inside
-the graph, and each task's method documents what they take and return. The
-tasks here keep one rule where an input can be bad: it does not fail its batch
-(its row says so, e.g. a `valid` output), while an empty batch or a tensor of
-the wrong rank or size is an InvalidArgumentError saying what was expected. See
-docs/predict.md.
 """
 
 import contextlib
 import ctypes
 import errno
-import hashlib
-import json
 import os
 import re
 import socket
-from typing import Callable, Dict, List, Optional
+from typing import Callable, List
 
 import tensorflow as tf
 
-from tpu_models import config as config_lib
 from tpu_models.errors import ConfigError, DiskFullError
-from tpu_models.task import Servable, create_task, require
-from tpu_models.training import checkpoints
-from tpu_models.training import ema as ema_lib
 from tpu_models.training import model_dir as model_dir_lib
-
-
-def newest_checkpoint(model_dir: str, say: Optional[Callable[[str], None]] = None) -> str:
-  """The newest readable checkpoint of `model_dir` (read-only); skipped ones go to `say`.
-
-  Raises:
-    FileNotFoundError: there is none (train first).
-    DataError: checkpoints exist but none is readable.
-  """
-  resume = checkpoints.find_resume(model_dir)
-  if not resume.path:
-    raise FileNotFoundError(f"No checkpoint in {model_dir!r}: train first "
-                            f"(tpu-models train CONFIG --model-dir {model_dir}).")
-  for line in resume.report():
-    (say or print)(line)
-  return resume.path
-
-
-def load_model(config: config_lib.ExperimentConfig, model_dir: str,
-               checkpoint: Optional[str] = None):
-  """(task, float32 Keras model with the newest readable weights of `model_dir`, or `checkpoint`).
-
-  With `trainer.ema` the weights are the checkpoint's moving average when it has one
-  (`uses_average`), else the trained weights.
-  """
-  checkpoint = checkpoint or newest_checkpoint(model_dir)
-  task = create_task(config.task)
-  model_dir_lib.check_fingerprints(model_dir, task.required_files())
-  model = task.build_model()  # float32: the caller's policy (default float32).
-  if uses_average(config, checkpoint):
-    average = ema_lib.WeightAverage(model, config.trainer.ema)
-    tf.train.Checkpoint(model=model, **{ema_lib.CHECKPOINT_KEY: average.checkpointable}).restore(
-        checkpoint).expect_partial().assert_existing_objects_matched()
-    average.copy_to_model()
-  else:
-    tf.train.Checkpoint(model=model).restore(checkpoint).expect_partial().assert_existing_objects_matched()
-  return task, model
-
-
-def uses_average(config: config_lib.ExperimentConfig, checkpoint: str) -> bool:
-  """Whether `load_model` serves the moving average: `trainer.ema` is set and `checkpoint` has it."""
-  return config.trainer.ema is not None and ema_lib.in_checkpoint(checkpoint)
-
-
-def export_saved_model(config: config_lib.ExperimentConfig, model_dir: str, output: str, *,
-                       overwrite: bool = False,
-                       say: Optional[Callable[[str], None]] = None) -> str:
-  """Writes `output` (a SavedModel directory) from the newest readable checkpoint in `model_dir`.
-
-  Args:
-    config: the experiment the model_dir was trained with.
-    model_dir: where the checkpoints are.
-    output: the SavedModel directory to write.
-    overwrite: replace an existing non-empty `output` (else a ConfigError).
-    say: receives one line per event (skipped checkpoints, what was exported).
-
-  Returns:
-    `output`.
-  """
-  say = say or (lambda text: None)
-  output = output.rstrip("/")
-  refuse_existing_output(output, overwrite, " (export_saved_model(overwrite=True))")
-  require(config.task.name, Servable)  # Before any checkpoint is read.
-  from tpu_models.training.trainer import precision_policy
-  checkpoint = newest_checkpoint(model_dir, say)
-  step = checkpoints.saved_step(checkpoint)
-  weights = "moving average" if uses_average(config, checkpoint) else "trained"
-  with precision_policy("float32"):
-    task, model = load_model(config, model_dir, checkpoint)
-    require(task, Servable)
-    signatures = task.serving_signatures(model)
-    outputs = task.serving_outputs()
-  module = tf.Module()
-  module.model = model
-  for name, fn in signatures.items():
-    setattr(module, name, fn)
-  with staged_output(output, "a SavedModel", say, overwrite=overwrite) as staging:
-    tf.saved_model.save(module, staging, signatures=signatures)
-    # Checked before loading (deploy.ExportRunner): a damaged file is one line naming it.
-    digests = saved_model_digests(staging)
-    config_lib.dump_config(config, os.path.join(staging, "assets.extra", "config.yaml"))
-    with tf.io.gfile.GFile(os.path.join(staging, "assets.extra", "export.json"), "w") as f:
-      record = {"checkpoint": checkpoint, "step": step, "model_dir": model_dir,
-                "signatures": sorted(signatures), "weights": weights, "sha256": digests}
-      if outputs:
-        record["outputs"] = outputs
-      json.dump(record, f, indent=1)
-  what = ", the moving average of its weights" if weights == "moving average" else ""
-  say(f"Exported checkpoint {checkpoint} (step {step}{what}) to {output} "
-      f"(signatures: {', '.join(sorted(signatures))}).")
-  return output
-
-
-def saved_model_digests(directory: str) -> Dict[str, str]:
-  """{path relative to `directory`: sha256} of a SavedModel's files (saved_model.pb,
-  variables/*, ...; not assets.extra/, which holds the record itself)."""
-  digests = {}
-  for folder, _, names in tf.io.gfile.walk(directory):
-    for name in names:
-      path = os.path.join(folder, name)
-      relative = os.path.relpath(path, directory) if "://" not in path else path[
-          len(directory):].lstrip("/")
-      if relative.startswith("assets.extra/") or not tf.io.gfile.exists(path) or (
-          tf.io.gfile.isdir(path)):  # ram:// lists names that are not there (see _files).
-        continue
-      digest = hashlib.sha256()
-      with tf.io.gfile.GFile(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-          digest.update(block)
-      digests[relative] = digest.hexdigest()
-  return dict(sorted(digests.items()))
 
 
 def refuse_existing_output(output: str, overwrite: bool, api: str = "") -> None:
