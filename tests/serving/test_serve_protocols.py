@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(
 import tiny_exports  # noqa: E402
 from serve_process import REPO, serve  # noqa: E402
 from test_translation import corpus, make_config  # noqa: E402,F401  pylint: disable=unused-import
-from tpu_models import deploy  # noqa: E402
+from tpu_models import export  # noqa: E402
 from tpu_models.serving import repository  # noqa: E402
 from tpu_models.training.trainer import Trainer  # noqa: E402
 
@@ -43,7 +43,7 @@ def exports(tmp_path_factory, corpus):  # pylint: disable=redefined-outer-name
   config, model_dir = tiny_exports.train_classifier(root, 4)
   bases = {name: os.path.join(root, name) for name in (NAME, LITERT, TRANSLATOR)}
   assert tiny_exports.publish_saved_model(config, model_dir, bases[NAME]) == 1
-  repository.publish(bases[LITERT], lambda output: deploy.export_deployment(
+  repository.publish(bases[LITERT], lambda output: export.export_deployment(
       config, model_dir, output, format_name="litert", agreement_examples=8))
   translator = make_config(corpus, ["trainer.train_steps=2", "trainer.checkpoint_every=2",
                                     "trainer.steps_per_loop=2", "task.eval_bleu=false"])
@@ -312,7 +312,7 @@ def test_a_litert_export_is_served_through_its_own_runtime(served, exports):
   server, session, _ = served
   _, bases = exports
   pixels = _pictures()
-  expected = deploy.ExportRunner(os.path.join(bases[LITERT], "1"))("serve_images",
+  expected = export.ExportRunner(os.path.join(bases[LITERT], "1"))("serve_images",
                                                                   {"images": pixels})
   answer = session.post(f"{server.url}/v1/models/{LITERT}:predict", timeout=30,
                         json={"signature_name": "serve_images", "inputs": pixels.tolist()})

@@ -1,7 +1,7 @@
 """One loaded version of a model: its signatures' tensor specs, a batched call, the warm-up.
 
 A SavedModel is loaded with `tf.saved_model.load` and called through its signatures;
-LiteRT and ONNX exports through `deploy.ExportRunner` (their own runtimes). Every
+LiteRT and ONNX exports through `export.ExportRunner` (their own runtimes). Every
 signature is called once at load (`warm_up`), so the first request does not pay for
 graph building, and a version whose signatures do not run, or are not the ones its
 export.json records, is refused before it serves anything.
@@ -105,10 +105,10 @@ class Servable:
           outputs={key: _from_tf_spec(key, spec) for key, spec in sorted(outputs.items())})
 
   def _load_runner(self, threads: Optional[int]) -> None:
-    from tpu_models import deploy  # pylint: disable=g-import-not-at-top
+    from tpu_models import export  # pylint: disable=g-import-not-at-top
     from tpu_models.errors import DataError  # pylint: disable=g-import-not-at-top
     try:
-      self._runner = deploy.ExportRunner(self.path, threads=threads)
+      self._runner = export.ExportRunner(self.path, threads=threads)
     except DataError as e:
       raise repository.DamagedVersion(_one_line(e)) from None
     self.runtime = self._runner.runtime

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpu_models import deploy
 from tpu_models import export
 from tpu_models.errors import ConfigError
 
@@ -42,14 +41,14 @@ def test_detector_export_holds_the_nms_and_matches_keras(detector, tmp_path, for
     pytest.importorskip("tf2onnx")
     pytest.importorskip("onnxruntime")
   config, model_dir = detector
-  output = deploy.export_deployment(config, model_dir, str(tmp_path / format_name),
+  output = export.export_deployment(config, model_dir, str(tmp_path / format_name),
                                     format_name=format_name)
   record = json.load(open(os.path.join(output, "export.json")))
   if format_name == "litert":
     assert record["builtin_ops_only"] and record["select_tf_ops"] == []
     assert "WHILE" in record["ops"]  # The fixed-shape NMS's loop, inside the graph.
   pixels = _pixels(config)
-  served = deploy.ExportRunner(output)("serve_images", {"images": pixels})
+  served = export.ExportRunner(output)("serve_images", {"images": pixels})
   # The same pixels through the SavedModel's serve_images (in this process).
   task, model = export.load_model(config, model_dir)
   reference = task.serving_signatures(model)["serve_images"](images=tf.constant(pixels))
@@ -60,11 +59,11 @@ def test_detector_export_holds_the_nms_and_matches_keras(detector, tmp_path, for
                                reference["detection_scores"].numpy()[i, :n], atol=1e-4)
     np.testing.assert_allclose(served["detection_boxes"][i, :n],
                                reference["detection_boxes"].numpy()[i, :n], atol=1e-2)
-  result = deploy.evaluate_export(output, config, "eval")
+  result = export.evaluate_export(output, config, "eval")
   assert "AP" in result["metrics"] and 0.0 <= result["metrics"]["AP"] <= 1.0
   agreement = record["agreement"]
   assert agreement["fraction"] == 1.0 and agreement["total"] == 2, agreement
-  assert agreement["floor"] == deploy.FLOAT_AGREEMENT_FLOOR
+  assert agreement["floor"] == export.FLOAT_AGREEMENT_FLOOR
 
 
 def test_another_export_image_shape_is_resized_and_padded_inside(detector, tmp_path):
@@ -74,14 +73,14 @@ def test_another_export_image_shape_is_resized_and_padded_inside(detector, tmp_p
   from tpu_models import config as config_lib
   config = config_lib.experiment_from_dict(config_lib.to_dict(config),
                                            ["task.export_image_shape=[40, 72]"])
-  output = deploy.export_deployment(config, model_dir, str(tmp_path / "litert"),
+  output = export.export_deployment(config, model_dir, str(tmp_path / "litert"),
                                     format_name="litert")
   record = json.load(open(os.path.join(output, "export.json")))
   assert "padded to" in record["signatures"]["serve_images"]["inputs"]["images"]
   assert "RESIZE_BILINEAR" in record["ops"] and "PAD" in record["ops"]
   pixels = np.stack([tf.image.resize(image, [40, 72]).numpy().round().astype(np.uint8)
                      for image in _pixels(config)])
-  served = deploy.ExportRunner(output)("serve_images", {"images": pixels})
+  served = export.ExportRunner(output)("serve_images", {"images": pixels})
   task, model = export.load_model(config, model_dir)
   reference = task.serving_signatures(model)["serve_images"](images=tf.constant(pixels))
   count = reference["num_detections"].numpy()
@@ -94,7 +93,7 @@ def test_another_export_image_shape_is_resized_and_padded_inside(detector, tmp_p
     assert np.all(served["detection_boxes"][i, :n, 2] <= 40)  # In the input's pixels.
     assert np.all(served["detection_boxes"][i, :n, 3] <= 72)
   assert record["agreement"]["fraction"] == 1.0
-  result = deploy.evaluate_export(output, config, "eval")
+  result = export.evaluate_export(output, config, "eval")
   assert 0.0 <= result["metrics"]["AP"] <= 1.0
 
 
@@ -103,7 +102,7 @@ def test_int8_detector_quantizes_the_network_and_keeps_the_nms_float(detector, t
   int8 DIV refuses the IoU's divisor at its zero point): the export runs through the
   LiteRT interpreter and says in export.json which ops stayed float and why."""
   config, model_dir = detector
-  output = deploy.export_deployment(config, model_dir, str(tmp_path / "int8"),
+  output = export.export_deployment(config, model_dir, str(tmp_path / "int8"),
                                     format_name="litert-int8", calibration_examples=4)
   record = json.load(open(os.path.join(output, "export.json")))
   assert record["builtin_ops_only"] and record["select_tf_ops"] == []
@@ -114,7 +113,7 @@ def test_int8_detector_quantizes_the_network_and_keeps_the_nms_float(detector, t
   assert types["CONV_2D"] == {"int8"}  # The network.
   assert types["DIV"] == {"float32"} and types["TOPK_V2"] == {"float32"}  # IoU, top-k.
   pixels = _pixels(config)
-  served = deploy.ExportRunner(output)("serve_images", {"images": pixels})
+  served = export.ExportRunner(output)("serve_images", {"images": pixels})
   counts = served["num_detections"]
   assert served["detection_boxes"].dtype == np.float32 and counts.shape == (len(pixels),)
   for i, n in enumerate(counts):  # Real detections: valid classes and boxes in the image.
@@ -122,7 +121,7 @@ def test_int8_detector_quantizes_the_network_and_keeps_the_nms_float(detector, t
     assert np.all(served["detection_classes"][i, n:] == -1)
     boxes = served["detection_boxes"][i, :n]
     assert np.all(boxes[:, 2:] >= boxes[:, :2]) and np.all(boxes >= 0)
-  result = deploy.evaluate_export(output, config, "eval")
+  result = export.evaluate_export(output, config, "eval")
   assert 0.0 <= result["metrics"]["AP"] <= 1.0 and result["format"] == "litert-int8"
   from tpu_models.vision.detection.task import DetectionTask
   assert record["agreement"]["fraction"] >= DetectionTask.int8_agreement_floor
@@ -158,6 +157,6 @@ def test_int8_of_a_function_that_cannot_be_quantized_is_refused_in_one_line(
   output = str(tmp_path / "int8")
   with pytest.raises(ConfigError, match=r"signature 'serve_images' .*cannot be quantized: "
                                         r"its ops have no int8 kernel.*--format litert") as error:
-    deploy.export_deployment(config, model_dir, output, format_name="litert-int8",
+    export.export_deployment(config, model_dir, output, format_name="litert-int8",
                              calibration_examples=4)
   assert "\n" not in str(error.value) and not os.path.exists(output)

@@ -11,7 +11,6 @@ import tensorflow as tf
 
 from tpu_models import cli
 from tpu_models import config as config_lib
-from tpu_models import deploy
 from tpu_models import export
 from tpu_models.errors import ConfigError
 from tpu_models.training.trainer import Trainer
@@ -167,7 +166,7 @@ def test_saved_model_serves_masks_for_bytes_and_pixels(trained, tmp_path):
 def test_litert_export_agrees_with_the_saved_model_and_scores_box_and_mask_ap(trained,
                                                                              tmp_path):
   config, _, model_dir, _ = trained
-  output = deploy.export_deployment(config, model_dir, str(tmp_path / "litert"),
+  output = export.export_deployment(config, model_dir, str(tmp_path / "litert"),
                                     format_name="litert")
   record = json.load(open(os.path.join(output, "export.json")))
   assert record["builtin_ops_only"] and record["select_tf_ops"] == []
@@ -180,17 +179,17 @@ def test_litert_export_agrees_with_the_saved_model_and_scores_box_and_mask_ap(tr
   task, model = export.load_model(config, model_dir)
   images = next(iter(create_task(config.task).build_inputs("eval")))[0]
   pixels = image_lib.denormalize_to_pixels(images, config.task.mean, config.task.std)
-  ours = deploy.ExportRunner(output)("serve_images", {"images": pixels})
+  ours = export.ExportRunner(output)("serve_images", {"images": pixels})
   theirs = task.serving_signatures(model)["serve_images"](images=tf.constant(pixels))
   assert ours["detection_masks"].shape == (len(pixels), D, 64, 64)
   np.testing.assert_array_equal(ours["num_detections"], theirs["num_detections"].numpy())
   changed = (ours["detection_masks"] != theirs["detection_masks"].numpy()).mean()
   assert changed < 1e-3
-  result = deploy.evaluate_export(output, config, "eval")
+  result = export.evaluate_export(output, config, "eval")
   for name in ("AP", "mask_AP", "mask_AP50"):
     assert 0.0 <= result["metrics"][name] <= 1.0, name
   assert result["agreement"]["fraction"] == 1.0
   with pytest.raises(ConfigError, match="cannot be quantized: Mask R-CNN") as error:
-    deploy.export_deployment(config, model_dir, str(tmp_path / "int8"),
+    export.export_deployment(config, model_dir, str(tmp_path / "int8"),
                              format_name="litert-int8", calibration_examples=2)
   assert "\n" not in str(error.value)
