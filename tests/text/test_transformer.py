@@ -1,4 +1,4 @@
-"""Tests of the Transformer family (tpu_models/text/transformer.py).
+"""Tests of the Transformer family (tpu_models/text/transformer.py and the modules it builds on).
 
 Tiny sizes (d 32, 2 heads, 2+2 layers, vocabulary 20) keep the file fast on
 two CPU cores; dropout is off unless a test trains.
@@ -12,9 +12,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tpu_models.layers.attention import MultiHeadAttention
 from tpu_models.text import transformer as tr
 from tpu_models.text import beam_search
 from tpu_models.registry import MODELS
+from tpu_models.text.inputs import EOS_ID
+from tpu_models.text.model_base import shift_right
 
 VOCAB = 20
 TINY = dict(vocab_size=VOCAB, num_encoder_layers=2, num_decoder_layers=2, hidden_size=32,
@@ -42,7 +45,7 @@ def _sequences(rng, batch, length, min_length=1):
   for row in range(batch):
     n = rng.integers(min_length, length)  # Leaves room for EOS.
     ids[row, :n] = rng.integers(3, VOCAB, n)
-    ids[row, n] = tr.EOS_ID
+    ids[row, n] = EOS_ID
   return ids
 
 
@@ -128,15 +131,15 @@ def test_unshared_embeddings_and_post_ln_parameter_count():
 
 def test_attention_biases_are_opt_in_and_every_path_applies_them():
   """`use_bias` (the Vision Transformer's) adds biases; without it nothing changes."""
-  from tpu_models.text import attention
-  plain = tr.MultiHeadAttention(8, 2, True, name="self_attention")
+  from tpu_models.layers import attention
+  plain = MultiHeadAttention(8, 2, True, name="self_attention")
   plain.build()
   assert [w.name for w in plain.weights] == ["qkv_kernel", "output_kernel"]
   x = tf.random.stateless_normal([2, 5, 8], [1, 2])
   memory = tf.random.stateless_normal([2, 3, 8], [3, 4])
   causal = attention.mask_to_bias(attention.causal_mask(5))
   for self_attention in (True, False):
-    layer = tr.MultiHeadAttention(8, 2, self_attention, use_bias=True)
+    layer = MultiHeadAttention(8, 2, self_attention, use_bias=True)
     layer.build()
     bias = causal if self_attention else None
     names = {w.name for w in layer.weights if w.name.endswith("_bias")}
@@ -162,12 +165,12 @@ def test_attention_biases_are_opt_in_and_every_path_applies_them():
 
 def test_attention_biases_round_trip_through_the_object_graph_checkpoint(tmp_path):
   """Resume, evaluate and export restore `tf.train.Checkpoint(model=...)`: biases included."""
-  layer = tr.MultiHeadAttention(8, 2, True, use_bias=True)
+  layer = MultiHeadAttention(8, 2, True, use_bias=True)
   layer.build()
   for w in layer.weights:
     w.assign(tf.random.stateless_normal(w.shape, [7, len(w.name)]))
   path = tf.train.Checkpoint(layer=layer).save(str(tmp_path / "ckpt"))
-  restored = tr.MultiHeadAttention(8, 2, True, use_bias=True)
+  restored = MultiHeadAttention(8, 2, True, use_bias=True)
   restored.build()
   tf.train.Checkpoint(layer=restored).restore(path).assert_existing_objects_matched()
   for ours, saved in zip(restored.weights, layer.weights):
@@ -232,8 +235,8 @@ def test_decoder_is_causal():
 def test_shift_right_restarts_at_each_packed_example():
   targets = tf.constant([[5, 6, 1, 7, 1, 0]])
   segments = tf.constant([[1, 1, 1, 2, 2, 0]])
-  np.testing.assert_array_equal(tr.shift_right(targets).numpy(), [[0, 5, 6, 1, 7, 1]])
-  np.testing.assert_array_equal(tr.shift_right(targets, segments).numpy(), [[0, 5, 6, 0, 7, 0]])
+  np.testing.assert_array_equal(shift_right(targets).numpy(), [[0, 5, 6, 1, 7, 1]])
+  np.testing.assert_array_equal(shift_right(targets, segments).numpy(), [[0, 5, 6, 0, 7, 0]])
 
 
 def _pack(rows):
@@ -293,7 +296,7 @@ def test_cached_decoding_equals_the_full_forward_pass(pre_layer_norm):
   inputs, targets = _sequences(rng, 2, 6), _sequences(rng, 2, 7, min_length=6)
   full = model({"inputs": inputs, "targets": targets}).numpy()
   step_fn, cache = model.make_decoding_fn(tf.constant(inputs), max_decode_length=10)
-  decoder_inputs = tr.shift_right(tf.constant(targets))
+  decoder_inputs = shift_right(tf.constant(targets))
   for i in range(7):
     logits, cache = step_fn(decoder_inputs[:, i:i + 1], tf.constant(i), cache)
     np.testing.assert_allclose(logits.numpy(), full[:, i], rtol=1e-4, atol=1e-5)
@@ -304,7 +307,7 @@ def test_lm_prefill_and_steps_equal_the_full_forward_pass():
   rng = np.random.default_rng(5)
   targets = _sequences(rng, 2, 8, min_length=7)
   full = lm({"targets": targets}).numpy()
-  decoder_inputs = tr.shift_right(tf.constant(targets))
+  decoder_inputs = shift_right(tf.constant(targets))
   cache = lm.init_cache(2, 12)
   logits, cache = lm.decode(decoder_inputs[:, :3], 0, cache)  # Prefill 3 positions.
   np.testing.assert_allclose(logits.numpy(), full[:, :3], rtol=1e-4, atol=1e-5)
@@ -325,8 +328,8 @@ def _reference_greedy_translation(model, inputs, length):
     logits = model({"inputs": inputs, "targets": targets}).numpy()
     token = np.where(done, 0, logits[:, t].argmax(-1))
     targets[:, t] = token
-    done |= token == tr.EOS_ID
-  return np.where(targets == tr.EOS_ID, 0, targets)
+    done |= token == EOS_ID
+  return np.where(targets == EOS_ID, 0, targets)
 
 
 def test_translate_with_beam_one_is_greedy_decoding():
@@ -352,9 +355,9 @@ def test_translate_beam_search_equals_search_over_full_forward_passes():
 
   cache = {"history": tf.zeros([2, length + 1], tf.int32), "inputs": inputs}
   ids, scores = beam_search.sequence_beam_search(full_forward_fn, tf.zeros([2], tf.int32), cache,
-                                                 VOCAB, beam, 0.6, length, tr.EOS_ID)
+                                                 VOCAB, beam, 0.6, length, EOS_ID)
   expected = ids[:, 0, 1:].numpy()
-  expected[np.cumsum(expected == tr.EOS_ID, axis=1) > 0] = 0
+  expected[np.cumsum(expected == EOS_ID, axis=1) > 0] = 0
   np.testing.assert_array_equal(out["ids"].numpy(), expected)
   np.testing.assert_allclose(out["scores"].numpy(), scores[:, 0].numpy(), rtol=1e-4)
 
@@ -420,7 +423,7 @@ def _reference_lm_greedy(lm, prompts, new_tokens):
     for _ in range(new_tokens):
       logits = lm({"targets": np.array([sequence + [0]], np.int32)}).numpy()
       sequence.append(int(logits[0, -1].argmax()))
-      if sequence[-1] == tr.EOS_ID:
+      if sequence[-1] == EOS_ID:
         break
     out[row, :len(sequence)] = sequence
   return out
@@ -446,14 +449,14 @@ def test_generate_stops_a_row_after_eos():
   # Make EOS the most likely token everywhere: the final norm outputs a constant
   # vector along EOS's (enlarged) embedding row.
   embeddings = lm.shared_embedding.embeddings
-  eos_row = embeddings[tr.EOS_ID] * 3.0
-  embeddings.assign(tf.tensor_scatter_nd_update(embeddings, [[tr.EOS_ID]], [eos_row]))
+  eos_row = embeddings[EOS_ID] * 3.0
+  embeddings.assign(tf.tensor_scatter_nd_update(embeddings, [[EOS_ID]], [eos_row]))
   lm.decoder_norm.gamma.assign(tf.zeros_like(lm.decoder_norm.gamma))
   lm.decoder_norm.beta.assign(eos_row / tf.norm(eos_row))
   prompts = np.array([[5, 6, 0], [7, 0, 0]], np.int32)
   out = lm.generate(tf.constant(prompts), max_new_tokens=4).numpy()
-  np.testing.assert_array_equal(out, [[5, 6, tr.EOS_ID, 0, 0, 0, 0],
-                                      [7, tr.EOS_ID, 0, 0, 0, 0, 0]])
+  np.testing.assert_array_equal(out, [[5, 6, EOS_ID, 0, 0, 0, 0],
+                                      [7, EOS_ID, 0, 0, 0, 0, 0]])
 
 
 # ----------------------------------------------------------------------------

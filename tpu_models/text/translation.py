@@ -40,7 +40,7 @@ every decoder layer and the padding bias; `decode_step(ids [R, 1], position [1],
 the key/value cache [R, heads, L, head_size] per layer, encode's outputs)`
 returns the logits [R, vocab] of the next position and the cache with this one
 written (R = beam_size rows, L = the decode length). `evaluate_deployed` runs
-the task's own beam search (transformer.search, as in the eval step) on the
+the task's own beam search (sampling.search, as in the eval step) on the
 host around `decode_step`, one sentence at a time, and scores it with the same
 sacreBLEU as evaluation.
 """
@@ -436,7 +436,7 @@ class TranslationTask(TextTask, Servable, Sampler, Deployable):
     """BLEU and chrF of `split` through `run("encode" / "decode_step", ...)`.
 
     The evaluation pipeline's token ids and references, the task's own search
-    (`transformer.search`: beam_size, alpha, max_decode_length as in evaluation)
+    (`sampling.search`: beam_size, alpha, max_decode_length as in evaluation)
     driving the exported decoder step one sentence at a time, and `finalize`'s
     sacreBLEU. A SavedModel export (`serving_default`, strings in and out) is
     given the split's sentences and scored the same way. `say` gets a line every
@@ -505,7 +505,7 @@ class TranslationTask(TextTask, Servable, Sampler, Deployable):
 
   def _deployed_search(self, run, inputs: np.ndarray) -> np.ndarray:
     """int [S] source ids -> int32 [L] the search's best ids through the exported steps."""
-    from tpu_models.text import transformer  # pylint: disable=g-import-not-at-top
+    from tpu_models.text import sampling  # pylint: disable=g-import-not-at-top
     cfg = self.config
     cross = run("encode", {"inputs": np.asarray(inputs, np.int32)[np.newaxis]})
     layers = sum(name.startswith("cross_key_") for name in cross)
@@ -523,7 +523,7 @@ class TranslationTask(TextTask, Servable, Sampler, Deployable):
               {name: tf.constant(out[f"new_{name}"]) for name in cache})
 
     # Eager: the search's tf.while_loop runs as a Python loop calling the runtime.
-    decoded = transformer.search(step, 1, cache, self.vocab.vocab_size,
-                                 beam_size=cfg.beam_size, alpha=cfg.alpha,
-                                 max_decode_length=self.max_decode_length)
+    decoded = sampling.search(step, 1, cache, self.vocab.vocab_size,
+                              beam_size=cfg.beam_size, alpha=cfg.alpha,
+                              max_decode_length=self.max_decode_length)
     return decoded["ids"].numpy()[0]

@@ -14,7 +14,8 @@ import tensorflow as tf
 
 from tpu_models.errors import ConfigError
 from tpu_models.registry import MODELS
-from tpu_models.text.transformer import EncoderLayer, MultiHeadAttention
+from tpu_models.layers.attention import MultiHeadAttention
+from tpu_models.layers.blocks import EncoderLayer
 from tpu_models.vision.classification import vit
 
 TINY = dict(patch_size=8, hidden_size=32, num_layers=2, num_heads=4, mlp_dim=64, num_classes=5)

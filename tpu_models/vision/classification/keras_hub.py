@@ -321,7 +321,7 @@ def check_vit_config(config: Mapping[str, Any],
 def vit_model_params(preset_config: Mapping[str, Any], task_config: Optional[Mapping] = None,
                      ) -> Tuple[str, Dict[str, Any]]:
   """(model name, builder kwargs) of our ViT equal to a keras-hub ViTBackbone (+ task.json)."""
-  from tpu_models.text.transformer import LAYER_NORM_EPSILON
+  from tpu_models.layers.blocks import LAYER_NORM_EPSILON
   config = preset_config.get("config", preset_config)
   check_vit_config(config, task_config)
   if float(config.get("layer_norm_epsilon", 1e-6)) != LAYER_NORM_EPSILON:

@@ -22,8 +22,8 @@ The network, top to bottom:
                    every call and the class token's row is kept; to resize them
                    once in a checkpoint instead, use `resize_position_embeddings`.
   encoder          `num_layers` pre-LN blocks x + MHA(LN(x)), x + MLP(LN(x)): the
-                   Transformer family's `EncoderLayer` (tpu_models/text/
-                   transformer.py) with biased attention projections, GELU and
+                   shared `EncoderLayer` (tpu_models/layers/blocks.py) with
+                   biased attention projections, GELU and
                    no attention mask (every patch sees every patch).
   encoder_norm     the final LayerNorm (epsilon 1e-6, as the encoder's).
   head             the class token's output (or the mean of all tokens, "gap"),
@@ -52,7 +52,7 @@ import tensorflow as tf
 from tpu_models.builders import preset
 from tpu_models.errors import ConfigError
 from tpu_models.registry import register_model
-from tpu_models.text.transformer import EncoderLayer, norm_layer
+from tpu_models.layers.blocks import EncoderLayer, norm_layer
 
 POOLINGS = ("token", "gap")
 

@@ -1,6 +1,6 @@
 """LayerNorm and GELU with hand-written gradients: fewer elementwise passes.
 
-On a CPU a small Transformer's train step is bound by elementwise ops, not by
+On a CPU a small attention model's train step is bound by elementwise ops, not by
 its matmuls (ViT d 128, 49 tokens: Mul, Sum and Erfc took ~40% of op time,
 `benchmarks/profile_train_step.py`). TensorFlow differentiates Keras'
 LayerNormalization and `tf.nn.gelu` op by op, each intermediate a full pass
@@ -8,7 +8,7 @@ over the activations; the closed forms below need fewer passes and keep fewer
 intermediates for the backward pass.
 Both compute in float32 whatever the input dtype (bfloat16 elementwise math
 on a CPU is emulated and slower) and return the input dtype. The values equal
-Keras' to float32 rounding (tests/text/test_fused.py); XLA compiles both.
+Keras' to float32 rounding (tests/layers/test_fused.py); XLA compiles both.
 """
 
 import math

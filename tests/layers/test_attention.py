@@ -1,10 +1,10 @@
-"""Tests of the attention masks and scaled dot-product attention (tpu_models/text/attention.py)."""
+"""Tests of the attention masks and scaled dot-product attention (tpu_models/layers/attention.py)."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpu_models.text import attention
+from tpu_models.layers import attention
 
 
 def test_padding_mask_marks_real_keys():

@@ -1,11 +1,11 @@
-"""tpu_models/text/fused.py: hand-written LayerNorm and GELU gradients equal autodiff's."""
+"""tpu_models/layers/fused.py: hand-written LayerNorm and GELU gradients equal autodiff's."""
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpu_models.text import fused
+from tpu_models.layers import fused
 
 EPSILON = 1e-6
 
