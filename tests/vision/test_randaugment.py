@@ -1,4 +1,4 @@
-"""RandAugment (vision/image.py): each operation against NumPy or PIL, seeds, XLA.
+"""RandAugment (vision/image/augment.py): each operation against NumPy or PIL, seeds, XLA.
 
 16x16 images keep every test to seconds; PIL (a dependency of the image
 converters' tests) is the reference of equalize and autocontrast.

@@ -7,7 +7,7 @@ or synthetic data for throughput runs. Three augmentations:
     inception_crop   random-resized crop (area 0.08-1, aspect 3/4-4/3) + flip;
                      eval: center crop 0.875. The ImageNet recipe.
     randaugment      inception_crop, then RandAugment (`randaugment_num_ops`
-                     operations of `randaugment_magnitude`, vision/image.py)
+                     operations of `randaugment_magnitude`, vision/image/augment.py)
                      on each training image; eval as inception_crop. The
                      EfficientNet and big_vision ViT recipes.
     pad_crop_flip    pad by `pad` pixels and crop back, + flip; eval: as is.
@@ -26,6 +26,7 @@ from tpu_models.config import DataConfig, ModelConfig, TaskConfig
 from tpu_models.vision.classification import example as example_lib
 from tpu_models.vision import image as image_lib
 from tpu_models.data import pipeline
+from tpu_models.data import skipping
 from tpu_models.errors import ConfigError, DataError
 from tpu_models.registry import DATASETS, model_signature, register_task
 from tpu_models.task import (HIGHER, Agreement, Deployable, DeployFunction, Servable, Task,
@@ -45,7 +46,7 @@ class ClassificationConfig(TaskConfig):
   channels: int = 3  # 1 or 3; a 1-channel source (Fashion-MNIST) is repeated to 3 for RGB.
   augment: str = "inception_crop"  # inception_crop | randaugment | pad_crop_flip | none
   # augment randaugment: N operations per training image, of magnitude M (0-30; 10 = the
-  # paper's strongest; vision/image.py:randaugment). Defaults: the paper's ImageNet N 2, M 9.
+  # paper's strongest; vision/image/augment.py:randaugment). Defaults: the paper's ImageNet N 2, M 9.
   randaugment_num_ops: int = 2
   randaugment_magnitude: float = 9.0
   crop_area_range: List[float] = dataclasses.field(default_factory=lambda: [0.08, 1.0])
@@ -136,16 +137,7 @@ class ClassificationTask(Task, Servable, Deployable):
         seen = tf.tensor_scatter_nd_add(seen, [[slot]], [tf.cast(inside, tf.int64)])
         return seen, (element, keep)
 
-      def kept(element, keep):
-        del element
-        return keep
-
-      def element_only(element, keep):
-        del keep
-        return element
-
-      dataset = (dataset.scan(tf.zeros([classes], tf.int64), count)
-                 .filter(kept).map(element_only))
+      dataset = skipping.keep_flagged(dataset.scan(tf.zeros([classes], tf.int64), count))
     return dataset
 
   def _stored_label(self, element) -> tf.Tensor:
