@@ -66,13 +66,12 @@ SMALL = {  # The sizes of tests/data/model_garden (make_test_fixtures.sh).
     "transformer": ["--vocab-size", "40", "--hidden-size", "32", "--num-layers", "2",
                     "--num-heads", "4", "--filter-size", "64"],
 }
-# family -> (module, its model_params, its compare_outputs).
+# family -> (importer module, its model_params); the checks: tests/helpers/model_garden_parity.py.
 _DETECTION = "tpu_models.vision.detection.model_garden"
-PARITY = {"resnet": ("tpu_models.vision.classification.model_garden", "model_params",
-                     "compare_outputs"),
-          "retinanet": (_DETECTION, "model_params", "compare_outputs"),
-          "maskrcnn": (_DETECTION, "maskrcnn_model_params", "compare_maskrcnn_outputs"),
-          "transformer": ("tpu_models.text.model_garden", "model_params", "compare_outputs")}
+PARITY = {"resnet": ("tpu_models.vision.classification.model_garden", "model_params"),
+          "retinanet": (_DETECTION, "model_params"),
+          "maskrcnn": (_DETECTION, "maskrcnn_model_params"),
+          "transformer": ("tpu_models.text.model_garden", "model_params")}
 
 
 def run_worker(family: str, output: str, extra) -> float:
@@ -101,7 +100,9 @@ def check(family: str, directory: str) -> dict:
   import numpy as np
   from tpu_models.registry import create_model
   from tpu_models.weights import importing
-  module_name, params_name, compare_name = PARITY[family]
+  sys.path.insert(0, os.path.join(harness.REPO, "tests"))  # The parity checks (tests/helpers).
+  from helpers.model_garden_parity import COMPARE  # pylint: disable=g-import-not-at-top
+  module_name, params_name = PARITY[family]
   family_module = importlib.import_module(module_name)
   with open(os.path.join(directory, "model_garden.json")) as f:
     info = json.load(f)
@@ -112,7 +113,7 @@ def check(family: str, directory: str) -> dict:
   report = importing.load_weights(model, os.path.join(directory, info["checkpoint"]),
                                   "model_garden", family=family)
   load_seconds = time.perf_counter() - start
-  result = getattr(family_module, compare_name)(model, arrays, params)
+  result = COMPARE[family](model, arrays, params)
   ok = result["max_abs_diff"] <= ATOL
   if family == "retinanet":
     ok = (ok and result["detections_unexplained"] == 0 and

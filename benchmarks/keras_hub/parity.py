@@ -25,6 +25,9 @@ import time
 
 import numpy as np
 
+# The parity check lives with the tests (tests/helpers/keras_hub_parity.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
+
 CLASSIFIERS = ("efficientnet_b0", "vit_b16")
 
 
@@ -56,6 +59,7 @@ def classifier_rows(fixtures: str, atol: float):
 
 def detector_rows(fixtures: str, rtol: float):
   import tpu_models
+  from helpers import keras_hub_parity
   from tpu_models.vision.detection import keras_hub as keras_hub_retinanet
   from tpu_models.weights import importing, stores
   directory = os.path.join(fixtures, "retinanet")
@@ -67,7 +71,7 @@ def detector_rows(fixtures: str, rtol: float):
   arrays = np.load(os.path.join(directory, "reference.npz"))
   rows = []
   for index, photo in enumerate(arrays["photo_names"]):
-    result = keras_hub_retinanet.compare_outputs(model, arrays, str(photo), index, params)
+    result = keras_hub_parity.compare_outputs(model, arrays, str(photo), index, params)
     ok = (result["max_abs_diff_cls"] <= rtol * max(1.0, result["max_abs_cls"]) and
           result["max_abs_diff_box"] <= rtol * max(1.0, result["max_abs_box"]) and
           result["anchors_equal"] and result["detections"]["equal"])

@@ -24,7 +24,7 @@ Mask R-CNN (`tv_maskrcnn_resnet50_fpn`, torchvision's v1 model): imported with
 the catalogue entry's params at each photo's padded size, fed the stored
 `transformed_nhwc` and torchvision's resized size (`image_hw`, which proposals
 and detections are clipped to); compared stage by stage
-(`torchvision_maskrcnn.compare_outputs`): RPN outputs and anchors per level,
+(`tests/helpers/torchvision_maskrcnn_parity.py`): RPN outputs and anchors per level,
 proposals, our box head on torchvision's proposals, detections from its
 proposals and through our whole pipeline, our mask logits on its detections,
 and the masks pasted into the original photo (IoU per detection).
@@ -41,6 +41,9 @@ import sys
 import time
 
 import numpy as np
+
+# The parity checks live with the tests (tests/helpers/torchvision_*_parity.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
 
 # The classifier fixtures: (file stem, source format of the importer, our model, the
 # catalogue entry whose params and importer options are used; None: TORCH_PARAMS).
@@ -104,7 +107,7 @@ def _imported_at_each_photo(fixtures: str, stem: str, entry_name: str):
 
 def detector_parity(fixtures: str, rtol: float):
   """Rows of the RetinaNet table and whether all pass; None when the files are absent."""
-  from tpu_models.vision.detection import torchvision as tv_retinanet
+  from helpers import torchvision_retinanet_parity as tv_retinanet
   photos = _imported_at_each_photo(fixtures, DETECTOR, "torchvision_retinanet_resnet50_fpn_coco")
   if photos is None:
     return None
@@ -133,7 +136,7 @@ def maskrcnn_parity(fixtures: str, rtol: float):
   (`torchvision_maskrcnn.mask_head_ious`), and this paste reproducing torchvision's
   own masks (IoU >= 0.99 each).
   """
-  from tpu_models.vision.detection import torchvision_maskrcnn as tv_maskrcnn
+  from helpers import torchvision_maskrcnn_parity as tv_maskrcnn
   photos = _imported_at_each_photo(fixtures, MASKRCNN, "torchvision_maskrcnn_resnet50_fpn_coco")
   if photos is None:
     return None
@@ -157,7 +160,7 @@ def maskrcnn_parity(fixtures: str, rtol: float):
 
 
 def print_maskrcnn_rows(rows) -> None:
-  from tpu_models.vision.detection import torchvision_maskrcnn as tv_maskrcnn
+  from helpers import torchvision_maskrcnn_parity as tv_maskrcnn
   levels = tv_maskrcnn.TORCHVISION_LEVELS
   print()
   print(f"| {MASKRCNN}.safetensors photo | padded | max |d| RPN objectness P2..P6 (max |logit|) "

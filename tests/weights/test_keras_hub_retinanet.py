@@ -14,6 +14,8 @@ import os
 import numpy as np
 import pytest
 
+from helpers import keras_hub_parity
+from helpers import torchvision_retinanet_parity as tv_parity
 from tpu_models.errors import ConfigError
 from tpu_models.registry import create_model
 from tpu_models.vision.detection import keras_hub as keras_hub_retinanet
@@ -38,7 +40,7 @@ def test_outputs_anchors_and_detections_equal_keras_hubs_own():
   arrays = np.load(os.path.join(DIRECTORY, "reference.npz"))
   detected = 0
   for index, photo in enumerate(arrays["photo_names"][:2]):
-    result = keras_hub_retinanet.compare_outputs(model, arrays, str(photo), index, params)
+    result = keras_hub_parity.compare_outputs(model, arrays, str(photo), index, params)
     assert result["anchors_equal"]
     assert result["max_abs_diff_cls"] <= 1e-4 * max(1.0, result["max_abs_cls"])
     assert result["max_abs_diff_box"] <= 1e-4 * max(1.0, result["max_abs_box"])
@@ -66,7 +68,6 @@ def test_catalogue_import_and_the_tasks_post_processing_give_keras_hubs_detectio
   import tensorflow as tf
 
   import catalogue_import
-  from tpu_models.vision.detection import torchvision as tv_retinanet
   from tpu_models.weights import catalogue
   entry = catalogue.get_weights("keras_hub_retinanet_resnet50_fpn_coco")
   _, _, params = _build()
@@ -79,7 +80,7 @@ def test_catalogue_import_and_the_tasks_post_processing_give_keras_hubs_detectio
   detections = task.postprocess(outputs, image_info)
   assert not entry.task["clip_boxes"]  # As keras-hub's decoder.
   boxes = arrays["astronaut/detections/boxes"]
-  result = tv_retinanet.compare_detections(
+  result = tv_parity.compare_detections(
       detections, boxes[:, [1, 0, 3, 2]], arrays["astronaut/detections/confidence"],
       arrays["astronaut/detections/labels"])
   assert result["equal"] and result["count_theirs"] == 100, result

@@ -13,6 +13,7 @@ import types
 import numpy as np
 import pytest
 
+from helpers.model_garden_parity import COMPARE
 from tpu_models.errors import ConfigError
 from tpu_models.registry import create_model
 from tpu_models.text import model_garden as transformer_mg
@@ -23,8 +24,7 @@ from tpu_models.weights.mapping import WeightsMismatchError
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "model_garden")
 ATOL = 1e-4
-MASKRCNN = types.SimpleNamespace(model_params=retinanet_mg.maskrcnn_model_params,
-                                 compare_outputs=retinanet_mg.compare_maskrcnn_outputs)
+MASKRCNN = types.SimpleNamespace(model_params=retinanet_mg.maskrcnn_model_params)
 FAMILIES = {"resnet": resnet_mg, "retinanet": retinanet_mg, "maskrcnn": MASKRCNN,
             "transformer": transformer_mg}
 
@@ -50,7 +50,7 @@ def test_resnet_classifier_logits_match():
   model, params, arrays, report = _load("resnet")
   assert params["depth"] == 18 and params["project_first_shortcut"]
   assert len(report.loaded) == len(model.variables)
-  result = FAMILIES["resnet"].compare_outputs(model, arrays, params)
+  result = COMPARE["resnet"](model, arrays, params)
   assert result["max_abs"] > 0.1  # Real logits, not zeros.
   assert result["max_abs_diff"] <= ATOL, result
 
@@ -60,7 +60,7 @@ def test_retinanet_outputs_anchors_and_detections_match():
   assert params["num_classes"] == 4  # Model Garden's 5 include background 0.
   notes = {ours: note for ours, _, note in report.loaded}
   assert "background" in notes["head/class_logits/kernel"]
-  result = FAMILIES["retinanet"].compare_outputs(model, arrays, params)
+  result = COMPARE["retinanet"](model, arrays, params)
   for level in range(3, 8):
     assert result[f"max_abs_diff_class_l{level}"] <= ATOL, result
     assert result[f"max_abs_diff_box_l{level}"] <= ATOL, result
@@ -82,7 +82,7 @@ def test_maskrcnn_stages_detections_and_masks_match():
   notes = {ours: note for ours, _, note in report.loaded}
   assert "background" in notes["box_head/box_deltas/kernel"]
   assert "background" in notes["mask_head/mask_logits/bias"]
-  result = MASKRCNN.compare_outputs(model, arrays, params)
+  result = COMPARE["maskrcnn"](model, arrays, params)
   for level in range(2, 7):
     assert result[f"max_abs_diff_rpn_l{level}"] <= ATOL, result
   assert result["max_abs_diff_anchors"] <= 1e-3, result
@@ -102,7 +102,7 @@ def test_maskrcnn_roi_align_convention_matters():
   # The half-pixel RoIAlign (our default) on the same weights: the RPN still agrees,
   # the heads do not. roi_aligned=False is what makes them equal.
   model, params, arrays, _ = _load("maskrcnn", roi_aligned=True)
-  result = MASKRCNN.compare_outputs(model, arrays, params)
+  result = COMPARE["maskrcnn"](model, arrays, params)
   assert result["max_abs_diff_rpn_l2"] <= ATOL
   assert result["max_abs_diff_box_head"] > 1e-2, result
 
@@ -134,7 +134,7 @@ def test_transformer_logits_and_beam_search_match():
   model, params, arrays, report = _load("transformer")
   fused = [ours for ours, _, note in report.loaded if "fused" in note]
   assert len(fused) == 2 + 2 * 2  # qkv per self-attention, key_value per cross-attention.
-  result = FAMILIES["transformer"].compare_outputs(model, arrays, params)
+  result = COMPARE["transformer"](model, arrays, params)
   assert result["max_abs_diff"] <= ATOL, result
   assert result["beam_ids_equal"], result
   assert result["max_abs_diff_beam_scores"] <= ATOL, result
@@ -199,12 +199,12 @@ def test_converted_model_dir_is_read_by_export_and_warm_start(tmp_path):
   assert os.path.exists(os.path.join(output, importing.REPORT_FILE))
   # `tpu-models export/evaluate` load the model_dir as it is.
   _, model = export.load_model(config, output)
-  assert FAMILIES["resnet"].compare_outputs(model, arrays, params)["max_abs_diff"] <= ATOL
+  assert COMPARE["resnet"](model, arrays, params)["max_abs_diff"] <= ATOL
   # trainer.init_checkpoint warm-starts from it by variable path.
   fresh = create_model(name, **params)
   report = checkpoints.warm_start(fresh, output, say=lambda _: None)
   assert not report.new and len(report.restored) == len(fresh.variables)
-  assert FAMILIES["resnet"].compare_outputs(fresh, arrays, params)["max_abs_diff"] <= ATOL
+  assert COMPARE["resnet"](fresh, arrays, params)["max_abs_diff"] <= ATOL
   with pytest.raises(ConfigError, match="already holds checkpoints"):
     importing.write_model_dir(config, output, load, say=lambda _: None)
 

@@ -17,10 +17,11 @@ import pytest
 import tensorflow as tf
 
 from conftest import REPO
+from helpers import torchvision_maskrcnn_parity as tv_maskrcnn_parity
+from helpers import torchvision_retinanet_parity as tv_parity
 from tpu_models.errors import ConfigError
 from tpu_models.registry import create_model
 from tpu_models.vision.detection import masks as masks_lib
-from tpu_models.vision.detection import torchvision as tv_retinanet
 from tpu_models.vision.detection import torchvision_maskrcnn as tv_maskrcnn
 from tpu_models.weights import catalogue, importing
 from tpu_models.weights.mapping import WeightsMismatchError
@@ -56,9 +57,9 @@ def chelsea_model(reference):
 
 def test_every_stage_equals_torchvisions(reference, chelsea_model):
   """chelsea: RPN outputs and anchors, proposals, box head, detections, mask logits, masks."""
-  compared = tv_maskrcnn.compare_outputs(chelsea_model, reference, "chelsea",
+  compared = tv_maskrcnn_parity.compare_outputs(chelsea_model, reference, "chelsea",
                                          _params(reference, "chelsea"))
-  for level in tv_maskrcnn.TORCHVISION_LEVELS:
+  for level in tv_maskrcnn_parity.TORCHVISION_LEVELS:
     assert compared[f"max_abs_diff_anchors/{level}"] == 0.0  # torchvision's own anchors.
     for kind in ("objectness", "rpn_deltas"):
       # 1e-4 relative to the level's largest value (torch's own float32 rounding on
@@ -91,20 +92,20 @@ def test_mask_head_ious_leave_out_only_the_pixels_rounding_can_tie():
   theirs[0, :10] = 6.0
   theirs[0, 10:14] = -1e-5  # Rows of cells a hair under 0.5.
   box = np.array([[20.0, 20.0, 48.0, 48.0]], np.float32)  # yxyx, original pixels.
-  paste = lambda logits: tv_maskrcnn.paste_masks_torchvision(
+  paste = lambda logits: tv_maskrcnn_parity.paste_masks_torchvision(
       1 / (1 + np.exp(-logits.astype(np.float64))), box[:, [1, 0, 3, 2]], 64, 64) > 0.5
   pasted = paste(theirs)
   rounded = theirs.copy()
   rounded[0, 10:14] = 9e-5  # 1e-4 away: over 0.5.
   assert masks_lib.mask_iou(paste(rounded)[0], pasted[0]) < 0.9  # The ties move the IoU...
-  result = tv_maskrcnn.mask_head_ious(rounded, theirs, pasted, box, 64, 64)
+  result = tv_maskrcnn_parity.mask_head_ious(rounded, theirs, pasted, box, 64, 64)
   assert result["mask_tie_pixels"] > 50
   assert result["mask_iou_mask_head"]["min"] == 1.0  # ... and are all that differs.
   assert result["paste_reproduced"]["min"] == 1.0
   # A real difference (rows at logit 2 instead of -6) stays, with the tie band capped.
   different = theirs.copy()
   different[0, 14:20] = 2.0
-  result = tv_maskrcnn.mask_head_ious(different, theirs, pasted, box, 64, 64)
+  result = tv_maskrcnn_parity.mask_head_ious(different, theirs, pasted, box, 64, 64)
   assert result["mask_iou_mask_head"]["min"] < 0.9, result
 
 
@@ -161,7 +162,7 @@ def test_catalogue_entry_and_the_imported_model_dir(reference, tmp_path):
       task=dict(entry.task, image_size=128))
   _, model = catalogue_import.import_entry(tiny, FIXTURES, str(tmp_path / "imported"))
   outputs = model(reference["astronaut/transformed_nhwc"], training=False)
-  compared = tv_retinanet.compare_detections(
+  compared = tv_parity.compare_detections(
       {key: outputs[f"detection_{key}"] for key in ("boxes", "scores", "classes")} |
       {"num_detections": outputs["num_detections"]},
       reference["astronaut/detections_resized/boxes"],

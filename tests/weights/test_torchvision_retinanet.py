@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import REPO
+from helpers import torchvision_retinanet_parity as tv_parity
 from tpu_models.errors import ConfigError, DataError
 from tpu_models.registry import create_model
 from tpu_models.vision.detection import torchvision as tv_retinanet
@@ -49,7 +50,7 @@ def chelsea_model(reference):
 
 def _assert_same_detections(detections, reference, photo):
   """Same count; each of torchvision's detections has ours: same label, box, score."""
-  compared = tv_retinanet.compare_detections(
+  compared = tv_parity.compare_detections(
       detections, *(reference[f"{photo}/detections_resized/{key}"]
                     for key in ("boxes", "scores", "labels")))
   assert compared["count_theirs"] > 10
@@ -62,8 +63,8 @@ def test_raw_outputs_anchors_and_detections_equal_torchvisions(reference, chelse
   """chelsea: not square, resized 127x192 in 128x192, so P7's stride is (128, 96)."""
   report = importing.load_weights(chelsea_model, WEIGHTS, "torchvision")
   assert len(report.loaded) == len(chelsea_model.variables) == 301
-  compared = tv_retinanet.compare_outputs(chelsea_model, reference, "chelsea", NARROW)
-  for level in tv_retinanet.TORCHVISION_LEVELS:
+  compared = tv_parity.compare_outputs(chelsea_model, reference, "chelsea", NARROW)
+  for level in tv_parity.TORCHVISION_LEVELS:
     assert compared[f"max_abs_diff_anchors/{level}"] == 0.0  # Exactly torchvision's anchors.
     for kind in ("cls", "box"):
       # 1e-4 relative to the level's largest value (logits reach 11; torch's

@@ -102,7 +102,8 @@ def transformer_name_map(model, store=None) -> NameMap:
 
 
 # ----------------------------------------------------------------------------
-# Our model config for a Model Garden model config, and the parity check.
+# Our model config for a Model Garden model config (the parity check against Model
+# Garden's outputs: tests/helpers/model_garden_parity.py).
 
 
 def model_params(mg: Mapping[str, Any]) -> Tuple[str, Dict[str, Any]]:
@@ -134,26 +135,3 @@ def model_params(mg: Mapping[str, Any]) -> Tuple[str, Dict[str, Any]]:
       "pre_layer_norm": bool(encoder["norm_first"]),
       "share_embeddings": True,
   }
-
-
-def compare_outputs(model, arrays: Mapping[str, np.ndarray],
-                    params: Mapping[str, Any] = None) -> Dict[str, Any]:
-  """Teacher-forced logits and beam search vs the Model Garden worker's.
-
-  Returns max_abs_diff (logits), beam_ids_equal, max_abs_diff_beam_scores.
-  """
-  result: Dict[str, Any] = {}
-  logits = model({"inputs": arrays["sources"], "targets": arrays["targets"]},
-                 training=False).numpy()
-  result["max_abs_diff"] = float(np.abs(logits - arrays["logits"]).max())
-  their_ids = arrays["beam_ids"].copy()
-  # Model Garden keeps EOS (1) in its output; ours ends at EOS (replaced by 0, like the rest).
-  after_eos = np.cumsum(their_ids == 1, axis=1) > 0
-  their_ids[after_eos] = 0
-  decoded = model.translate(arrays["sources"], beam_size=int(arrays["beam_size"]),
-                            alpha=float(arrays["alpha"]),
-                            max_decode_length=their_ids.shape[1])
-  result["beam_ids_equal"] = bool(np.array_equal(decoded["ids"].numpy(), their_ids))
-  result["max_abs_diff_beam_scores"] = float(
-      np.abs(decoded["scores"].numpy() - arrays["beam_scores"].reshape(-1)).max())
-  return result

@@ -20,8 +20,6 @@ a hint). `model_params` derives all of them from Model Garden's model config.
 import re
 from typing import Any, Dict, Mapping, Sequence, Tuple
 
-import numpy as np
-
 from tpu_models.errors import ConfigError
 from tpu_models.weights.catalogue import register_importer
 from tpu_models.weights.mapping import NameMap, Source
@@ -107,7 +105,8 @@ def resnet_name_map(model, store=None) -> NameMap:
 
 
 # ----------------------------------------------------------------------------
-# Our model config for a Model Garden model config, and the parity check.
+# Our model config for a Model Garden model config (the parity check against Model
+# Garden's outputs: tests/helpers/model_garden_parity.py).
 
 
 def check_resnet_options(resnet: Mapping[str, Any]) -> None:
@@ -142,14 +141,3 @@ def model_params(mg: Mapping[str, Any]) -> Tuple[str, Dict[str, Any]]:
       "project_first_shortcut": depth in _BASIC_BLOCK_DEPTHS,
       "dropout_rate": float(mg.get("dropout_rate", 0.0)),
   }
-
-
-def compare_outputs(model, arrays: Mapping[str, np.ndarray],
-                    params: Mapping[str, Any] = None) -> Dict[str, Any]:
-  """Our loaded model on the Model Garden worker's images vs its logits.
-
-  Returns {"max_abs_diff": max |logits delta|, "max_abs": their logits' scale}.
-  """
-  logits = model(arrays["images"], training=False).numpy()
-  return {"max_abs_diff": float(np.abs(logits - arrays["logits"]).max()),
-          "max_abs": float(np.abs(arrays["logits"]).max())}
