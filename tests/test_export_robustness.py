@@ -15,11 +15,10 @@ import tensorflow as tf
 
 from tpu_models import export
 from tpu_models.vision.detection import inputs as detection_data
-from tpu_models.text import inputs as text_lib
 from tpu_models.training.trainer import Trainer
 
-import test_translation
-from test_detection_task import tiny_pasted_objects, train_tiny_detector
+from helpers.translation import make_config, write_corpus
+from helpers.detection import tiny_pasted_objects, train_tiny_detector
 
 # Runs in a fresh Python: loads both SavedModels and serves the inputs of a JSON file
 # (base64 strings: the translator's inputs are not all UTF-8), printing one JSON line.
@@ -70,20 +69,13 @@ def detector(tmp_path_factory):
 @pytest.fixture(scope="module")
 def translator(tmp_path_factory):
   """(config, model_dir, held-out (German, English)) of the tiny translation model."""
-  root = tmp_path_factory.mktemp("corpus")
-  pairs = test_translation.sentence_pairs()
-  train, validation = pairs[:80], pairs[80:87]
-  (root / "train.tsv").write_text("".join(f"{de}\t{en}\n" for de, en in train * 3))
-  (root / "validation.tsv").write_text("".join(f"{de}\t{en}\n" for de, en in validation))
-  vocab = text_lib.train_sentencepiece([s for pair in train for s in pair], str(root / "vocab"),
-                                       vocab_size=56, character_coverage=1.0)
-  config = test_translation.make_config({"root": root, "vocab": vocab},
-                                        ["task.eval_bleu=false"])
+  corpus = write_corpus(tmp_path_factory.mktemp("corpus"))
+  config = make_config(corpus, ["task.eval_bleu=false"])
   model_dir = str(tmp_path_factory.mktemp("translator"))
   trainer = Trainer(config, model_dir)
   trainer.train()
   trainer.close()
-  return config, model_dir, validation[0]
+  return config, model_dir, corpus["validation"][0]
 
 
 def test_exported_models_survive_bad_inputs_in_a_fresh_process(detector, translator, tmp_path):

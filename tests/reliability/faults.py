@@ -1,8 +1,7 @@
 """Shared helpers of the fault-injection tests: subprocess commands, damage, inventories.
 
-The subprocess helpers of tests/training/test_trainer.py (`_cli`, `_wait_for`,
-`_final_weights`) are reused, not copied; this adds the fault driver, file
-damage and the "no checkpoint file lost" inventory.
+The toy runs' child and weights come from tests/helpers/toy_runs.py; this adds
+the fault driver, file damage and the "no checkpoint file lost" inventory.
 """
 
 import glob
@@ -18,8 +17,7 @@ import yaml
 
 from tpu_models.vision.classification import example as example_lib
 from tpu_models.training import progress
-# Re-exported for the tests here.
-from training.test_trainer import _cli, _final_weights, _wait_for  # noqa: F401
+from helpers.toy_runs import train_child
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DRIVER = os.path.join(HERE, "fault_driver.py")
@@ -28,7 +26,7 @@ UNREADABLE = "unreadable_checkpoints"
 
 def train_command(model_dir, *overrides, fault=None):
   """(cmd, env) of `tpu-models train tests/toy.yaml ...`, optionally through the fault driver."""
-  cmd, env = _cli(model_dir, *overrides)
+  cmd, env = train_child(model_dir, *overrides)
   env["PYTHONPATH"] = os.pathsep.join([HERE, env["PYTHONPATH"]])
   if fault:
     name, step = fault
@@ -38,7 +36,7 @@ def train_command(model_dir, *overrides, fault=None):
 
 def driver_command(argv, fault):
   """(cmd, env) of `tpu-models ARGV...` through the fault driver with `fault` = (name, step)."""
-  _, env = _cli("unused")
+  _, env = train_child("unused")
   env["PYTHONPATH"] = os.pathsep.join([HERE, env["PYTHONPATH"]])
   name, step = fault
   return [sys.executable, DRIVER, name, str(step), "--"] + [str(a) for a in argv], env
@@ -66,7 +64,7 @@ def run_batch(tmp_path, cases, timeout=600):
   {"serve": EXPORT_DIR, "images": [...], "copy_to": DIR} (see fault_driver.py).
   """
   cases_file, out_file = write_cases(tmp_path, cases)
-  _, env = _cli(tmp_path)
+  _, env = train_child(tmp_path)
   env["PYTHONPATH"] = os.pathsep.join([HERE, env["PYTHONPATH"]])
   done = subprocess.run([sys.executable, DRIVER, "batch", str(cases_file), str(out_file)],
                         env=env, cwd=HERE, capture_output=True, text=True, timeout=timeout)

@@ -17,6 +17,9 @@ checkpoint is saved): a run killed between a checkpoint and its evaluation.
 FAULT export-after PATH: `tpu-models export` writes its export, then waits (at most
 5 minutes) until PATH exists before putting it in place: an export that another
 export to the same output overtook.
+FAULT mark-stop-signals PATH: no fault; once training has put its SIGTERM/SIGINT
+handling in place, the run writes PATH, so that a test signals it then and not after
+a guessed sleep.
 """
 
 import errno
@@ -83,6 +86,21 @@ def _kill_before_eval(step: int) -> None:
   Trainer._evaluate_and_report = kill_at_step  # pylint: disable=protected-access
 
 
+def _mark_stop_signals(path: str) -> None:
+  import contextlib
+  from tpu_models.training.trainer import Trainer
+  catch = Trainer._catch_stop_signals  # pylint: disable=protected-access
+
+  @contextlib.contextmanager
+  def catch_then_mark(self):
+    with catch(self):
+      with open(path, "w") as f:
+        f.write(str(os.getpid()))
+      yield
+
+  Trainer._catch_stop_signals = catch_then_mark  # pylint: disable=protected-access
+
+
 def main(argv) -> int:
   fault, arg, separator, *rest = argv
   assert separator == "--", argv
@@ -92,6 +110,8 @@ def main(argv) -> int:
     _kill_before_eval(int(arg))
   elif fault == "export-after":
     _hold_export_until(arg)
+  elif fault == "mark-stop-signals":
+    _mark_stop_signals(arg)
   elif fault == "disk-full-lock":
     _inject_disk_full_lock()
   else:

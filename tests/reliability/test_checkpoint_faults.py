@@ -14,8 +14,9 @@ import pytest
 import tensorflow as tf
 
 import toy_task
-from faults import (UNREADABLE, _final_weights, assert_nothing_lost, checkpoint_inventory,
-                    error_line, flip_byte, train_command, train_steps_logged, truncate)
+from helpers.toy_runs import final_weights
+from faults import (UNREADABLE, assert_nothing_lost, checkpoint_inventory, error_line, flip_byte,
+                    train_command, train_steps_logged, truncate)
 from in_process import run_batch_here, train_here
 from tpu_models.training import checkpoints, progress
 from tpu_models.training.trainer import Trainer
@@ -85,7 +86,7 @@ def test_unreadable_latest_checkpoint_resumes_from_newest_intact_one(runs, tmp_p
     assert result["code"] == 0, result["stderr"][-3000:] + result["traceback"]
     assert f"Checkpoint {model_dir}/ckpt-30 is unreadable (" in result["stdout"], result
     assert f"Resumed from {model_dir}/ckpt-20 at step 20." in result["stdout"], result
-    step, weights, trainer = _final_weights(model_dir)
+    step, weights, trainer = final_weights(model_dir)
     trainer.close()
     assert step == 60
     np.testing.assert_allclose(weights, reference, rtol=1e-5, atol=1e-6)
@@ -139,7 +140,7 @@ def test_sigkill_mid_save_never_costs_the_newest_readable_checkpoint(runs, tmp_p
   result = train_here(capfd, model_dir, *run)
   assert result.returncode == 0, result.stderr[-3000:]
   assert f"Resumed from {model_dir}/ckpt-50 at step 50." in result.stdout, result.stdout
-  step, weights, trainer = _final_weights(model_dir)
+  step, weights, trainer = final_weights(model_dir)
   trainer.close()
   assert step == 60
   np.testing.assert_allclose(weights, reference, rtol=1e-5, atol=1e-6)

@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 from faults import _experiment, driver_command, error_line, truncate
+from helpers.images import coco_file
 from in_process import run_batch_here
 
 CLASSES = ("a", "b", "c", "d")
@@ -26,17 +27,6 @@ def _image_folder(root, per_class=4, seed=0):
       pixels = rng.integers(0, 255, (16, 16, 3), dtype=np.uint8)
       (root / name / f"{i}.jpg").write_bytes(tf.io.encode_jpeg(pixels).numpy())
   return root
-
-
-def _coco(path, file_names, ids):
-  """A COCO file of one box per image; images[k] gets the box (k, k, 8, 8)."""
-  data = {"images": [{"id": i, "file_name": f, "height": 16, "width": 16}
-                     for i, f in zip(ids, file_names)],
-          "annotations": [{"id": k + 1, "image_id": i, "bbox": [k, k, 8, 8], "category_id": 1,
-                           "iscrowd": 0} for k, i in enumerate(ids)],
-          "categories": [{"id": 1, "name": "thing"}]}
-  path.write_text(json.dumps(data))
-  return path
 
 
 def _shards(directory, prefix="train"):
@@ -53,8 +43,8 @@ def results(tmp_path_factory):
   images.mkdir()
   for name in ("x.jpg", "y.jpg", "../outside.jpg"):
     (images / name).write_bytes((photos / "a" / "0.jpg").read_bytes())
-  duplicate = _coco(tmp / "duplicate.json", ["x.jpg", "y.jpg"], [7, 7])
-  outside = _coco(tmp / "outside.json", ["x.jpg", "../outside.jpg"], [1, 2])
+  duplicate = coco_file(tmp / "duplicate.json", ["x.jpg", "y.jpg"], [7, 7])
+  outside = coco_file(tmp / "outside.json", ["x.jpg", "../outside.jpg"], [1, 2])
   absolute = tmp / "absolute.csv"
   absolute.write_text(f"x.jpg,1,1,9,9,thing\n{tmp / 'outside.jpg'},2,2,8,8,thing\n")
 
@@ -186,7 +176,7 @@ def test_bad_annotation_files_are_one_line_errors_naming_the_file(tmp_path):
   (tmp_path / "no_lists.json").write_text(json.dumps({"images": [], "info": {}}))
   (tmp_path / "empty.json").write_text(json.dumps({"images": [], "annotations": [],
                                                    "categories": []}))
-  no_boxes = _coco(tmp_path / "no_boxes.json", ["x.jpg"], [1])
+  no_boxes = coco_file(tmp_path / "no_boxes.json", ["x.jpg"], [1])
   no_boxes.write_text(json.dumps(dict(json.loads(no_boxes.read_text()), annotations=[])))
   voc = tmp_path / "voc"
   voc.mkdir()

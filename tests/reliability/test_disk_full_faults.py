@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import toy_task
-from faults import UNREADABLE, _final_weights, train_steps_logged
+from helpers.toy_runs import final_weights
+from faults import UNREADABLE, train_steps_logged
 from in_process import train_here
 from tpu_models.training import progress
 from tpu_models.training.trainer import Trainer
@@ -54,7 +55,7 @@ def _resume_ends_on(capfd, model_dir, weights):
 
 
 def _final_weights_of(model_dir):
-  step, weights, trainer = _final_weights(model_dir)
+  step, weights, trainer = final_weights(model_dir)
   trainer.close()
   return step, weights, trainer
 

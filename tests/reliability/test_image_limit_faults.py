@@ -5,34 +5,19 @@ GIF, BMP and WebP, a format TensorFlow does not decode (TIFF), a damaged PNG."""
 import io
 import json
 import os
-import struct
 import subprocess
 import sys
-import zlib
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from faults import _experiment, error_line
+from helpers.images import bomb_png
 from in_process import run_batch_here
 
 Image = pytest.importorskip("PIL.Image")
 
-BOMB_SIDE = 20000  # 400 megapixels: 1.2 GB as uint8 RGB, several GB on the way through a model.
-
-
-def _bomb_png(side=BOMB_SIDE):
-  """A grayscale PNG of side x side zeros: a few hundred KB that decode to side**2 bytes."""
-  def chunk(kind, data):
-    return struct.pack(">I", len(data)) + kind + data + struct.pack(
-        ">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-  packer, row, parts = zlib.compressobj(9), b"\0" * (side + 1), []
-  for _ in range(side):
-    parts.append(packer.compress(row))
-  parts.append(packer.flush())
-  return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0))
-          + chunk(b"IDAT", b"".join(parts)) + chunk(b"IEND", b""))
 
 
 def _encoded(pixels, fmt, **options):
@@ -53,7 +38,7 @@ def _images():
       "png": png, "bmp": _encoded(pixels, "BMP"), "gif": _encoded(pixels, "GIF"),
       "webp": _encoded(pixels, "WEBP", lossless=True),
       "jpeg": _encoded(pixels, "JPEG"), "cmyk_jpeg": _encoded(pixels, "CMYK"),
-      "bomb": _bomb_png(), "tiff": _encoded(pixels, "TIFF"), "damaged_png": png[:60],
+      "bomb": bomb_png(), "tiff": _encoded(pixels, "TIFF"), "damaged_png": png[:60],
       "big_jpeg": _encoded(np.repeat(np.repeat(pixels, 4, 0), 4, 1), "JPEG"),  # 64x64.
   }
 

@@ -22,8 +22,7 @@ import tensorflow as tf
 from conftest import has_module
 from faults import HERE, _experiment, _write, error_line, flip_byte
 from in_process import run_batch_here, train_here
-from test_convert_faults import _coco
-from test_image_limit_faults import _bomb_png
+from helpers.images import bomb_png, coco_file
 
 REPO = os.path.dirname(os.path.dirname(HERE))
 
@@ -48,14 +47,14 @@ def test_predict_refuses_a_decompression_bomb_from_its_header(tmp_path_factory):
   memory well under 1 GB: decoding it took 5.48 GB), the photo is drawn; exit 1."""
   pytest.importorskip("skimage")
   from tpu_models import config as config_lib
-  from test_detection_task import tiny_pasted_objects, train_tiny_detector
+  from helpers.detection import tiny_pasted_objects, train_tiny_detector
   data_dir = tiny_pasted_objects(tmp_path_factory, 4, 1)
   config, model_dir = train_tiny_detector(tmp_path_factory, data_dir, 2)
   tmp = tmp_path_factory.mktemp("bomb")
   config_file = tmp / "detector.yaml"
   config_lib.dump_config(config, str(config_file))
   bomb = tmp / "bomb.png"
-  bomb.write_bytes(_bomb_png())
+  bomb.write_bytes(bomb_png())
   photo = tmp / "photo.png"
   photo.write_bytes(tf.io.encode_png(np.full((48, 64, 3), 90, np.uint8)).numpy())
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]),
@@ -173,7 +172,7 @@ def test_refused_conversions_imports_and_fine_tunes_write_nothing(exported, tmp_
   images.mkdir()
   (images / "x.jpg").write_bytes(tf.io.encode_jpeg(np.zeros((16, 16, 3), np.uint8)).numpy())
   (tmp_path / "outside.jpg").write_bytes((images / "x.jpg").read_bytes())
-  outside = _coco(tmp_path / "outside.json", ["x.jpg", "../outside.jpg"], [1, 2])
+  outside = coco_file(tmp_path / "outside.json", ["x.jpg", "../outside.jpg"], [1, 2])
   absolute = tmp_path / "absolute.csv"
   absolute.write_text(f"x.jpg,1,1,9,9,thing\n{tmp_path / 'outside.jpg'},1,1,9,9,thing\n")
   garbage = tmp_path / "garbage"

@@ -14,6 +14,8 @@ import sys
 import numpy as np
 import pytest
 
+from helpers.detection import maskrcnn_config, tiny_pasted_objects
+from helpers.images import bomb_png
 from faults import (HERE, _experiment, _write, error_line, run_batch, train_command,
                     write_cases)
 from tpu_models.training import progress
@@ -438,9 +440,6 @@ def test_mask_rcnn_predict_on_an_8000_pixel_png_pastes_one_mask_at_a_time(tmp_pa
   mask is pasted on the host when drawn or written: the peak grows with the image only."""
   pytest.importorskip("skimage")
   pytest.importorskip("pycocotools")
-  from test_detection_task import tiny_pasted_objects
-  from test_image_limit_faults import _bomb_png
-  from test_maskrcnn import _config as maskrcnn_config
   from tpu_models import config as config_lib
   from tpu_models.training.trainer import Trainer
   data_dir = tiny_pasted_objects(tmp_path_factory, 2, 1)
@@ -456,7 +455,7 @@ def test_mask_rcnn_predict_on_an_8000_pixel_png_pastes_one_mask_at_a_time(tmp_pa
   config_file = tmp / "segmenter.yaml"
   config_lib.dump_config(config, str(config_file))
   big = tmp / "big.png"
-  big.write_bytes(_bomb_png(8000))  # 8000x8000 zeros, 62 KB.
+  big.write_bytes(bomb_png(8000))  # 8000x8000 zeros, 62 KB.
   _, env = train_command("unused")
   done = subprocess.run(
       [sys.executable, "-c", PEAK, "predict", str(config_file), "--model-dir", model_dir,

@@ -18,7 +18,8 @@ import yaml
 
 import toy_task  # noqa: F401  (registers the toy task)
 from conftest import REPO
-from faults import _wait_for, checkpoint_inventory, error_line, train_command, train_steps_logged
+from helpers.processes import wait_for
+from faults import checkpoint_inventory, error_line, train_command, train_steps_logged
 from in_process import run_batch_here, train_here
 from tpu_models.training import checkpoints, progress
 from tpu_models.training.trainer import Trainer
@@ -144,7 +145,7 @@ def test_a_second_training_process_is_refused_and_a_dead_holders_lock_taken_over
   cmd, env = train_command(run, *long_run)
   first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   metrics = run / "metrics.jsonl"
-  assert _wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= 2, 300, first)
+  assert wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= 2, 300, first)
   holder = _lock_holder(run)
   assert holder["pid"] == first.pid and holder["host"] == socket.gethostname()
   config_yaml = (run / "config.yaml").read_text()
@@ -172,7 +173,7 @@ def test_a_second_training_process_is_refused_and_a_dead_holders_lock_taken_over
   cmd, env = train_command(run, *long_run)
   killed = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   rows = len(train_steps_logged(run))
-  assert _wait_for(lambda: len(train_steps_logged(run)) > rows, 300, killed)
+  assert wait_for(lambda: len(train_steps_logged(run)) > rows, 300, killed)
   assert _lock_holder(run)["pid"] == killed.pid
   killed.kill()
   killed.wait(timeout=60)

@@ -3,19 +3,21 @@ SIGTERM to one worker of two stops both at one checkpoint."""
 
 import glob
 import json
-import os
 import signal
+import os
 import subprocess
+import sys
 import time
 
 import numpy as np
 import tensorflow as tf
 
-from faults import _final_weights, _wait_for, train_command, train_steps_logged
+from helpers.toy_runs import final_weights
+from helpers.processes import free_ports, wait_for
+from faults import HERE, train_command, train_steps_logged
 import toy_task
 from tpu_models.training import checkpoints, progress
 from tpu_models.training.trainer import Trainer
-from training.test_multi_worker import _free_ports
 
 
 def test_ctrl_c_saves_at_the_current_step_and_a_second_one_stops_at_once(tmp_path):
@@ -28,18 +30,20 @@ def test_ctrl_c_saves_at_the_current_step_and_a_second_one_stops_at_once(tmp_pat
   aborted = tmp_path / "aborted"
   cmd, env = train_command(aborted, "trainer.train_steps=10000000",
                            "trainer.steps_per_loop=5000000", "trainer.checkpoint_every=10000000")
+  handling = tmp_path / "b_handles_signals"  # Written by B once its signal handling is in place.
+  cmd = [sys.executable, os.path.join(HERE, "round4_driver.py"), "mark-stop-signals",
+         str(handling), "--"] + cmd[3:]
   b_err = tmp_path / "b_stderr.txt"
   with open(b_err, "w") as err_file:
     b = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err_file, text=True)
 
   metrics = saved / "metrics.jsonl"
-  assert _wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= 3, 300, a)
+  assert wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= 3, 300, a)
   a.send_signal(signal.SIGINT)
-  # B: wait until its first loop runs (config.yaml is written when training starts).
-  assert _wait_for(lambda: (aborted / "config.yaml").exists(), 300, b)
-  time.sleep(1.0)
+  # B: once it handles signals (its first loop starts right after).
+  assert wait_for(handling.exists, 300, b), b_err.read_text()
   b.send_signal(signal.SIGINT)
-  assert _wait_for(lambda: "SIGINT: saving a checkpoint" in b_err.read_text(), 60, b), \
+  assert wait_for(lambda: "SIGINT: saving a checkpoint" in b_err.read_text(), 60, b), \
       b_err.read_text()
   b.send_signal(signal.SIGINT)
   start = time.time()
@@ -65,7 +69,7 @@ def test_ctrl_c_saves_at_the_current_step_and_a_second_one_stops_at_once(tmp_pat
 
 def _start_workers(model_dir, *overrides):
   """Two MultiWorkerMirroredStrategy workers of `tpu-models train` on 127.0.0.1."""
-  workers = [f"127.0.0.1:{port}" for port in _free_ports(2)]
+  workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
   procs = []
   for index in range(2):
     cmd, env = train_command(model_dir, *overrides, "runtime.strategy=multi_worker")
@@ -84,7 +88,7 @@ def test_sigterm_to_one_of_two_workers_saves_one_checkpoint_both_resume_from(tmp
   run = tmp_path / "run"
   procs = _start_workers(run, "trainer.train_steps=10000000", *common)
   metrics = run / "metrics.jsonl"  # Mid-run: once the chief logged its first loop of steps.
-  assert _wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= 1, 300,
+  assert wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= 1, 300,
                    procs[0]), procs[0].communicate()[1][-3000:]
   procs[1].send_signal(signal.SIGTERM)  # Only worker 1, the one that does not write.
   (out0, err0), (out1, err1) = [p.communicate(timeout=300) for p in procs]
@@ -119,7 +123,7 @@ def test_sigterm_to_one_of_two_workers_saves_one_checkpoint_both_resume_from(tmp
   losses = [r["loss"] for r in progress.read_metrics(str(run), "train")]
   np.testing.assert_allclose(losses, [r["loss"] for r in progress.read_metrics(
       str(straight), "train")], rtol=1e-4)
-  resumed_step, resumed, _ = _final_weights(run)
+  resumed_step, resumed, _ = final_weights(run)
   assert resumed_step == reference.current_step == step + 10
   np.testing.assert_allclose(resumed, np.concatenate(
       [v.numpy().ravel() for v in reference.model.trainable_variables]), rtol=1e-4, atol=1e-5)
@@ -134,12 +138,12 @@ def test_sigterm_after_the_reader_of_stdout_died_still_saves_the_current_step(tm
                            "trainer.checkpoint_every=100000")
   run = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
   metrics = model_dir / "metrics.jsonl"
-  assert _wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= 2, 300, run)
+  assert wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= 2, 300, run)
   run.stdout.close()
   run.stderr.close()
   logged = len(train_steps_logged(model_dir))
   # Rows still arrive after the reader died: the broken pipe stopped only the printing.
-  assert _wait_for(lambda: len(train_steps_logged(model_dir)) >= logged + 3, 120, run)
+  assert wait_for(lambda: len(train_steps_logged(model_dir)) >= logged + 3, 120, run)
   run.send_signal(signal.SIGTERM)
   assert run.wait(timeout=120) == 143  # SIGTERM's code, which a cluster manager restarts on.
   last_step = train_steps_logged(model_dir)[-1]

@@ -14,6 +14,8 @@ import time
 
 import requests
 
+from helpers.processes import kill_processes_naming  # noqa: F401  (the serving tests')
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 
@@ -97,22 +99,3 @@ def stop(process: subprocess.Popen, timeout: float = 30) -> None:
     os.killpg(process.pid, signal.SIGKILL)
   with contextlib.suppress(subprocess.TimeoutExpired):
     process.wait(10)
-
-
-def kill_processes_naming(folder: str) -> None:
-  """SIGKILLs the processes started under this server's RAY_TMPDIR (Ray's own daemons
-  leave the server's process group)."""
-  marker = f"RAY_TMPDIR={folder}".encode()
-  for pid in os.listdir("/proc"):
-    if not pid.isdigit() or int(pid) == os.getpid():
-      continue
-    try:
-      with open(f"/proc/{pid}/cmdline", "rb") as f:
-        cmdline = f.read()
-      with open(f"/proc/{pid}/environ", "rb") as f:
-        environ = f.read()
-    except OSError:
-      continue
-    if folder.encode() in cmdline or marker in environ:
-      with contextlib.suppress(OSError):
-        os.kill(int(pid), signal.SIGKILL)

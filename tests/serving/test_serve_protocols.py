@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(
 
 import tiny_exports  # noqa: E402
 from serve_process import REPO, serve  # noqa: E402
-from test_translation import corpus, make_config  # noqa: E402,F401  pylint: disable=unused-import
+from helpers.translation import corpus, make_config  # noqa: E402,F401  pylint: disable=unused-import
 from tpu_models import export  # noqa: E402
 from tpu_models.serving import repository  # noqa: E402
 from tpu_models.training.trainer import Trainer  # noqa: E402

@@ -9,11 +9,12 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
+
+from helpers.processes import kill_processes_naming
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.dirname(HERE)
@@ -30,25 +31,6 @@ def ray_sandbox():
   finally:
     kill_processes_naming(folder)
     shutil.rmtree(folder, ignore_errors=True)
-
-
-def kill_processes_naming(text: str) -> None:
-  """SIGKILLs every process whose command line or environment mentions `text`."""
-  for pid in os.listdir("/proc"):
-    if not pid.isdigit() or int(pid) == os.getpid():
-      continue
-    try:
-      with open(f"/proc/{pid}/cmdline", "rb") as f:
-        cmdline = f.read()
-      with open(f"/proc/{pid}/environ", "rb") as f:
-        environ = f.read()
-    except OSError:
-      continue
-    if text.encode() in cmdline or f"RAY_TMPDIR={text}".encode() in environ:
-      try:
-        os.kill(int(pid), signal.SIGKILL)
-      except OSError:
-        pass
 
 
 def sweep_env(ray_tmp: str) -> dict:

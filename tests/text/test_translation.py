@@ -1,8 +1,6 @@
 """Translation end to end on a tiny German->English corpus written here: loss, packing, BLEU, export."""
 
-import itertools
 import os
-import random
 import subprocess
 import sys
 
@@ -11,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 import synthetic_checks
+from helpers.translation import corpus, make_config, sentence_pairs  # noqa: F401  (corpus: a fixture)
 from conftest import REPO
 from tpu_models import config as config_lib
 from tpu_models import export
@@ -20,53 +19,6 @@ from tpu_models.text import translation
 from tpu_models.task import create_task
 from tpu_models.training import tpu_check
 from tpu_models.training.trainer import Trainer
-
-SUBJECTS = [("Der Hund", "The dog"), ("Die Katze", "The cat"), ("Das Kind", "The child"),
-            ("Der Mann", "The man"), ("Die Frau", "The woman")]
-VERBS = [("sieht", "sees"), ("mag", "likes"), ("hört", "hears"), ("sucht", "looks for")]
-OBJECTS = [("den Ball", "the ball"), ("das Haus", "the house"), ("den Garten", "the garden"),
-           ("die Blume", "the flower"), ("das Auto", "the car")]
-TINY_MODEL = {"name": "transformer", "num_encoder_layers": 1, "num_decoder_layers": 1,
-              "hidden_size": 32, "num_heads": 2, "filter_size": 64, "dropout": 0.0,
-              "attention_dropout": 0.0, "activation_dropout": 0.0, "max_length": 64}
-
-
-def sentence_pairs():
-  """100 (German, English) sentences of a word-for-word grammar, in a fixed shuffled order."""
-  pairs = [(f"{s} {v} {o}.", f"{es} {ev} {eo}.")
-           for (s, es), (v, ev), (o, eo) in itertools.product(SUBJECTS, VERBS, OBJECTS)]
-  random.Random(0).shuffle(pairs)
-  return pairs
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-  """TSV files (train: 3 x 80 pairs, validation: 7 pairs) and a vocabulary trained on train."""
-  root = tmp_path_factory.mktemp("corpus")
-  pairs = sentence_pairs()
-  train, validation = pairs[:80], pairs[80:87]
-  (root / "train.tsv").write_text("".join(f"{de}\t{en}\n" for de, en in train * 3))
-  (root / "validation.tsv").write_text("".join(f"{de}\t{en}\n" for de, en in validation))
-  vocab = text_lib.train_sentencepiece([s for pair in train for s in pair], str(root / "vocab"),
-                                       vocab_size=56, character_coverage=1.0)
-  return {"root": root, "vocab": vocab, "train": train, "validation": validation}
-
-
-def make_config(corpus, extra=(), **task):
-  data = {
-      "task": {"name": "translation", "model": dict(TINY_MODEL), "vocab_path": corpus["vocab"],
-               "max_input_length": 32, "max_target_length": 32, "max_decode_length": 32,
-               "train_data": {"source": "tsv", "path": str(corpus["root"] / "train.tsv"),
-                              "global_batch_size": 8, "seed": 1},
-               "eval_data": {"source": "tsv", "path": str(corpus["root"] / "validation.tsv"),
-                             "global_batch_size": 4}, **task},
-      "trainer": {"train_steps": 150, "steps_per_loop": 50, "checkpoint_every": 150,
-                  "optimizer": {"name": "adamw", "beta_2": 0.98},
-                  "schedule": {"name": "inverse_sqrt", "base_lr": 0.01, "warmup_steps": 10},
-                  "tensorboard": False},
-      "runtime": {"strategy": "cpu", "seed": 3}}
-  return config_lib.experiment_from_dict(data, list(extra))
-
 
 def _encode(vocab, sentences, length):
   return translation.encode_batch(vocab, tf.constant(sentences), length)

@@ -13,7 +13,7 @@ from tpu_models.errors import ConfigError
 from tpu_models.text import translation
 from tpu_models.training.trainer import Trainer
 
-from test_translation import corpus, make_config  # pylint: disable=unused-import
+from helpers.translation import corpus, make_config  # pylint: disable=unused-import
 
 STEPS = ["trainer.train_steps=40", "trainer.checkpoint_every=40", "trainer.steps_per_loop=20",
          "task.eval_bleu=false"]

@@ -11,7 +11,7 @@ import json
 import pytest
 import yaml
 
-import test_translation
+from helpers.translation import TINY_TRANSFORMER, sentence_pairs, write_corpus
 from conftest import run_main
 from tpu_models import cli
 from tpu_models.text import inputs as text_lib
@@ -38,7 +38,7 @@ def _error_line(result):
 def test_another_vocabulary_of_the_same_size_is_refused(corpus_dir, run_cli):
   root, first = corpus_dir
   # The same size, other sentences (the English side reversed word by word): other pieces.
-  sentences = [" ".join(reversed(s.split())) for pair in test_translation.sentence_pairs()[:80]
+  sentences = [" ".join(reversed(s.split())) for pair in sentence_pairs()[:80]
                for s in pair]
   second = text_lib.train_sentencepiece(sentences, str(root / "other"), vocab_size=VOCAB_SIZE,
                                         character_coverage=1.0)
@@ -100,7 +100,7 @@ def test_vocab_refuses_to_overwrite_without_the_flag(corpus_dir, run_cli):
 
 
 def _experiment(root, vocab):
-  model = dict(test_translation.TINY_MODEL)
+  model = dict(TINY_TRANSFORMER)
   return {
       "task": {"name": "translation", "model": model, "vocab_path": vocab,
                "max_input_length": 32, "max_target_length": 32, "max_decode_length": 32,
@@ -117,10 +117,4 @@ def _experiment(root, vocab):
 @pytest.fixture
 def corpus_dir(tmp_path):
   """(directory with train.tsv / validation.tsv, the vocabulary trained on train)."""
-  pairs = test_translation.sentence_pairs()
-  train, validation = pairs[:80], pairs[80:87]
-  (tmp_path / "train.tsv").write_text("".join(f"{de}\t{en}\n" for de, en in train * 3))
-  (tmp_path / "validation.tsv").write_text("".join(f"{de}\t{en}\n" for de, en in validation))
-  vocab = text_lib.train_sentencepiece([s for pair in train for s in pair], str(tmp_path / "vocab"),
-                                       vocab_size=VOCAB_SIZE, character_coverage=1.0)
-  return tmp_path, vocab
+  return tmp_path, write_corpus(tmp_path, VOCAB_SIZE)["vocab"]

@@ -4,7 +4,6 @@ and a host-side eval metric gathered from both workers equals the single-worker 
 import glob
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -12,22 +11,13 @@ import numpy as np
 
 import toy_task
 from conftest import REPO
+from helpers.processes import free_ports
 from tpu_models.training import progress
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OVERRIDES = ["trainer.train_steps=30", "trainer.steps_per_loop=10", "trainer.checkpoint_every=10",
              "task.train_data.num_examples=16", "task.train_data.global_batch_size=16",
              "trainer.schedule.base_lr=0.2", "task.host_metrics=true"]
-
-
-def _free_ports(n):
-  sockets = [socket.socket() for _ in range(n)]
-  for s in sockets:
-    s.bind(("127.0.0.1", 0))
-  ports = [s.getsockname()[1] for s in sockets]
-  for s in sockets:
-    s.close()
-  return ports
 
 
 def _env(tf_config=None):
@@ -46,7 +36,7 @@ def test_two_workers_match_each_other_and_a_single_worker(tmp_path):
   _, single_weights, single_eval = toy_task.train_and_record(str(single), OVERRIDES)
 
   multi = tmp_path / "multi"
-  workers = [f"127.0.0.1:{p}" for p in _free_ports(2)]
+  workers = [f"127.0.0.1:{p}" for p in free_ports(2)]
   procs = []
   for index in range(2):
     tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}

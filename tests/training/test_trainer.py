@@ -1,19 +1,17 @@
 """The common Trainer on the toy task: learning, eval counting, NaN, SIGTERM, resume."""
 
-import glob
-import json
 import os
 import signal
 import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import toy_task
-from conftest import REPO, run_main
+from conftest import run_main
+from helpers.processes import wait_for
+from helpers.toy_runs import final_weights, train_argv, train_child
 from tpu_models import cli, onednn
 from tpu_models.errors import ConfigError
 from tpu_models.training import progress
@@ -126,52 +124,18 @@ def test_warm_start_by_variable_path_reports_shape_mismatch(tmp_path):
   assert target.current_step == 0
 
 
-def _argv(model_dir, *overrides):
-  argv = ["train", os.path.join(TESTS, "toy.yaml"), "--import", "toy_task", "--mode", "train",
-          "--model-dir", str(model_dir)]
-  for o in overrides:
-    argv += ["--set", o]
-  return argv
-
-
-def _cli(model_dir, *overrides, extra_env=None):
-  """The command and environment of a `tpu-models train` child (for the signal tests)."""
-  cmd = [sys.executable, "-m", "tpu_models.cli", *_argv(model_dir, *overrides)]
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, REPO]), TF_CPP_MIN_LOG_LEVEL="2")
-  env.update(extra_env or {})
-  return cmd, env
-
-
 def _train_here(capfd, model_dir, *overrides):
   """`tpu-models train` in this process: no child importing TensorFlow again."""
-  result = run_main(capfd, cli.main, _argv(model_dir, *overrides))
+  result = run_main(capfd, cli.main, train_argv(model_dir, *overrides))
   assert result.returncode == 0, result.stderr[-3000:]
   return result
-
-
-def _final_weights(model_dir):
-  config = toy_task.toy_config()
-  trainer = Trainer(config, str(model_dir))
-  return trainer.current_step, np.concatenate(
-      [v.numpy().ravel() for v in trainer.model.trainable_variables]), trainer
-
-
-def _wait_for(predicate, timeout, proc):
-  deadline = time.time() + timeout
-  while time.time() < deadline:
-    if predicate():
-      return True
-    if proc.poll() is not None:
-      return False
-    time.sleep(0.02)
-  return False
 
 
 def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, capfd):
   # Every batch is the same 16 examples, so only model, optimizer and step state decide
   # the result; the cosine schedule with warmup makes the LR depend on the step.
-  # 1500 steps: after its first checkpoint the killed run still has ~4 s of CPU to go
-  # (more on a loaded machine), against the 0.3 s it runs before the kill.
+  # 1500 steps: after its first checkpoints the killed run still has ~4 s of CPU to go
+  # (more on a loaded machine), against the ~0.1 s of a loop of 10 steps.
   overrides = ["trainer.train_steps=1500", "trainer.steps_per_loop=10",
                "trainer.checkpoint_every=10", "task.train_data.num_examples=16",
                "trainer.schedule.name=cosine", "trainer.schedule.warmup_steps=50",
@@ -183,12 +147,14 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, capfd):
   _train_here(capfd, straight, *overrides)
 
   killed = tmp_path / "killed"
-  cmd, env = _cli(killed, *overrides,
-                  extra_env={onednn.ENV: "1" if onednn.enabled() else "0"})
+  cmd, env = train_child(killed, *overrides,
+                         extra_env={onednn.ENV: "1" if onednn.enabled() else "0"})
   proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  has_checkpoint = lambda: bool(glob.glob(str(killed / "ckpt-*.index")))
-  assert _wait_for(has_checkpoint, 300, proc), "no checkpoint appeared"
-  time.sleep(0.3)
+  # The kill lands between checkpoints, mid-run: once the child has logged the train row of
+  # step 20, checkpoint 10 is complete (saved after row 10) and training goes on.
+  logged_past_first_checkpoint = lambda: any(
+      r["step"] >= 20 for r in progress.read_metrics(str(killed), "train"))
+  assert wait_for(logged_past_first_checkpoint, 300, proc), "no train row of step 20 appeared"
   assert proc.poll() is None, "the run finished before it could be killed"
   proc.send_signal(signal.SIGKILL)
   proc.wait()
@@ -199,8 +165,8 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, capfd):
   rows = progress.read_metrics(str(killed), "train")
   resumed_rows = [r for r in rows if r["step"] > killed_at]
   assert resumed_rows[0]["step"] == killed_at + 10 - killed_at % 10
-  step_a, weights_a, trainer_a = _final_weights(straight)
-  step_b, weights_b, trainer_b = _final_weights(killed)
+  step_a, weights_a, trainer_a = final_weights(straight)
+  step_b, weights_b, trainer_b = final_weights(killed)
   assert step_a == step_b == 1500
   np.testing.assert_allclose(weights_b, weights_a, rtol=1e-5, atol=1e-6)
   # The learning rate at the resumed steps matches the uninterrupted run's.
@@ -212,11 +178,11 @@ def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path, capfd):
 
 def test_sigterm_saves_checkpoint_at_current_step(tmp_path):
   model_dir = tmp_path / "run"
-  cmd, env = _cli(model_dir, "trainer.train_steps=10000000", "trainer.steps_per_loop=10",
-                  "trainer.checkpoint_every=100000")
+  cmd, env = train_child(model_dir, "trainer.train_steps=10000000",
+                         "trainer.steps_per_loop=10", "trainer.checkpoint_every=100000")
   proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   metrics = model_dir / "metrics.jsonl"
-  assert _wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= 3, 300, proc)
+  assert wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= 3, 300, proc)
   proc.send_signal(signal.SIGTERM)
   out, err = proc.communicate(timeout=120)
   assert proc.returncode == 143, err
@@ -287,8 +253,8 @@ def test_unknown_target_metric_names_the_available_ones(tmp_path):
 
 def test_continuous_evaluate_follows_a_running_job(tmp_path):
   model_dir = tmp_path / "run"
-  cmd, env = _cli(model_dir, "trainer.train_steps=3000", "trainer.steps_per_loop=10",
-                  "trainer.checkpoint_every=1000", "trainer.max_checkpoints=5")
+  cmd, env = train_child(model_dir, "trainer.train_steps=3000", "trainer.steps_per_loop=10",
+                         "trainer.checkpoint_every=1000", "trainer.max_checkpoints=5")
   proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   try:
     evaluator = Trainer(toy_task.toy_config(["trainer.train_steps=3000"]), str(model_dir))

@@ -15,7 +15,7 @@ from tpu_models import export
 from tpu_models.errors import ConfigError, DataError, MissingExtraError
 from tpu_models.training.trainer import Trainer
 
-from test_classification_task import _config, _jpeg
+from helpers.classification import band_jpeg, band_records_config
 from conftest import has_module
 
 # Bands of 4 classes at 32x32 pixels, no augmentation (evaluation pixels are the
@@ -32,14 +32,14 @@ needs_onnx = pytest.mark.skipif(not (has_module("tf2onnx") and has_module("onnxr
 def trained(tmp_path_factory):
   """(config, model_dir, SavedModel dir, pixels uint8 [4, 32, 32, 3]) of a trained classifier."""
   root = tmp_path_factory.mktemp("deploy")
-  config = _config(root, OVERRIDES)
+  config = band_records_config(root, OVERRIDES)
   model_dir = str(root / "run")
   trainer = Trainer(config, model_dir)
   trainer.train()
   trainer.close()
   saved = export.export_saved_model(config, model_dir, str(root / "saved_model"))
   rng = np.random.default_rng(3)
-  pixels = np.stack([tf.image.resize(tf.io.decode_jpeg(_jpeg(rng, k)), [32, 32]).numpy()
+  pixels = np.stack([tf.image.resize(tf.io.decode_jpeg(band_jpeg(rng, k)), [32, 32]).numpy()
                      for k in range(4)]).round().astype(np.uint8)
   return config, model_dir, saved, pixels
 
@@ -167,7 +167,7 @@ def test_an_op_litert_has_no_builtin_for_is_kept_as_select_tf_and_listed(trained
                                           {"image_bytes": "JPEG"}, {"logits": "[N, 4]"})}
 
   def agreement_of_bytes(self, reference, exported, examples, split="eval"):
-    jpeg = np.array([_jpeg(np.random.default_rng(0), 1)], object)
+    jpeg = np.array([band_jpeg(np.random.default_rng(0), 1)], object)
     exported("serve_bytes", {"image_bytes": jpeg})  # No Flex delegate here: not checked.
     return Agreement(1, 1, "runs with the Flex delegate")
 
@@ -185,7 +185,7 @@ def test_an_op_litert_has_no_builtin_for_is_kept_as_select_tf_and_listed(trained
   runner = export.ExportRunner(out)
   assert runner.runtime.startswith("tf.lite")  # TensorFlow's: it can hold the Flex delegate.
   # TensorFlow 2.21's pip interpreter links no Flex delegate: one line saying so.
-  jpeg = np.array([_jpeg(np.random.default_rng(0), 1)], object)
+  jpeg = np.array([band_jpeg(np.random.default_rng(0), 1)], object)
   try:
     logits = runner("serve_bytes", {"image_bytes": jpeg})["logits"]
   except ConfigError as e:

@@ -1,72 +1,24 @@
 """Classification end to end on tiny real JPEG TFRecords: train, evaluate, export, serve."""
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from conftest import REPO
+from helpers.classification import band_jpeg, band_records_config
 from tpu_models import config as config_lib
 from tpu_models import export
 from tpu_models.vision.classification import example as example_lib
 from tpu_models.training.trainer import Trainer
 
 
-def _jpeg(rng, label, size=40):
-  """A class-dependent picture: label k has a bright horizontal band k of 4.
-
-  Bands, not quadrants: the training augmentation flips left-right, which would make
-  quadrants 0/1 and 2/3 the same class and cap accuracy at 50%.
-  """
-  image = rng.integers(0, 60, size=(size, size, 3), dtype=np.uint8)
-  band = size // 4
-  image[(label % 4) * band:(label % 4 + 1) * band] += 150
-  return tf.io.encode_jpeg(image).numpy()
-
-
-def _write_records(path, n, seed):
-  rng = np.random.default_rng(seed)
-  labels = []
-  with tf.io.TFRecordWriter(path) as writer:
-    for i in range(n):
-      label = i % 4
-      labels.append(label)
-      writer.write(example_lib.image_example(_jpeg(rng, label), label).SerializeToString())
-  return labels
-
-
-def _config(tmp_path, extra=(), model=None):
-  train = str(tmp_path / "train.tfrecord")
-  val = str(tmp_path / "val.tfrecord")
-  if not os.path.exists(train):
-    _write_records(train, 64, 0)
-    _write_records(val, 21, 1)
-  base = {
-      "task": {"name": "classification",
-               "model": model or {"name": "resnet18", "num_classes": 4, "stem": "small",
-                                  "width": 8, "input_shape": [32, 32, 3]},
-               "image_size": 32, "augment": "inception_crop", "crop_area_range": [0.5, 1.0],
-               # Deterministic: the same batches whatever the machine's load (the accuracy
-               # bound below is about this run, not about the parallel pipeline's order).
-               "train_data": {"path": train, "global_batch_size": 16, "shuffle_buffer": 64,
-                              "deterministic": True},
-               "eval_data": {"path": val, "global_batch_size": 8}},
-      "trainer": {"train_steps": 60, "steps_per_loop": 20, "checkpoint_every": 60,
-                  "optimizer": {"name": "adamw"},
-                  "schedule": {"name": "cosine", "base_lr": 0.003, "warmup_steps": 5},
-                  "tensorboard": False},
-      "runtime": {"strategy": "cpu"}}
-  return config_lib.experiment_from_dict(base, list(extra))
-
-
 def test_train_evaluate_export_and_serve(tmp_path):
   # Crops of at least 85% of the area: a crop of half the picture can cut the top or bottom
   # band out, and under the full suite's load the stateful crop draws of the parallel map
   # came out so that one class was never learned (top-1 16/21 = 0.76, twice).
-  config = _config(tmp_path, ["task.crop_area_range=[0.85, 1.0]"])
+  config = band_records_config(tmp_path, ["task.crop_area_range=[0.85, 1.0]"])
   model_dir = str(tmp_path / "run")
   trainer = Trainer(config, model_dir)
   metrics = trainer.train_and_evaluate()
@@ -78,7 +30,7 @@ def test_train_evaluate_export_and_serve(tmp_path):
   export.export_saved_model(config, model_dir, output)
   loaded = tf.saved_model.load(output)
   rng = np.random.default_rng(7)
-  images = [_jpeg(rng, k) for k in range(4)]
+  images = [band_jpeg(rng, k) for k in range(4)]
   served = loaded.signatures["serving_default"](image_bytes=tf.constant(images))
   # The same preprocessing and weights through Keras directly.
   task, model = export.load_model(config, model_dir)
@@ -95,7 +47,7 @@ def test_train_evaluate_export_and_serve(tmp_path):
 
 
 def test_label_out_of_range_is_a_clear_error(tmp_path):
-  config = _config(tmp_path, ["task.model.num_classes=3"])  # Labels go up to 3.
+  config = band_records_config(tmp_path, ["task.model.num_classes=3"])  # Labels go up to 3.
   trainer = Trainer(config, str(tmp_path / "run"))
   with pytest.raises(ValueError, match=r"label out of range.*num_classes = 3"):
     trainer.train()
@@ -106,15 +58,15 @@ def test_corrupt_jpeg_error_names_the_config_and_skip_counts(tmp_path):
   rng = np.random.default_rng(0)
   with tf.io.TFRecordWriter(path) as writer:
     for i in range(8):
-      data = _jpeg(rng, i)
+      data = band_jpeg(rng, i)
       if i == 3:
         data = data[:len(data) // 3]  # Truncated JPEG.
       writer.write(example_lib.image_example(data, i % 4).SerializeToString())
-  config = _config(tmp_path, [f"task.eval_data.path={path}"])
+  config = band_records_config(tmp_path, [f"task.eval_data.path={path}"])
   trainer = Trainer(config, str(tmp_path / "run"))
   with pytest.raises(ValueError, match="on_corrupt=skip"):
     trainer.evaluate()
-  skipping = Trainer(_config(tmp_path, [f"task.eval_data.path={path}",
+  skipping = Trainer(band_records_config(tmp_path, [f"task.eval_data.path={path}",
                                         "task.eval_data.on_corrupt=skip"]),
                      str(tmp_path / "run2"))
   assert skipping.evaluate()["examples"] == 7
@@ -165,7 +117,7 @@ def test_fashion_mnist_jpeg_records_decode_like_the_in_memory_images(tmp_path):
 
 
 def test_mixup_trains_with_soft_labels(tmp_path):
-  config = _config(tmp_path, ["task.mixup_alpha=0.4", "trainer.train_steps=20",
+  config = band_records_config(tmp_path, ["task.mixup_alpha=0.4", "trainer.train_steps=20",
                               "task.train_data.global_batch_size=8"])
   from tpu_models.task import create_task
   task = create_task(config.task)
@@ -184,7 +136,7 @@ def test_mixup_runs_in_the_readers_post_batch_hook_and_changes_no_number(tmp_pat
   """
   from tpu_models.data import pipeline
   from tpu_models.task import create_task
-  config = _config(tmp_path, ["task.mixup_alpha=0.4", "task.augment=none", "task.flip=false",
+  config = band_records_config(tmp_path, ["task.mixup_alpha=0.4", "task.augment=none", "task.flip=false",
                               "task.train_data.global_batch_size=8",
                               "task.train_data.seed=3", "task.train_data.deterministic=true"])
   task = create_task(config.task)
@@ -259,7 +211,7 @@ def test_vit_trains_with_randaugment_compiled(tmp_path, monkeypatch):
                "task.randaugment_magnitude=15",
                "trainer.train_steps=4", "trainer.steps_per_loop=2", "trainer.checkpoint_every=4",
                "task.train_data.global_batch_size=8"]
-  config = _config(tmp_path, overrides, model=vit)
+  config = band_records_config(tmp_path, overrides, model=vit)
   task = create_task(config.task)
   images, labels = next(iter(task.build_inputs("train")))
   assert images.shape == (8, 32, 32, 3) and images.dtype == tf.float32
@@ -270,6 +222,6 @@ def test_vit_trains_with_randaugment_compiled(tmp_path, monkeypatch):
   metrics = Trainer(config, str(tmp_path / "run")).train()
   assert np.isfinite(metrics["loss"])
   with pytest.raises(ConfigError, match="task.randaugment_magnitude"):
-    create_task(_config(tmp_path, ["task.randaugment_magnitude=40"], model=vit).task)
+    create_task(band_records_config(tmp_path, ["task.randaugment_magnitude=40"], model=vit).task)
   with pytest.raises(ConfigError, match="task.randaugment_num_ops"):
-    create_task(_config(tmp_path, ["task.randaugment_num_ops=0"], model=vit).task)
+    create_task(band_records_config(tmp_path, ["task.randaugment_num_ops=0"], model=vit).task)

@@ -179,10 +179,10 @@ def test_stochastic_depth_drops_whole_examples():
 
 def test_classification_trains_and_exports_the_moving_average(tmp_path):
   """The unchanged classification task trains a tiny EfficientNet; export serves the EMA."""
-  from test_classification_task import _config, _jpeg
+  from helpers.classification import band_jpeg, band_records_config
   from tpu_models import export
   from tpu_models.training.trainer import Trainer
-  config = _config(tmp_path, [
+  config = band_records_config(tmp_path, [
       "task.model={name: efficientnet, width_coefficient: 0.25, depth_coefficient: 0.25, "
       "num_classes: 4, stem: small, input_shape: [32, 32, 3]}",
       "trainer.train_steps=3", "trainer.steps_per_loop=3", "trainer.checkpoint_every=3",
@@ -191,7 +191,7 @@ def test_classification_trains_and_exports_the_moving_average(tmp_path):
   trainer.train()
   output = export.export_saved_model(config, trainer.model_dir, str(tmp_path / "saved"))
   rng = np.random.default_rng(7)
-  images = [_jpeg(rng, k) for k in range(4)]
+  images = [band_jpeg(rng, k) for k in range(4)]
   served = tf.saved_model.load(output).signatures["serving_default"](
       image_bytes=tf.constant(images))["logits"].numpy()
   batch = tf.stack([trainer.task.decode({"image/encoded": tf.constant(b),

@@ -26,7 +26,7 @@ from tpu_models.vision import image as image_lib
 from tpu_models.vision.classification import example as example_lib
 from tpu_models.vision.classification.task import ClassificationTask
 
-from test_classification_task import _config
+from helpers.classification import band_records_config
 from conftest import has_module
 
 
@@ -38,7 +38,7 @@ FORMATS = ["litert", "litert-int8"] + (["onnx"] if has_module("tf2onnx") and has
 def trained(tmp_path_factory):
   """(config, model_dir, root) of the tiny classifier trained with augment inception_crop."""
   root = tmp_path_factory.mktemp("contract")
-  config = _config(root, ["task.flip=false"])
+  config = band_records_config(root, ["task.flip=false"])
   assert config.task.augment == "inception_crop" and config.task.image_size == 32
   model_dir = str(root / "run")
   trainer = Trainer(config, model_dir)

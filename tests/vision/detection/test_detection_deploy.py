@@ -13,7 +13,7 @@ import tensorflow as tf
 from tpu_models import export
 from tpu_models.errors import ConfigError
 
-from test_detection_task import tiny_pasted_objects, train_tiny_detector
+from helpers.detection import tiny_pasted_objects, train_tiny_detector
 
 
 @pytest.fixture(scope="module")

@@ -9,54 +9,16 @@ import tensorflow as tf
 from tpu_models import config as config_lib
 from tpu_models import export
 from tpu_models.vision.detection import inputs as detection_data
-from tpu_models.vision.detection import pasted_objects
-from tpu_models.vision.classification import fashion_mnist as sources
 from tpu_models.vision.detection import losses as detection_losses
 from tpu_models.task import create_task
 from tpu_models.training import tpu_check
 from tpu_models.training.trainer import Trainer
 
 from conftest import REPO
+from helpers.detection import TINY_RETINANET, tiny_pasted_objects
 
 pytest.importorskip("pycocotools")
 pytest.importorskip("skimage")
-
-TINY_MODEL = {"name": "retinanet", "backbone_depth": 18, "backbone_width": 8, "fpn_channels": 16,
-              "head_convs": 1, "num_classes": 10, "image_size": 64, "anchor_size": 3,
-              "max_level": 5}
-
-
-def tiny_pasted_objects(tmp_path_factory, num_train: int, num_validation: int) -> str:
-  """A directory of pasted-objects records: 64-96 px images, 1-2 large objects each."""
-  try:
-    sources.load_fashion_mnist("test[:10]")
-  except FileNotFoundError as e:
-    pytest.skip(f"Fashion-MNIST not installed: {e}")
-  path = str(tmp_path_factory.mktemp("pasted"))
-  pasted_objects.build_pasted_objects(
-      path, num_train=num_train, num_validation=num_validation, num_test=0,
-      image_size_range=(64, 96), objects_per_image=(1, 2), object_size_range=(0.3, 0.5),
-      num_shards=1, progress=False)
-  return path
-
-
-def train_tiny_detector(tmp_path_factory, data_dir: str, steps: int):
-  """(config, model_dir) of TINY_MODEL trained `steps` steps on `data_dir`'s records."""
-  config = config_lib.experiment_from_dict({
-      "task": {"name": "detection", "model": dict(TINY_MODEL),
-               "train_data": {"path": f"{data_dir}/train-*", "global_batch_size": 2},
-               "eval_data": {"path": f"{data_dir}/validation-*", "global_batch_size": 2},
-               "scale_range": [1.0, 1.0], "flip": False, "score_threshold": 0.001},
-      "trainer": {"train_steps": steps, "steps_per_loop": steps, "checkpoint_every": steps,
-                  "optimizer": {"name": "adamw"},
-                  "schedule": {"name": "constant", "base_lr": 0.003}, "tensorboard": False},
-      "runtime": {"strategy": "cpu"}})
-  model_dir = str(tmp_path_factory.mktemp("detector"))
-  trainer = Trainer(config, model_dir)
-  trainer.train()
-  trainer.close()
-  return config, model_dir
-
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
@@ -66,7 +28,7 @@ def data_dir(tmp_path_factory):
 
 def _config(data_dir, overrides=()):
   base = {
-      "task": {"name": "detection", "model": dict(TINY_MODEL),
+      "task": {"name": "detection", "model": dict(TINY_RETINANET),
                "train_data": {"path": f"{data_dir}/train-*", "global_batch_size": 4,
                               "shuffle_buffer": 16},
                # The training images, 7 of them (not a multiple of the batch): after
@@ -243,7 +205,7 @@ def test_torchvision_post_processing_options_reach_the_task():
   """anchor_convention, per-level top-k and clipping to the content, from the config."""
   from tpu_models.vision.detection import anchors as anchor_ops
   from tpu_models.vision.detection import nms
-  model = dict(TINY_MODEL, anchor_convention="torchvision")
+  model = dict(TINY_RETINANET, anchor_convention="torchvision")
   config = config_lib.experiment_from_dict(
       {"task": {"name": "detection", "model": model, "pre_nms_top_k": 5,
                 "pre_nms_top_k_per_level": True, "clip_to_content": True,

@@ -17,19 +17,12 @@ from tpu_models.vision.detection import coco
 from tpu_models.vision.detection import maskrcnn
 from tpu_models.vision.detection import masks as mask_ops
 
-from test_detection_task import tiny_pasted_objects
+from helpers.detection import TINY_MASKRCNN, maskrcnn_config, tiny_pasted_objects
 
 coco_mask = pytest.importorskip("pycocotools.mask")
 
-TINY_MODEL = {"name": "maskrcnn", "backbone_depth": 18, "backbone_width": 8, "fpn_channels": 16,
-              "num_classes": 10, "image_size": 64, "anchor_size": 4, "rpn_pre_nms_top_k": 300,
-              "train_proposals": 64, "eval_proposals": 32, "num_sampled_rois": 32,
-              "box_head_dims": 32, "mask_head_convs": 1, "mask_head_channels": 8,
-              "mask_roi_size": 7, "max_detections": 8, "detection_pre_nms_top_k": 64}
-
-
 def _tiny_model(**overrides):
-  params = dict(TINY_MODEL, **overrides)
+  params = dict(TINY_MASKRCNN, **overrides)
   return create_model(params.pop("name"), **params)
 
 
@@ -249,26 +242,12 @@ def data_dir(tmp_path_factory):
   return tiny_pasted_objects(tmp_path_factory, 12, 4)
 
 
-def _config(data_dir, overrides=()):
-  base = {
-      "task": {"name": "maskrcnn", "model": dict(TINY_MODEL),
-               "train_data": {"path": f"{data_dir}/train-*", "global_batch_size": 2},
-               "eval_data": {"path": f"{data_dir}/validation-*", "global_batch_size": 2},
-               "eval_annotation_file": f"{data_dir}/annotations/validation.json",
-               "scale_range": [1.0, 1.0], "flip": False, "max_instances": 4,
-               "mask_crop_size": 28, "rpn_batch_size": 64, "eval_images": 0},
-      "trainer": {"train_steps": 24, "steps_per_loop": 8, "checkpoint_every": 24,
-                  "eval_every": 0, "optimizer": {"name": "adamw"},
-                  "schedule": {"name": "constant", "base_lr": 0.003},
-                  "tensorboard": False},
-      "runtime": {"strategy": "cpu"}}
-  return config_lib.override(config_lib.experiment_from_dict(base), list(overrides))
 
 
 def test_task_trains_end_to_end_its_loss_falls_and_it_reports_box_and_mask_ap(data_dir,
                                                                                  tmp_path):
   model_dir = str(tmp_path / "model")
-  trainer = Trainer(_config(data_dir), model_dir)
+  trainer = Trainer(maskrcnn_config(data_dir), model_dir)
   metrics = trainer.train_and_evaluate()
   trainer.close()
   lines = [json.loads(line) for line in open(os.path.join(model_dir, "metrics.jsonl"))]
@@ -280,10 +259,10 @@ def test_task_trains_end_to_end_its_loss_falls_and_it_reports_box_and_mask_ap(da
   assert metrics["examples"] == 4
   for name in ("AP", "AP50", "mask_AP", "mask_AP50", "rpn_class_loss", "loss"):
     assert np.isfinite(metrics[name]) and name in create_task(
-        _config(data_dir).task).eval_metric_names()
+        maskrcnn_config(data_dir).task).eval_metric_names()
   assert 0.0 <= metrics["AP"] <= 1.0 and 0.0 <= metrics["mask_AP"] <= 1.0
   # A new Trainer restores the checkpoint: the same evaluation, the same detections and masks.
-  restored = Trainer(_config(data_dir), model_dir)
+  restored = Trainer(maskrcnn_config(data_dir), model_dir)
   again = restored.evaluate_and_report("eval")
   restored.close()
   for name in ("loss", "rpn_class_loss", "AP", "mask_AP"):
@@ -299,7 +278,7 @@ def test_records_without_masks_are_refused_by_name(data_dir, tmp_path):
   paths = detection_convert.convert_coco(
       f"{data_dir}/annotations/train.json", f"{data_dir}/images", str(tmp_path / "train"),
       num_shards=1, progress=False)["paths"]
-  task = create_task(_config(data_dir, [f"task.train_data.path={paths[0]}"]).task)
+  task = create_task(maskrcnn_config(data_dir, [f"task.train_data.path={paths[0]}"]).task)
   with pytest.raises(tf.errors.InvalidArgumentError, match="no instance masks"):
     next(iter(task.build_inputs("train")))
 
@@ -308,6 +287,6 @@ def test_the_whole_train_and_eval_steps_compile_with_xla(data_dir):
   # What `tpu-models check` does: the Trainer's train and eval steps with jit_compile=True on
   # the CPU, on real records with masks (a tiny config: the official recipe's check is the
   # same code and takes ~1 min, official/maskrcnn/README.md).
-  report = tpu_check.check_config(_config(data_dir))
+  report = tpu_check.check_config(maskrcnn_config(data_dir))
   assert report.ready, report.format()
   assert report.compiled == ["train", "eval"]

@@ -16,12 +16,11 @@ from tpu_models.errors import ConfigError
 from tpu_models.training.trainer import Trainer
 from tpu_models.vision.detection import masks as mask_ops
 
-from test_maskrcnn import _config
-from test_detection_task import tiny_pasted_objects
+from helpers.detection import maskrcnn_config, tiny_pasted_objects
 
 coco_mask = pytest.importorskip("pycocotools.mask")
 
-D = 8  # test_maskrcnn.TINY_MODEL's max_detections.
+D = 8  # helpers.detection.TINY_MASKRCNN's max_detections.
 
 
 def _slow_paste(mask, box, height, width):
@@ -72,7 +71,7 @@ def trained(tmp_path_factory):
   """(config, its YAML, model_dir, data_dir) of the tiny segmenter trained 8 steps."""
   pytest.importorskip("skimage")
   data_dir = tiny_pasted_objects(tmp_path_factory, 6, 2)
-  config = _config(data_dir, ["trainer.train_steps=8", "trainer.checkpoint_every=8",
+  config = maskrcnn_config(data_dir, ["trainer.train_steps=8", "trainer.checkpoint_every=8",
                               "task.eval_image_min_score=0.0",
                               "task.model.detection_score_threshold=0.001"])
   root = tmp_path_factory.mktemp("segmenter")

@@ -18,7 +18,7 @@ from tpu_models.task import create_task
 from tpu_models.training.trainer import Trainer
 
 from conftest import REPO
-from test_detection_task import TINY_MODEL, tiny_pasted_objects
+from helpers.detection import TINY_RETINANET, tiny_pasted_objects
 
 pytest.importorskip("pycocotools")
 pytest.importorskip("skimage")
@@ -34,7 +34,7 @@ def data_dir(tmp_path_factory):
 
 def _config_dict(data_dir):
   return {
-      "task": {"name": "detection", "model": dict(TINY_MODEL),
+      "task": {"name": "detection", "model": dict(TINY_RETINANET),
                "train_data": {"path": f"{data_dir}/train-*", "global_batch_size": 2,
                               "shuffle_buffer": 16},
                "eval_data": {"path": f"{data_dir}/validation-*", "global_batch_size": 2},
