@@ -104,6 +104,13 @@ def run_main(capfd, main, argv) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(autouse=True)
+def _seeded():
+  """Every test starts from the same random state (Python's, NumPy's global generator,
+  TensorFlow's global seed, hence Keras' initializers): a failure reproduces when re-run."""
+  keras.utils.set_random_seed(0)
+
+
+@pytest.fixture(autouse=True)
 def _float32_policy():
   """Every test starts and ends under the float32 policy."""
   keras.mixed_precision.set_global_policy("float32")

@@ -86,7 +86,7 @@ def test_variable_paths_are_stable():
     ("resnet50", [256, 512, 1024, 2048]),
 ])
 def test_forward_shapes(name, channels):
-  images = tf.random.uniform([2, 64, 64, 3])
+  images = tf.random.stateless_uniform([2, 64, 64, 3], seed=(89, 0))
   model = BUILDERS[name](num_classes=10, input_shape=[64, 64, 3], dropout_rate=0.1)
   logits = model(images, training=True)
   assert logits.shape == (2, 10) and logits.dtype == tf.float32
@@ -142,7 +142,7 @@ def test_conv_and_classifier_init():
 
 
 def test_space_to_depth_stem_kernel_shape():
-  kernel = np.random.randn(7, 7, 3, 64).astype(np.float32)
+  kernel = np.random.default_rng(145).standard_normal((7, 7, 3, 64)).astype(np.float32)
   assert resnet.space_to_depth_stem_kernel(kernel).shape == (4, 4, 12, 64)
   with pytest.raises(ValueError):
     resnet.space_to_depth_stem_kernel(np.zeros([3, 3, 3, 64]))
@@ -160,7 +160,7 @@ def test_space_to_depth_stem_matches_imagenet_stem():
     if weights:
       s2d_layers[layer.name].set_weights(weights)
 
-  images = tf.random.normal([2, 64, 64, 3])
+  images = tf.random.stateless_normal([2, 64, 64, 3], seed=(163, 0))
   np.testing.assert_allclose(s2d(images), reference(images), rtol=1e-4, atol=1e-4)
   # The stem output itself, before BN and pooling.
   stem_ref = keras.Model(reference.input, reference.get_layer("conv1").output)
@@ -279,9 +279,9 @@ def test_fused_bn_follows_the_learning_phase_of_the_enclosing_call():
 def test_fused_bn_falls_back_for_other_layouts():
   fused = FusedBatchNormalization(axis=1, momentum=0.9)
   plain = keras.layers.BatchNormalization(axis=1, momentum=0.9)
-  x = tf.random.normal([4, 3, 5, 5])
+  x = tf.random.stateless_normal([4, 3, 5, 5], seed=(282, 0))
   np.testing.assert_allclose(fused(x, training=True), plain(x, training=True), atol=1e-5)
-  x2 = tf.random.normal([4, 6])
+  x2 = tf.random.stateless_normal([4, 6], seed=(284, 0))
   dense_fused = FusedBatchNormalization()
   dense_plain = keras.layers.BatchNormalization()
   np.testing.assert_allclose(dense_fused(x2, training=True), dense_plain(x2, training=True),
@@ -309,7 +309,7 @@ def test_fused_and_keras_bn_checkpoints_are_interchangeable(tmp_path):
   kwargs = dict(num_classes=5, input_shape=[32, 32, 3], stem="small", zero_init_last_bn=False)
   fused_model = resnet.resnet18(fused_bn=True, **kwargs)
   plain_model = resnet.resnet18(fused_bn=False, **kwargs)
-  images = tf.random.normal([2, 32, 32, 3])
+  images = tf.random.stateless_normal([2, 32, 32, 3], seed=(312, 0))
   fused_model(images, training=True)  # Move the BN statistics off their init.
   assert [v.path for v in fused_model.weights] == [v.path for v in plain_model.weights]
   plain_model.set_weights(fused_model.get_weights())
@@ -334,7 +334,7 @@ def _graph_op_types(layer, inputs):
 def test_pointwise_matmul_matches_conv2d_forward_and_backward():
   conv = keras.layers.Conv2D(6, 1, use_bias=True, bias_initializer="random_normal")
   pointwise = PointwiseConv2D(6, 1, use_bias=True, as_matmul=True)
-  x = tf.random.normal([2, 5, 7, 4])
+  x = tf.random.stateless_normal([2, 5, 7, 4], seed=(337, 0))
   conv(x), pointwise(x)
   pointwise.set_weights(conv.get_weights())
   assert [v.shape for v in pointwise.weights] == [(1, 1, 4, 6), (6,)]
@@ -352,7 +352,7 @@ def test_pointwise_matmul_matches_conv2d_forward_and_backward():
 
 
 def test_pointwise_matmul_auto_follows_the_compute_dtype(policy):
-  x = tf.random.normal([2, 4, 4, 8])
+  x = tf.random.stateless_normal([2, 4, 4, 8], seed=(355, 0))
   fp32 = PointwiseConv2D(3, 1)
   fp32(x)
   assert "Conv2D" in _graph_op_types(fp32, x) and "MatMul" not in _graph_op_types(fp32, x)
@@ -386,7 +386,7 @@ def test_resnet50_pointwise_layers_share_checkpoints_with_plain_convs(policy):
   assert not any(isinstance(l, PointwiseConv2D) for l in conv_model.layers)
   assert [v.path for v in matmul_model.weights] == [v.path for v in conv_model.weights]
   conv_model.set_weights(matmul_model.get_weights())
-  images = tf.random.normal([2, 32, 32, 3])
+  images = tf.random.stateless_normal([2, 32, 32, 3], seed=(389, 0))
   np.testing.assert_allclose(matmul_model(images), conv_model(images), rtol=0.05, atol=0.05)
 
 
@@ -397,14 +397,15 @@ def test_resnet50_pointwise_layers_share_checkpoints_with_plain_convs(policy):
 def test_mixed_bfloat16_logits_are_float32(policy):
   policy("mixed_bfloat16")
   model = resnet.resnet18(num_classes=10, stem="small", input_shape=[32, 32, 3])
-  logits = model(tf.random.normal([2, 32, 32, 3]), training=True)
+  logits = model(tf.random.stateless_normal([2, 32, 32, 3], seed=(400, 0)), training=True)
   assert logits.dtype == tf.float32 and logits.shape == (2, 10)
   assert all(v.dtype == "float32" for v in model.weights)
   assert np.isfinite(logits.numpy()).all()
   features = resnet.resnet18(include_top=False, stem="small")(tf.zeros([2, 32, 32, 3]))
   assert features["C5"].dtype == tf.bfloat16
   s2d = resnet.resnet18(num_classes=10, stem="space_to_depth", input_shape=[64, 64, 3])
-  assert s2d(tf.random.normal([2, 64, 64, 3]), training=True).dtype == tf.float32
+  images = tf.random.stateless_normal([2, 64, 64, 3], seed=(407, 0))
+  assert s2d(images, training=True).dtype == tf.float32
 
 
 def test_xla_train_step():
@@ -421,7 +422,7 @@ def test_xla_train_step():
     optimizer.apply(grads, model.trainable_variables)
     return loss
 
-  images = tf.random.normal([2, 32, 32, 3])
+  images = tf.random.stateless_normal([2, 32, 32, 3], seed=(424, 0))
   labels = tf.constant([1, 7])
   kernel_before = model.get_layer("stage5_block2_conv2").kernel.numpy()
   losses = [float(train_step(images, labels)) for _ in range(2)]
