@@ -3,7 +3,11 @@
     @register_model("my_mlp")
     def my_mlp(num_classes: int = 10, hidden: int = 64) -> keras.Model: ...
 
-    model = create_model("my_mlp", num_classes=3)
+    model = create_model("my_mlp", num_classes=3)   # tpu_models.create_model
+
+This module holds names only: building a model and loading its weights is
+tpu_models/factory.py, one layer above (`registry.create_model` is that
+function, looked up when first used).
 
 An unknown name raises `UnknownNameError` (a KeyError) listing close matches.
 
@@ -181,17 +185,13 @@ register_task = TASKS.register
 register_dataset = DATASETS.register
 
 
-def create_model(name: str, weights: Optional[str] = None, **kwargs) -> Any:
-  """Builds the registered model `name` with keyword arguments `kwargs`.
-
-  weights: a model_dir (e.g. written by `tpu-models weights import`) whose
-    latest checkpoint holds every variable of this model; loaded by path.
-  """
-  model = MODELS.get(name)(**kwargs)
-  if weights is not None:
-    from tpu_models.weights import importing  # Imports TensorFlow: only when asked.
-    importing.load_model_dir_weights(model, weights)
-  return model
+def __getattr__(name: str):
+  # `registry.create_model` stays importable (the documented path before the
+  # factory existed) without the registry importing the layer above it at load.
+  if name == "create_model":
+    from tpu_models import factory
+    return factory.create_model
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def list_models(pattern: Optional[str] = None) -> List[str]:

@@ -40,7 +40,8 @@ import tensorflow as tf
 
 from tpu_models.config import DataConfig, ModelConfig, TaskConfig
 from tpu_models.errors import ConfigError
-from tpu_models.registry import TASKS, create_model
+from tpu_models.factory import create_model
+from tpu_models.registry import TASKS
 
 MetricSums = Dict[str, Tuple[tf.Tensor, tf.Tensor]]
 Loss = Union[tf.Tensor, Tuple[tf.Tensor, tf.Tensor]]

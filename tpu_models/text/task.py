@@ -20,7 +20,8 @@ from tpu_models.config import DataConfig, ModelConfig
 from tpu_models.data import pipeline
 from tpu_models.text import inputs as text_lib
 from tpu_models.errors import ConfigError
-from tpu_models.registry import DATASETS, create_model, model_signature
+from tpu_models.factory import create_model
+from tpu_models.registry import DATASETS, model_signature
 from tpu_models.task import HIGHER, LOWER, LossResult, Task
 
 VOCAB_COMMAND = "tpu-models vocab SOURCE --output PREFIX --vocab-size N"

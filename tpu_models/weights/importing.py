@@ -2,7 +2,7 @@
 
     report = load_weights(model, "downloads/model.safetensors", "timm")
     import_weights("CATALOGUE_NAME", "downloads/", "runs/imported")
-    model = create_model("MODEL", weights="runs/imported")   # tpu_models.registry
+    model = create_model("MODEL", weights="runs/imported")   # tpu_models.create_model
 
 A model_dir written here is what `tpu-models train` writes at step 0: `ckpt-0`
 (model, optimizer in its initial state, step, and the weights by variable
@@ -68,9 +68,9 @@ def write_model_dir(config, output_dir: str, load: Callable[[Any], mapping.Impor
     The path of the written checkpoint.
   """
   from tpu_models import config as config_lib
-  from tpu_models.training import checkpoints
+  from tpu_models import restore
   from tpu_models.training.trainer import Trainer
-  if checkpoints.find_resume(output_dir).path or checkpoints.list_checkpoints(output_dir):
+  if restore.find_resume(output_dir).path or restore.list_checkpoints(output_dir):
     raise ConfigError(f"Output directory {output_dir!r} already holds checkpoints; choose a "
                       f"new one.")
   existing = set(os.listdir(output_dir)) if os.path.isdir(output_dir) else None
@@ -164,18 +164,3 @@ def import_weights(name: str, path: str, output_dir: str, *, overrides: Iterable
 
   return write_model_dir(config, output_dir, load, say=say)
 
-
-def load_model_dir_weights(model, model_dir: str):
-  """Loads a model_dir's weights into `model` by variable path; every variable must be there.
-
-  Used by `create_model(name, weights=MODEL_DIR)`. Returns the
-  `checkpoints.WarmStartReport`; raises `WeightsMismatchError` naming the first
-  variable that is missing or of another shape.
-  """
-  from tpu_models.training import checkpoints
-  try:
-    return checkpoints.warm_start(model, model_dir, say=lambda _: None, strict=True)
-  except ConfigError as e:
-    raise mapping.WeightsMismatchError(
-        f"{model_dir} does not hold every variable of model {model.name!r} with its shape: "
-        f"{e}; build the model with the params of {model_dir}/config.yaml.") from None

@@ -52,7 +52,8 @@ import tensorflow as tf
 from tpu_models.config import Bounds, ModelConfig
 from tpu_models.data import pipeline
 from tpu_models.errors import ConfigError
-from tpu_models.registry import create_model, register_task
+from tpu_models.factory import create_model
+from tpu_models.registry import register_task
 from tpu_models.task import HIGHER, LOWER, LossResult
 from tpu_models.vision.detection import anchors as anchors_lib
 from tpu_models.vision.detection import inputs as detection_data

@@ -55,7 +55,8 @@ from tpu_models.vision.detection import retinanet as retinanet_lib
 from tpu_models.vision.detection import anchors as anchors_lib
 from tpu_models.vision.detection import losses as detection_losses
 from tpu_models.vision.detection import nms as nms_lib
-from tpu_models.registry import create_model, model_signature, register_task
+from tpu_models.factory import create_model
+from tpu_models.registry import model_signature, register_task
 from tpu_models.task import HIGHER, LOWER, NO_DIRECTION, DataReporter, LossResult, Task
 from tpu_models.vision.detection.serving import DetectorServing
 
