@@ -15,8 +15,9 @@ EXTRAS = {
     "coco": ["pycocotools>=2.0.7"],
     "text": ["sentencepiece>=0.2", "sacrebleu>=2.4"],
     # `tpu-models weights import` of .safetensors files (PyTorch state dicts without torch)
-    # and keras-hub presets (h5py comes with TensorFlow).
-    "weights": ["safetensors>=0.4"],
+    # and keras-hub presets (h5py comes with TensorFlow); kagglehub fetches `kaggle://`
+    # presets in `tpu-models weights get` (https and hf-hub files need no extra package).
+    "weights": ["safetensors>=0.4", "kagglehub>=0.3"],
     # `tpu-models sweep` (docs/sweeps.md): trials on Ray Tune, the curves PNG with matplotlib.
     # Checked beside TensorFlow 2.21 on Python 3.11: ray 2.60.0, matplotlib 3.11, optuna 5.1.
     # Optuna: `sweep.search: optuna` (Tune's OptunaSearch).

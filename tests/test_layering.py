@@ -33,6 +33,7 @@ LAYERS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
                "tpu_models.training.model_dir", "tpu_models.training.precision",
                "tpu_models.training.host_memory", "tpu_models.weights.mapping",
                "tpu_models.weights.stores", "tpu_models.weights.catalogue",
+               "tpu_models.weights.fetch",
                "tpu_models.weights.family", "tpu_models.data.family",
                "tpu_models.layers.")),
     # The package's own __init__ re-exports the factory and the registry's names.
@@ -46,7 +47,8 @@ LAYERS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("families", ("tpu_models.vision.classification.", "tpu_models.vision.detection.",
                   "tpu_models.text.")),
     ("export", ("tpu_models.export.", "tpu_models.deploy")),
-    ("weights import", ("tpu_models.weights.importing", "tpu_models.weights.cli",
+    ("weights import", ("tpu_models.weights.importing", "tpu_models.weights.cache",
+                        "tpu_models.weights.cli",
                         "tpu_models.weights")),
     ("serving and sweeps", ("tpu_models.serving.", "tpu_models.sweep.")),
     ("cli", ("tpu_models.cli",)),

@@ -1,7 +1,7 @@
 """The text family's importers and catalogue entries (Model Garden's WMT Transformer)."""
 
 from tpu_models.text import model_garden  # noqa: F401 (registers its importer)
-from tpu_models.weights.catalogue import LabelSet, WeightsEntry, register_weights
+from tpu_models.weights.catalogue import LabelSet, RemoteFile, WeightsEntry, register_weights
 
 register_weights(WeightsEntry(
     name="model_garden_wmt_transformer_base", family="transformer", source_format="model_garden",
@@ -9,6 +9,9 @@ register_weights(WeightsEntry(
              "family): a Seq2SeqTransformer TF2 checkpoint directory and its SentencePiece "
              "model; see docs/migrating_from_model_garden.md",
     files=("a TF2 checkpoint directory: checkpoint + ckpt-N.index + ckpt-N.data-*",), model="transformer_base",
+    remote=RemoteFile(url="", published="nothing to hash: Model Garden publishes no checkpoint "
+                                        "of this experiment (its own training's checkpoint "
+                                        "imports with `tpu-models weights import`)"),
     params={"pre_layer_norm": True, "share_embeddings": True},
     task={"name": "translation"},
     labels=LabelSet("sentencepiece vocabulary", 0,

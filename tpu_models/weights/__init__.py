@@ -11,8 +11,13 @@
                 families fill both in their `pretrained.py`.
   importing.py  `load_weights`, `import_weights` (a model_dir from a catalogue
                 entry and a downloaded file), `write_model_dir`.
-  cli.py        `tpu-models weights list|import`, `tpu-models migrate model-garden`.
+  fetch.py      one published file into the cache (TPU_MODELS_HOME): verified by
+                SHA-256 (or the published prefix) and size, resumed with Range,
+                locked, mirrored, offline-aware; standard library only.
+  cache.py      `get(NAME)`: an entry's cached model_dir, fetched and imported when missing.
+  cli.py        `tpu-models weights list|get|cache|import`, `tpu-models migrate model-garden`.
 
-Nothing here downloads: a catalogue entry records where a user downloads
-its file, and a missing file is an error that prints that location.
+A catalogue entry records where its file is published and the hash the
+publisher gives (`RemoteFile`); only `weights get`, `cache.get` and
+`create_model(..., weights=NAME)` download, never a test or an import.
 """

@@ -25,6 +25,7 @@ import importlib
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from tpu_models.errors import ConfigError, UnknownNameError
+from tpu_models.weights.fetch import RemoteFile  # noqa: F401 (families build entries with it)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +144,9 @@ class WeightsEntry:
   refused: why this checkpoint cannot be imported (None: it can).
   importer_options: passed to the importer's builder.
   notes: anything else a user must know.
+  remote: the published file `tpu-models weights get` fetches, with the SHA-256
+    (or prefix) and size the source publishes, or (url "") why nothing can be
+    fetched; `published` says which.
   """
   name: str
   family: str
@@ -158,6 +162,29 @@ class WeightsEntry:
   refused: Optional[str] = None
   importer_options: Dict[str, Any] = dataclasses.field(default_factory=dict)
   notes: str = ""
+  remote: Optional[RemoteFile] = None
+
+
+_TORCH_HUB_HASH = ("the file name carries the first {n} hex digits of its SHA-256 "
+                   "(torch.hub's check_hash verifies that prefix)")
+
+
+def torch_hub_file(url: str, size_mib: Optional[float] = None, size_source: str = "") -> RemoteFile:
+  """A `https://.../NAME-<hex>.pth` file: the SHA-256 prefix its name carries, and its size
+  when published in MiB to 3 decimals (`size_source` says where)."""
+  stem = url.rsplit("/", 1)[-1].rsplit(".", 1)[0]
+  prefix = stem.rsplit("-", 1)[-1].lower()
+  if len(prefix) < 8 or any(c not in "0123456789abcdef" for c in prefix):
+    raise ValueError(f"{url} carries no SHA-256 prefix in its name.")
+  published = _TORCH_HUB_HASH.format(n=len(prefix))
+  size = None
+  if size_mib is not None:
+    size = int(round(size_mib * 2 ** 20))
+    published += f"; size {size_mib} MiB ({size_source})"
+  else:
+    published += "; no size published offline"
+  return RemoteFile(url=url, sha256=prefix, size=size,
+                    size_tolerance=int(0.0005 * 2 ** 20) + 1 if size else 0, published=published)
 
 
 WEIGHTS: Dict[str, WeightsEntry] = {}
@@ -186,6 +213,21 @@ def get_weights(name: str) -> WeightsEntry:
     raise UnknownNameError(f"Unknown weights {name!r}.{hint} `tpu-models weights list` shows "
                            f"the {len(WEIGHTS)} entries.")
   return WEIGHTS[name]
+
+
+def load_entry_file(model, entry: WeightsEntry, path: str):
+  """Assigns the weights file (or directory) of catalogue `entry` at `path` to `model`.
+
+  Returns the `mapping.ImportReport`; raises `WeightsMismatchError` when it does not fit.
+  """
+  from tpu_models.weights import mapping, stores
+  if entry.refused:
+    raise ConfigError(f"{entry.name} cannot be imported: {entry.refused}")
+  importer = get_importer(entry.source_format, entry.family, entry.model)
+  store = stores.open_store(path, importer.store_format)
+  name_map = importer.build(model, store, **entry.importer_options)
+  return mapping.assign_name_map(model, name_map, store,
+                                 source=f"{entry.source_format} {importer.family}")
 
 
 _loaded = False

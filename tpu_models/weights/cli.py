@@ -4,6 +4,8 @@ Light at import time (the CLI builds its parser before TensorFlow loads):
 `add_parser` only declares arguments; `run` imports the rest.
 
     tpu-models weights list [--family F]
+    tpu-models weights get NAME [--output MODEL_DIR] [--trust-unverified]
+    tpu-models weights cache [--verify] [--clear NAME]
     tpu-models weights import NAME FILE_OR_DIR --output MODEL_DIR
     tpu-models evaluate MODEL_DIR/config.yaml --model-dir MODEL_DIR --set task.eval_data...
 
@@ -12,6 +14,7 @@ Light at import time (the CLI builds its parser before TensorFlow loads):
 """
 
 import argparse
+import os
 
 
 def add_commands(subparsers) -> None:
@@ -40,6 +43,20 @@ def add_commands(subparsers) -> None:
                                       "architecture, published accuracy, preprocessing")
   p.add_argument("--family", default=None, help="only this family's entries")
   p.add_argument("--verbose", "-v", action="store_true", help="every field of every entry")
+  p = actions.add_parser("get", help="fetch (verified), import and cache an entry; prints its "
+                                     "model_dir (TPU_MODELS_HOME, TPU_MODELS_OFFLINE, "
+                                     "TPU_MODELS_WEIGHTS_MIRROR)")
+  p.add_argument("name", help="a catalogue entry (`tpu-models weights list`)")
+  p.add_argument("--output", default=None,
+                 help="also copy the cached model_dir here (a new directory)")
+  p.add_argument("--trust-unverified", action="store_true",
+                 help="accept a file no SHA-256 is published for; its hash is recorded and "
+                      "checked from then on (trust on first use)")
+  _add_overrides(p)
+  p = actions.add_parser("cache", help="what the weights cache holds; re-verify; remove")
+  p.add_argument("--verify", action="store_true", help="re-hash every cached download")
+  p.add_argument("--clear", default=None, metavar="NAME",
+                 help="remove entry NAME's download and model_dir")
   p = actions.add_parser("import", help="write a model_dir from a downloaded weights file")
   p.add_argument("name", help="a catalogue entry (`tpu-models weights list`)")
   p.add_argument("path", metavar="FILE_OR_DIR",
@@ -62,6 +79,10 @@ def run(args) -> int:
   """Runs `tpu-models weights list|import`; returns the exit code."""
   if args.action == "list":
     return _list(args)
+  if args.action == "get":
+    return _get(args)
+  if args.action == "cache":
+    return _cache(args)
   from tpu_models.weights import importing
   importing.import_weights(args.name, args.path, args.output, overrides=args.overrides)
   return 0
@@ -82,8 +103,46 @@ def _migrate(args) -> int:
   return 0
 
 
+def _get(args) -> int:
+  import shutil
+  from tpu_models.weights import cache
+  model_dir = cache.get(args.name, trust_unverified=args.trust_unverified,
+                        overrides=args.overrides)
+  if args.output:
+    if os.path.exists(args.output):
+      from tpu_models.errors import ConfigError
+      raise ConfigError(f"--output {args.output!r} exists; choose a new directory.")
+    shutil.copytree(model_dir, args.output)
+    model_dir = args.output
+  print(model_dir)
+  return 0
+
+
+def _cache(args) -> int:
+  from tpu_models.weights import cache, fetch
+  if args.clear:
+    removed = cache.clear(args.clear)
+    print(f"Removed {len(removed)} paths of {args.clear}" +
+          "".join(f"\n  {path}" for path in removed) if removed else
+          f"Nothing of {args.clear} is cached.")
+    return 0
+  rows = cache.cached_entries()
+  print(f"{fetch.home()}: {len(rows)} items")
+  bad = 0
+  for row in rows:
+    line = f"  {row['kind']:9} {row['name']}  {row['bytes'] / 1e6:.1f} MB"
+    if row["record"]:
+      line += f"  ({row['record']['verified_against']})"
+    if args.verify and row["kind"] == "download":
+      problem = fetch.verify_cached(row["path"])
+      line += "  OK" if problem is None else f"  CORRUPT: {problem}"
+      bad += problem is not None
+    print(line)
+  return 1 if bad else 0
+
+
 def _list(args) -> int:
-  from tpu_models.weights import catalogue
+  from tpu_models.weights import cache, catalogue
   entries = catalogue.list_weights(args.family)
   if not entries:
     families = sorted({e.family for e in catalogue.list_weights()})
@@ -92,8 +151,14 @@ def _list(args) -> int:
   for e in entries:
     accuracy = ", ".join(f"{k} {v:g}" for k, v in e.accuracy.items()) or "-"
     status = f"REFUSED: {e.refused}" if e.refused else f"-> {e.model}"
-    print(f"{e.name}  [{e.family}, {e.source_format}]  {status}")
+    cached = "cached" if cache.is_cached(e.name) else (
+        "downloaded" if cache.downloaded_path(e) else "not cached")
+    print(f"{e.name}  [{e.family}, {e.source_format}]  {status}  [{cached}]")
     print(f"    file {' or '.join(e.files)} from {e.download}")
+    if e.remote is not None:
+      check = (f"sha256 {e.remote.sha256}{'... (prefix)' if e.remote.hash_kind == 'prefix' else ''}"
+               if e.remote.sha256 else "no sha256 recorded")
+      print(f"    {check}: {e.remote.published}")
     print(f"    published {accuracy}")
     if args.verbose or e.preprocessing:
       if e.preprocessing:

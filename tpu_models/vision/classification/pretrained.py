@@ -15,7 +15,8 @@ from tpu_models.vision.classification import keras_hub  # noqa: F401 (registers 
 from tpu_models.vision.classification import model_garden  # noqa: F401 (registers its importer)
 from tpu_models.vision.classification import timm  # noqa: F401 (registers its importers)
 from tpu_models.vision.classification import torchvision  # noqa: F401 (registers its importers)
-from tpu_models.weights.catalogue import LabelSet, Preprocessing, WeightsEntry, register_weights
+from tpu_models.weights.catalogue import (LabelSet, Preprocessing, RemoteFile, WeightsEntry,
+                                          register_weights, torch_hub_file)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -52,6 +53,27 @@ def classification_task(pre: Preprocessing) -> Dict[str, Any]:
   return task
 
 
+# torchvision's weights meta "_file_size" (MiB), where recorded offline here.
+_TORCHVISION_FILE_MIB = {"resnet50-0676ba61": 97.781}
+# The hub publishes each LFS file's SHA-256 as its object id (the resolve endpoint's
+# X-Linked-Etag); the fetch checks the file against it. None is recorded in the catalogue:
+# the hub's file pages were not reachable where the catalogue was written.
+_HF_HUB_HASH = ("Hugging Face publishes the LFS SHA-256 (X-Linked-Etag of the resolve URL), "
+                "checked at download; not recorded here (not reachable offline)")
+
+
+def _hf_hub_file(timm_name: str) -> RemoteFile:
+  return RemoteFile(url=f"hf-hub:timm/{timm_name}/model.safetensors",
+                    name=f"{timm_name}.safetensors", published=_HF_HUB_HASH)
+
+
+def _kaggle_preset(handle: str) -> RemoteFile:
+  return RemoteFile(url=f"kaggle://{handle}", name=handle.replace("/", "_"),
+                    published="none: Kaggle publishes no SHA-256 of a preset's files that "
+                              "is reachable offline; fetched with --trust-unverified only "
+                              "(each file's hash recorded on first use)")
+
+
 def _torchvision(depth: int, version: str, file_hash: str, top1: float, top5: float,
                  resize: int = 256) -> WeightsEntry:
   stem = f"resnet{depth}-{file_hash}"
@@ -65,7 +87,9 @@ def _torchvision(depth: int, version: str, file_hash: str, top1: float, top5: fl
       files=(f"{stem}.safetensors", f"{stem}.pth"), model=f"resnet{depth}",
       params=dict(_TORCH_RESNET), task=classification_task(pre),
       accuracy={"top1": top1, "top5": top5}, preprocessing=pre, labels=IMAGENET_1K,
-      notes=_TORCH_NOTE))
+      notes=_TORCH_NOTE,
+      remote=torch_hub_file(f"https://download.pytorch.org/models/{stem}.pth",
+                            _TORCHVISION_FILE_MIB.get(stem), "torchvision's weights meta")))
 
 
 _torchvision(18, "IMAGENET1K_V1", "f37072fd", 69.758, 89.078)
@@ -80,6 +104,7 @@ _A1_PRE = Preprocessing(crop=224, resize=235, interpolation="bicubic", mean=IMAG
 register_weights(WeightsEntry(
     name="timm_resnet50.a1_in1k", family="resnet", source_format="timm",
     download="hf-hub:timm/resnet50.a1_in1k (model.safetensors)",
+    remote=_hf_hub_file("resnet50.a1_in1k"),
     files=("model.safetensors", "resnet50.a1_in1k.safetensors"), model="resnet50",
     params=dict(_TORCH_RESNET), task=classification_task(_A1_PRE),
     accuracy={"top1": 80.382, "top5": 94.598, "top1_at_288_crop_1.0": 81.240},
@@ -90,6 +115,7 @@ _TV_PRE = Preprocessing(crop=224, resize=256, interpolation="bilinear", mean=IMA
 register_weights(WeightsEntry(
     name="timm_resnet50.tv_in1k", family="resnet", source_format="timm",
     download="hf-hub:timm/resnet50.tv_in1k (model.safetensors)",
+    remote=_hf_hub_file("resnet50.tv_in1k"),
     files=("model.safetensors", "resnet50.tv_in1k.safetensors"), model="resnet50",
     params=dict(_TORCH_RESNET), task=classification_task(_TV_PRE),
     accuracy={"top1": 76.156, "top5": 92.866}, preprocessing=_TV_PRE, labels=IMAGENET_1K,
@@ -102,6 +128,7 @@ register_weights(WeightsEntry(
     download="kaggle://keras/resnetv1/keras/resnet_50_imagenet/3 (keras-hub preset "
              "resnet_50_imagenet; a directory)",
     files=("a preset directory: config.json + model.weights.h5",), model="resnet50",
+    remote=_kaggle_preset("keras/resnetv1/keras/resnet_50_imagenet/3"),
     params=dict(_TORCH_RESNET), task=classification_task(_KERAS_HUB_PRE),
     preprocessing=_KERAS_HUB_PRE, labels=IMAGENET_1K,
     notes="keras-hub converted timm's resnet50.a1_in1k (its convert_resnet_checkpoints.py): "
@@ -112,6 +139,7 @@ register_weights(WeightsEntry(
     name="keras_hub_resnet_vd_50_imagenet", family="resnet", source_format="keras_hub",
     download="kaggle://keras/resnet_vd/keras/resnet_vd_50_imagenet (keras-hub preset)",
     files=("a preset directory: config.json + model.weights.h5",), model="resnet50",
+    remote=_kaggle_preset("keras/resnet_vd/keras/resnet_vd_50_imagenet"),
     refused="ResNet-vd (block_type 'bottleneck_block_vd': a 3-conv deep stem and an "
             "average-pool-then-1x1 shortcut) is not an architecture tpu_models implements; "
             "its weights have no place in our ResNet v1.5."))
@@ -120,14 +148,21 @@ _MG_PRE = Preprocessing(crop=224, resize=256, interpolation="bilinear", mean=IMA
                         std=IMAGENET_STD)
 register_weights(WeightsEntry(
     name="model_garden_resnet50_imagenet", family="resnet", source_format="model_garden",
-    download="Model Garden official/vision/MODEL_GARDEN.md, ImageNet baselines: ResNet-50 "
-             "224x224 90 epochs, its 'ckpt' link (a TF2 checkpoint directory)",
+    download="https://storage.googleapis.com/tf_model_garden/vision/resnet/resnet-50-i224.tar.gz "
+             "(Model Garden official/vision/MODEL_GARDEN.md, ImageNet baselines: ResNet-50 "
+             "224x224 200 epochs, its 'ckpt' link: a TF2 checkpoint directory, archived)",
+    remote=RemoteFile(
+        url="https://storage.googleapis.com/tf_model_garden/vision/resnet/resnet-50-i224.tar.gz",
+        archive="tar.gz", published="none: MODEL_GARDEN.md links the archive without a hash "
+                                    "or size; fetched with --trust-unverified only"),
     files=("a TF2 checkpoint directory: checkpoint + ckpt-N.index + ckpt-N.data-*",), model="resnet50",
     params={"num_classes": 1001, "bn_epsilon": 1e-5, "bn_momentum": 0.9,
             "input_shape": [224, 224, 3]},
-    task=classification_task(_MG_PRE), accuracy={"top1": 76.1, "top5": 92.9},
+    task=classification_task(_MG_PRE), accuracy={"top1": 77.1, "top5": 93.5},
     preprocessing=_MG_PRE, labels=IMAGENET_1K_WITH_BACKGROUND,
-    notes="Model Garden's resnet_imagenet normalises with ImageNet mean/std on 0..255 (ours)."))
+    notes="Model Garden's resnet_imagenet normalises with ImageNet mean/std on 0..255 (ours). "
+          "The published checkpoint is the 200-epoch row's (77.1 / 93.5); the 90-epoch row "
+          "(76.1 / 92.9) has no checkpoint link."))
 
 
 
@@ -178,6 +213,7 @@ def _timm_entry(timm_name: str, model: str, params: Dict[str, Any], pre: Preproc
       files=("model.safetensors", f"{timm_name}.safetensors", "pytorch_model.bin"), model=model,
       params=params, task=classification_task(pre), accuracy=accuracy, preprocessing=pre,
       labels=IMAGENET_1K, importer_options=dict(importer_options or {}),
+      remote=_hf_hub_file(timm_name),
       notes=f"{notes} {_TIMM_SOURCE_NOTE}"))
 
 
@@ -254,6 +290,7 @@ register_weights(WeightsEntry(
     files=("a preset directory: config.json + model.weights.h5 [+ task.json, "
            "task.weights.h5]",),
     model="efficientnet_b0",
+    remote=_kaggle_preset("keras/efficientnet/keras/efficientnet_b0_ra_imagenet/2"),
     params={"padding": "symmetric", "bn_epsilon": 1e-5, "bn_momentum": 0.9,
             "num_classes": 1000, "input_shape": [224, 224, 3]},
     task=classification_task(_KERAS_HUB_EFFICIENTNET_PRE),
@@ -273,6 +310,7 @@ register_weights(WeightsEntry(
     files=("a preset directory: config.json + model.weights.h5 [+ task.json, "
            "task.weights.h5]",),
     model="vit_b16", params={"num_classes": 1000, "input_shape": [224, 224, 3]},
+    remote=_kaggle_preset("keras/vit/keras/vit_base_patch16_224_imagenet/4"),
     task=classification_task(_KERAS_HUB_VIT_PRE),
     preprocessing=_KERAS_HUB_VIT_PRE, labels=IMAGENET_1K,
     notes="keras-hub's ViT-B/16 at 224 px (class token, pre-LN, LayerNorm epsilon 1e-6; "

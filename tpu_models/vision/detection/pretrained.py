@@ -10,7 +10,8 @@ from tpu_models.vision.detection import keras_hub  # (registers its importer)
 from tpu_models.vision.detection import model_garden  # noqa: F401 (registers its importer)
 from tpu_models.vision.detection import torchvision  # (registers its importer)
 from tpu_models.vision.detection import torchvision_maskrcnn  # (registers its importer)
-from tpu_models.weights.catalogue import LabelSet, Preprocessing, WeightsEntry, register_weights
+from tpu_models.weights.catalogue import (LabelSet, Preprocessing, RemoteFile, WeightsEntry,
+                                          register_weights, torch_hub_file)
 
 _IMAGENET_MEAN = (0.485, 0.456, 0.406)
 _IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -57,6 +58,7 @@ register_weights(WeightsEntry(
              "(torchvision RetinaNet_ResNet50_FPN_Weights.COCO_V1)",
     files=("retinanet_resnet50_fpn_coco-eeacb38b.safetensors",
            "retinanet_resnet50_fpn_coco-eeacb38b.pth"),
+    remote=torch_hub_file("https://download.pytorch.org/models/retinanet_resnet50_fpn_coco-eeacb38b.pth"),
     model="retinanet_resnet50_fpn",
     params={"num_classes": 91, "image_size": TORCHVISION_IMAGE_SIZE,
             **torchvision.TORCHVISION_RETINANET_V1},
@@ -76,6 +78,7 @@ register_weights(WeightsEntry(
              "(torchvision RetinaNet_ResNet50_FPN_V2_Weights.COCO_V1)",
     files=("retinanet_resnet50_fpn_v2_coco-5905b1c5.safetensors",
            "retinanet_resnet50_fpn_v2_coco-5905b1c5.pth"),
+    remote=torch_hub_file("https://download.pytorch.org/models/retinanet_resnet50_fpn_v2_coco-5905b1c5.pth"),
     model="retinanet_resnet50_fpn", params={"num_classes": 91},
     accuracy={"box_ap": 41.5}, preprocessing=_TORCHVISION_PRE, labels=COCO_91_TORCHVISION,
     refused="v2's head normalises every subnet conv with GroupNorm (32 groups; its convs have "
@@ -94,6 +97,7 @@ register_weights(WeightsEntry(
              "(torchvision MaskRCNN_ResNet50_FPN_Weights.COCO_V1)",
     files=("maskrcnn_resnet50_fpn_coco-bf2d0c1e.safetensors",
            "maskrcnn_resnet50_fpn_coco-bf2d0c1e.pth"),
+    remote=torch_hub_file("https://download.pytorch.org/models/maskrcnn_resnet50_fpn_coco-bf2d0c1e.pth"),
     model="maskrcnn_resnet50_fpn",
     params={"num_classes": 90, "image_size": TORCHVISION_IMAGE_SIZE,
             **torchvision_maskrcnn.TORCHVISION_MASKRCNN_V1},
@@ -118,6 +122,11 @@ register_weights(WeightsEntry(
     name="keras_hub_retinanet_resnet50_fpn_coco", family="retinanet", source_format="keras_hub",
     download="kaggle://keras/retinanet/keras/retinanet_resnet50_fpn_coco/4 (keras-hub preset "
              "retinanet_resnet50_fpn_coco)",
+    remote=RemoteFile(url="kaggle://keras/retinanet/keras/retinanet_resnet50_fpn_coco/4",
+                      name="keras_retinanet_keras_retinanet_resnet50_fpn_coco_4",
+                      published="none: Kaggle publishes no SHA-256 of a preset's files that is "
+                                "reachable offline; fetched with --trust-unverified only (each "
+                                "file's hash recorded on first use)"),
     files=("a preset directory: config.json + model.weights.h5 + task.json + "
            "task.weights.h5",), model="retinanet_resnet50_fpn",
     params={"num_classes": 91, "image_size": KERAS_HUB_IMAGE_SIZE,
@@ -145,7 +154,12 @@ register_weights(WeightsEntry(
     name="model_garden_retinanet_resnet50_fpn_coco", family="retinanet",
     source_format="model_garden",
     download="Model Garden official/vision/MODEL_GARDEN.md, COCO object detection: RetinaNet "
-             "ResNet-50 FPN 640x640, its 'ckpt' link (a TF2 checkpoint directory)",
+             "ResNet-50 FPN 640x640, its 'ckpt' link (a TF2 checkpoint directory, archived)",
+    remote=RemoteFile(
+        url="https://storage.googleapis.com/tf_model_garden/vision/retinanet/"
+            "retinanet-resnet50fpn.tar.gz",
+        archive="tar.gz", published="none: MODEL_GARDEN.md links the archive without a hash "
+                                    "or size; fetched with --trust-unverified only"),
     files=("a TF2 checkpoint directory: checkpoint + ckpt-N.index + ckpt-N.data-*",), model="retinanet_resnet50_fpn",
     params={"num_classes": 90, "image_size": 640, "bn_epsilon": 1e-3, "bn_momentum": 0.99},
     task={"name": "detection", "image_size": 640,
@@ -159,3 +173,60 @@ register_weights(WeightsEntry(
           "R50-FPN 640x640, COCO val2017): 37.3 for the 36-epoch schedule, 34.3 for 12 "
           "epochs; check which one the checkpoint you download is. Longer side resized to "
           "640 and padded, as our detection task does."))
+
+# Model Garden's maskrcnn_resnetfpn_coco experiment (official/vision/configs/maskrcnn.py
+# defaults: ResNet-50, FPN 256, P2-P6, 1024x1024, 91 classes with background at 0): what
+# `tpu-models migrate model-garden` reads from a checkpoint of it.
+_MG_MASKRCNN_R50 = {
+    "num_classes": 91, "input_size": [1024, 1024, 3], "min_level": 2, "max_level": 6,
+    "anchor": {"num_scales": 1, "aspect_ratios": [0.5, 1.0, 2.0], "anchor_size": 8.0},
+    "include_mask": True, "outer_boxes_scale": 1.0,
+    "backbone": {"type": "resnet", "resnet": {"model_id": 50, "depth_multiplier": 1.0,
+                                              "stem_type": "v0", "se_ratio": 0.0,
+                                              "stochastic_depth_drop_rate": 0.0,
+                                              "scale_stem": True, "resnetd_shortcut": False,
+                                              "replace_stem_max_pool": False,
+                                              "bn_trainable": True}},
+    "decoder": {"type": "fpn", "fpn": {"num_filters": 256}},
+    "rpn_head": {"num_convs": 1, "num_filters": 256},
+    "detection_head": {"num_convs": 4, "num_filters": 256, "num_fcs": 1, "fc_dims": 1024,
+                       "class_agnostic_bbox_pred": False},
+    "roi_generator": {"num_proposals": 1000, "test_pre_nms_top_k": 1000,
+                      "test_nms_iou_threshold": 0.7, "test_num_proposals": 1000},
+    "roi_sampler": {"num_sampled_rois": 512, "foreground_fraction": 0.25,
+                    "foreground_iou_threshold": 0.5},
+    "roi_aligner": {"crop_size": 7, "sample_offset": 0.5},
+    "detection_generator": {"pre_nms_top_k": 5000, "pre_nms_score_threshold": 0.05,
+                            "nms_iou_threshold": 0.5, "max_num_detections": 100,
+                            "use_sigmoid_probability": False},
+    "mask_head": {"upsample_factor": 2, "num_convs": 4, "num_filters": 256,
+                  "class_agnostic": False},
+    "mask_sampler": {"num_sampled_masks": 128},
+    "mask_roi_aligner": {"crop_size": 14, "sample_offset": 0.5},
+    "norm_activation": {"activation": "relu", "norm_momentum": 0.997, "norm_epsilon": 0.0001},
+}
+_MG_MASKRCNN_MODEL, _MG_MASKRCNN_PARAMS = model_garden.maskrcnn_model_params(_MG_MASKRCNN_R50)
+register_weights(WeightsEntry(
+    name="model_garden_maskrcnn_resnet50_fpn_coco", family="maskrcnn",
+    source_format="model_garden",
+    download="no checkpoint is published: Model Garden official/vision/MODEL_GARDEN.md lists "
+             "Mask R-CNN ResNet50-FPN with its config only; a checkpoint of the "
+             "maskrcnn_resnetfpn_coco experiment you trained (a TF2 checkpoint directory)",
+    files=("a TF2 checkpoint directory: checkpoint + ckpt-N.index + ckpt-N.data-*",),
+    model=_MG_MASKRCNN_MODEL, params=_MG_MASKRCNN_PARAMS,
+    task={"name": "maskrcnn", "image_size": 1024,
+          "mean": [round(m * 255, 6) for m in _IMAGENET_MEAN],
+          "std": [round(s * 255, 6) for s in _IMAGENET_STD]},
+    accuracy={"box_ap": 42.3, "mask_ap": 37.6},
+    preprocessing=Preprocessing(crop=1024, resize=None, interpolation="bilinear",
+                                mean=_IMAGENET_MEAN, std=_IMAGENET_STD),
+    labels=COCO_90_FROM_MODEL_GARDEN,
+    remote=RemoteFile(url="", published="nothing to hash: Model Garden publishes no Mask R-CNN "
+                                        "R50-FPN checkpoint (config only)"),
+    notes="Published COCO val2017 AP (MODEL_GARDEN.md, Mask R-CNN trained from scratch, "
+          "ResNet50-FPN 640x640, 350 epochs, r50fpn_640_coco_scratch_tpu4x4.yaml): box 42.3, "
+          "mask 37.6. That row's config uses P3-P7 and anchor size 3, which our Mask R-CNN "
+          "does not express (P2 onwards); the entry's params are the maskrcnn_resnetfpn_coco "
+          "experiment's defaults (P2-P6, 1024x1024, BN epsilon 1e-4), what `tpu-models "
+          "migrate model-garden` maps; check your checkpoint's config. Background (class 0) "
+          "dropped: our class c = COCO category id c + 1."))
