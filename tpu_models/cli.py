@@ -325,7 +325,10 @@ def _config(args) -> int:
 def _train(args) -> int:
   from tpu_models.training.progress import write_unless_unread
   from tpu_models.training.trainer import NonFiniteLoss, Preempted, Trainer
+  from tpu_models.weights import cache
   config, model_dir = load_experiment(args)
+  # trainer.init_checkpoint: NAME of a weights catalogue entry = its cached model_dir.
+  config = cache.resolve_init_checkpoint(config)
   print(f"model_dir: {model_dir}", flush=True)
   trainer = Trainer(config, model_dir, allow_model_change=args.allow_model_change)
   print(trainer.describe(), flush=True)

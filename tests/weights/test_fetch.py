@@ -327,6 +327,22 @@ def test_cli_get_list_and_cache(tmp_path, server, narrow_entry, capfd, monkeypat
   assert not cache.is_cached(narrow_entry.name)
 
 
+def test_create_model_with_a_catalogue_name_fetches_and_loads(
+    tmp_path, server, narrow_entry, environ):
+  from tpu_models import create_model
+  environ["TPU_MODELS_HOME"] = str(tmp_path / "home")
+  reference = np.load(REFERENCE)
+  model = create_model("resnet18", weights=narrow_entry.name, **narrow_entry.params)
+  assert [path for path, _ in server.requests] == [TV_PATH]
+  logits = model(reference["inputs_nhwc"], training=False).numpy()
+  assert np.abs(logits - reference["logits"]).max() <= 1e-4
+  # After `weights get`, the cached model_dir is what loads; nothing is requested.
+  model_dir = cache.get(narrow_entry.name, say=lambda _: None, overrides=_OVERRIDES)
+  again = create_model("resnet18", weights=narrow_entry.name, **narrow_entry.params)
+  np.testing.assert_array_equal(again(reference["inputs_nhwc"], training=False).numpy(), logits)
+  assert [path for path, _ in server.requests] == [TV_PATH] and os.path.isdir(model_dir)
+
+
 def test_a_file_put_by_hand_where_offline_mode_says_is_verified_and_used(tmp_path, server):
   env = _env(tmp_path, TPU_MODELS_OFFLINE="1")
   with pytest.raises(fetch.OfflineError) as error:
@@ -341,3 +357,20 @@ def test_a_file_put_by_hand_where_offline_mode_says_is_verified_and_used(tmp_pat
   open(destination, "wb").write(DATA)
   assert _fetch(_tv_file(server), env)[0] == destination and server.requests == []
   assert fetch.read_record(destination)["verified_against"] == "catalogue"
+
+
+def test_an_experiment_s_init_checkpoint_may_name_a_catalogue_entry(
+    tmp_path, server, narrow_entry):
+  env = _env(tmp_path)
+  config = importing.entry_config(
+      narrow_entry, _OVERRIDES + [f"trainer.init_checkpoint={narrow_entry.name}"])
+  said = []
+  resolved = cache.resolve_init_checkpoint(config, environ=env, say=said.append)
+  assert resolved.trainer.init_checkpoint == fetch.model_dir_of(narrow_entry.name, env)
+  assert cache.is_cached(narrow_entry.name, env)
+  assert said[-1] == f"trainer.init_checkpoint: {narrow_entry.name} -> " \
+                     f"{resolved.trainer.init_checkpoint}"
+  assert not any(".importing" in line for line in said)
+  for other in (str(tmp_path), "runs/r50", "not_an_entry"):  # Paths and other values as they are.
+    config = importing.entry_config(narrow_entry, [f"trainer.init_checkpoint={other}"])
+    assert cache.resolve_init_checkpoint(config, environ=env).trainer.init_checkpoint == other

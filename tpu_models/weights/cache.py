@@ -1,7 +1,7 @@
 """Catalogue entries in one call: fetch (verified), import, and cache the model_dir.
 
-    model_dir = get("torchvision_resnet50_imagenet1k_v2")   # second call: instant
-    create_model("resnet50", weights="torchvision_resnet50_imagenet1k_v2")
+    model_dir = get("ENTRY")   # a `tpu-models weights list` name; second call: instant
+    create_model(entry.model, weights="ENTRY", **entry.params)
 
 The cache (TPU_MODELS_HOME, default ~/.cache/tpu_models) holds
 `downloads/<file>` (each with `<file>.verified.json`: its SHA-256, size and
@@ -81,7 +81,8 @@ def get(name: str, *, environ=None, trust_unverified: bool = False,
     temporary = target + ".importing"
     shutil.rmtree(temporary, ignore_errors=True)
     importing.import_weights(entry.name, fetch.weights_path(entry.remote, path), temporary,
-                             overrides=overrides, say=say)
+                             overrides=overrides,
+                             say=lambda line: say(line.replace(temporary, target)))
     os.replace(temporary, target)
     stats["imported"] = True
   return target
@@ -95,6 +96,22 @@ def resolve_weights(weights: str, environ=None, say: Callable[[str], None] = pri
   if os.sep in weights or weights.startswith("."):
     raise ConfigError(f"weights={weights!r} is neither a model_dir nor a catalogue entry name.")
   return get(weights, environ=environ, say=say)
+
+
+def resolve_init_checkpoint(config, environ=None, say: Callable[[str], None] = print):
+  """`config` with a catalogue entry name in `trainer.init_checkpoint` replaced by the entry's
+  cached model_dir (fetched and imported when missing); any other value unchanged."""
+  import dataclasses
+  name = config.trainer.init_checkpoint
+  if not name or os.sep in name or os.path.exists(name):
+    return config
+  catalogue.load_families()
+  if name not in catalogue.WEIGHTS:
+    return config
+  model_dir = get(name, environ=environ, say=say)
+  say(f"trainer.init_checkpoint: {name} -> {model_dir}")
+  return dataclasses.replace(config, trainer=dataclasses.replace(config.trainer,
+                                                                 init_checkpoint=model_dir))
 
 
 def cached_entries(environ=None) -> List[Dict[str, object]]:
