@@ -398,11 +398,11 @@ def test_architecture_names_are_defined_where_it_says():
   text = read("docs/architecture.md")
   assert len(re.findall(r"\.py:\w", text)) >= 20
   assert architecture_problems(text, code) == []
-  planted = ("`training/trainer.py:Trainer._run`, `task.py:DetectionTaskBase`, "
+  planted = ("`training/trainer.py:Trainer._run`, `task.py:DetectionTask`, "
              "`Trainer._build_train_loop.train_loop`, `DetectionTask.aggregate` (inherited), "
              "`vision/detection/task.py:NoSuchTask`, `Trainer._no_such_method`, "
              "`Trainer._build_train_loop.no_such_function`, `DetectorMixin`\n"
-             "```\n  task.py  (DetectionTaskBase, OldTaskBase), RoIAlign\n```\n")
+             "```\n  task.py  (DetectionTask, OldTaskBase), RoIAlign\n```\n")
   assert architecture_problems(planted, code) == [
       "vision/detection/task.py:NoSuchTask: NoSuchTask is not defined in "
       "vision/detection/task.py",

@@ -116,7 +116,7 @@ def test_exported_models_survive_bad_inputs_in_a_fresh_process(detector, transla
   assert np.all(np.array(served["detection_classes"][1]) == -1)
   task, model = export.load_model(det_config, det_dir)
   image, info = detection_data.resize_and_pad(tf.constant(jpeg), tf.zeros([0, 4]), 64)[::3]
-  expected = task.postprocess(model(image[None], training=False))
+  expected = task.detections(model(image[None], training=False))
   assert count == int(expected["num_detections"][0])
   np.testing.assert_allclose(served["detection_scores"][0], expected["scores"].numpy()[0],
                              atol=1e-4)

@@ -157,7 +157,7 @@ def compare_maskrcnn_outputs(model, arrays: Mapping[str, np.ndarray],
   """
   import tensorflow as tf
   from tpu_models.vision.detection import anchors as anchor_ops
-  from tpu_models.vision.detection import maskrcnn as maskrcnn_lib
+  from tpu_models.vision.detection import mask_rcnn as maskrcnn_lib
   from tpu_models.vision.detection import masks as mask_ops
   result: Dict[str, Any] = {}
   images = tf.constant(arrays["images"])

@@ -148,7 +148,7 @@ def compare_outputs(model, arrays: Mapping[str, np.ndarray], photo: str,
               from the paste's boundaries (`mask_head_ious`).
   """
   import tensorflow as tf
-  from tpu_models.vision.detection import maskrcnn as maskrcnn_lib
+  from tpu_models.vision.detection import mask_rcnn as maskrcnn_lib
   image = arrays[f"{photo}/transformed_nhwc"]
   image_hw = np.asarray(arrays[f"{photo}/image_size"], np.float32)[None]
   layout = maskrcnn_lib.anchor_layout(**dict(params, image_size=list(image.shape[1:3])))

@@ -62,7 +62,7 @@ def test_tensorflow_p67_padding_and_gn_heads_are_refused():
 
 def test_catalogue_import_and_the_tasks_post_processing_give_keras_hubs_detections(tmp_path):
   """The catalogue path (entry's params and task keys, at the tiny fixture's size):
-  model_dir -> export.load_model (what evaluate/export/predict read) -> task.postprocess."""
+  model_dir -> export.load_model (what evaluate/export/predict read) -> task.detections."""
   import dataclasses
 
   import tensorflow as tf
@@ -77,7 +77,7 @@ def test_catalogue_import_and_the_tasks_post_processing_give_keras_hubs_detectio
   arrays = np.load(os.path.join(DIRECTORY, "reference.npz"))
   outputs = model(arrays["inputs"][:1], training=False)
   image_info = tf.constant([[[128, 128], [128, 128], [1, 1], [0, 0]]], tf.float32)
-  detections = task.postprocess(outputs, image_info)
+  detections = task.detections(outputs, image_info)
   assert not entry.task["clip_boxes"]  # As keras-hub's decoder.
   boxes = arrays["astronaut/detections/boxes"]
   result = tv_parity.compare_detections(

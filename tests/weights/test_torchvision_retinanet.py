@@ -148,4 +148,4 @@ def test_import_writes_a_model_dir_whose_task_gives_torchvisions_detections(refe
   task, model = catalogue_import.import_entry(tiny, FIXTURES, str(tmp_path / "imported"))
   outputs = model(reference["astronaut/transformed_nhwc"], training=False)
   image_info = tf.constant([[[128, 128], [128, 128], [1, 1], [0, 0]]], tf.float32)
-  _assert_same_detections(task.postprocess(outputs, image_info), reference, "astronaut")
+  _assert_same_detections(task.detections(outputs, image_info), reference, "astronaut")

@@ -133,7 +133,7 @@ def test_export_reload_and_serve_one_image(data_dir, trained, tmp_path):
   # The same image through Keras and the evaluation's own decode, mapped back to pixels.
   task, model = export.load_model(config, model_dir)
   image, info = detection_data.resize_and_pad(tf.constant(jpeg), tf.zeros([0, 4]), 64)[::3]
-  detections = task.postprocess(model(image[None], training=False))
+  detections = task.detections(model(image[None], training=False))
   expected = detection_data.to_original_pixels(detections["boxes"], info[None])
   np.testing.assert_allclose(served["detection_boxes"].numpy()[0, :count],
                              expected.numpy()[0, :count], atol=1e-2)
@@ -221,7 +221,7 @@ def test_torchvision_post_processing_options_reach_the_task():
                                        tf.float32)}
   content = [40.0, 64.0]  # A landscape image padded at the bottom.
   info = tf.constant([[[80, 128], content, [0.5, 0.5], [0, 0]]], tf.float32)
-  detections = task.postprocess(outputs, info)
+  detections = task.detections(outputs, info)
   expected = nms.postprocess(outputs["class_logits"], outputs["box_deltas"], task.anchors,
                              pre_nms_top_k=5, score_threshold=0.0, max_detections=100,
                              level_sizes=[576, 144, 36], image_size=tf.constant([content]))

@@ -6,9 +6,8 @@ FAMILY = Family(
     "detection",
     modules=(
         Module("tpu_models.vision.detection.retinanet", models=("retinanet*",)),
-        Module("tpu_models.vision.detection.maskrcnn", models=("maskrcnn*",)),
-        Module("tpu_models.vision.detection.task", tasks=("detection",)),
-        Module("tpu_models.vision.detection.maskrcnn_task", tasks=("maskrcnn",)),
+        Module("tpu_models.vision.detection.mask_rcnn", models=("maskrcnn*",)),
+        Module("tpu_models.vision.detection.task", tasks=("detection", "maskrcnn")),
     ),
     cli="tpu_models.vision.detection.cli",
     extra="coco", extra_packages=("pycocotools",),

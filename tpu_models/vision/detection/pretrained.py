@@ -37,12 +37,17 @@ _TORCHVISION_PRE = Preprocessing(
 # scale), and as a multiple of 128 it makes torchvision's own stride rule
 # (padded size // feature size) give exactly 64 and 128 on P6 and P7.
 TORCHVISION_IMAGE_SIZE = 1024
-# torchvision's detectors' input: its transform's size here, ImageNet mean/std on 0-255 pixels.
-_TORCHVISION_INPUT = {
-    "image_size": TORCHVISION_IMAGE_SIZE,
-    "mean": [round(m * 255, 6) for m in _IMAGENET_MEAN],
-    "std": [round(s * 255, 6) for s in _IMAGENET_STD],
-}
+
+
+def _imagenet_input(image_size: int) -> dict:
+  """Task keys of a detector fed `image_size` squares normalised by ImageNet's mean/std
+  on 0-255 pixels (every catalogued detector's input)."""
+  return {"image_size": image_size, "mean": [round(m * 255, 6) for m in _IMAGENET_MEAN],
+          "std": [round(s * 255, 6) for s in _IMAGENET_STD]}
+
+
+# torchvision's detectors' input: its transform's size here.
+_TORCHVISION_INPUT = _imagenet_input(TORCHVISION_IMAGE_SIZE)
 _TORCHVISION_TASK = {
     "name": "detection", **_TORCHVISION_INPUT,
     # torchvision's postprocess_detections: per level sigmoid > 0.05, top 1000,
@@ -131,9 +136,7 @@ register_weights(WeightsEntry(
            "task.weights.h5",), model="retinanet_resnet50_fpn",
     params={"num_classes": 91, "image_size": KERAS_HUB_IMAGE_SIZE,
             **keras_hub.KERAS_HUB_RETINANET},
-    task={"name": "detection", "image_size": KERAS_HUB_IMAGE_SIZE,
-          "mean": [round(m * 255, 6) for m in _IMAGENET_MEAN],
-          "std": [round(s * 255, 6) for s in _IMAGENET_STD],
+    task={"name": "detection", **_imagenet_input(KERAS_HUB_IMAGE_SIZE),
           # keras-hub's NonMaxSuppression defaults: best class per anchor, sigmoid > 0.5,
           # one NMS over all classes at 0.5, 100 kept, boxes not clipped.
           "nms_class_agnostic": True, "clip_boxes": False, "pre_nms_top_k": 1000,
@@ -162,9 +165,7 @@ register_weights(WeightsEntry(
                                     "or size; fetched with --trust-unverified only"),
     files=("a TF2 checkpoint directory: checkpoint + ckpt-N.index + ckpt-N.data-*",), model="retinanet_resnet50_fpn",
     params={"num_classes": 90, "image_size": 640, "bn_epsilon": 1e-3, "bn_momentum": 0.99},
-    task={"name": "detection", "image_size": 640,
-          "mean": [round(m * 255, 6) for m in _IMAGENET_MEAN],
-          "std": [round(s * 255, 6) for s in _IMAGENET_STD],
+    task={"name": "detection", **_imagenet_input(640),
           "pre_nms_top_k": 5000, "score_threshold": 0.05, "nms_iou_threshold": 0.5,
           "max_detections": 100},
     accuracy={"box_ap": 37.3},

@@ -43,11 +43,13 @@ Variable paths (stable; checkpoints and warm starts restore by path):
   head/class_logits/{kernel,bias}, and the same with box_ / box_deltas.
 """
 
+import dataclasses
 import inspect
 import math
-from typing import Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
 import keras
+import tensorflow as tf
 
 from tpu_models.errors import ConfigError
 from tpu_models.vision.classification import resnet as resnet_lib
@@ -57,6 +59,10 @@ from tpu_models.vision.detection import backbone as backbone_lib
 from tpu_models.vision.detection import boxes as box_ops
 from tpu_models.builders import preset
 from tpu_models.registry import register_model
+from tpu_models.task import LOWER, NO_DIRECTION, LossResult
+from tpu_models.vision.detection import losses as detection_losses
+from tpu_models.vision.detection import nms as nms_lib
+from tpu_models.vision.detection.detector import DetectionConfig, Detector
 
 
 
@@ -257,3 +263,176 @@ retinanet_resnet50_fpn = register_model("retinanet_resnet50_fpn")(preset(
     defaults={"name": "retinanet_resnet50_fpn"},
     doc="Builds RetinaNet with a ResNet-50-FPN backbone; arguments as `retinanet` (without "
         "`backbone_depth`)."))
+
+
+# ----------------------------------------------------------------------------
+# The detector component of the detection task (task.name "detection"): its config keys,
+# loss (focal + Huber, losses.py) and post-processing (nms.py).
+
+_TRAIN_LABELS = ("class_targets", "box_targets")
+
+
+@dataclasses.dataclass
+class RetinaNetConfig(DetectionConfig):
+  """`DetectionConfig` plus RetinaNet's loss and post-processing keys.
+
+      task:
+        name: detection
+        model: {name: retinanet, backbone_depth: 18, num_classes: 10, image_size: 256}
+        train_data: {path: "data/pasted_objects/train-*", global_batch_size: 16}
+        eval_data: {path: "data/pasted_objects/validation-*", global_batch_size: 16}
+  """
+  name: str = "detection"
+  # The loss (losses.py).
+  focal_alpha: float = 0.25
+  focal_gamma: float = 1.5
+  huber_delta: float = 0.1
+  box_loss_weight: float = 50.0
+  # Post-processing (nms.py), inside the compiled eval step and the SavedModel.
+  pre_nms_top_k: int = 1000
+  # True: pre_nms_top_k candidates per pyramid level (torchvision's topk_candidates)
+  # instead of over all levels together.
+  pre_nms_top_k_per_level: bool = False
+  # True: boxes are clipped to the image content inside the padding before NMS
+  # (torchvision's image_sizes) instead of to the whole model input.
+  clip_to_content: bool = False
+  # False: boxes are not clipped at all before NMS (keras-hub's decoder).
+  clip_boxes: bool = True
+  score_threshold: float = 0.05
+  nms_iou_threshold: float = 0.5
+  # D, the detections kept per image (every output is padded to it; COCO keeps them all).
+  max_detections: int = 100
+  # True: one candidate per anchor (its best class) and NMS across classes
+  # (keras-hub's RetinaNet decoder); not with pre_nms_top_k_per_level.
+  nms_class_agnostic: bool = False
+
+
+class RetinaNetDetector(Detector):
+  """RetinaNet in the detection task: anchor targets from the input pipeline, focal loss.
+
+  One training example on the device: image [S, S, 3] and {"class_targets" int32 [N]
+  (>= 0 class, -1 background, -2 ignored), "box_targets" float32 [N, 4] (encoded)}; in
+  evaluation the labels also hold the ground truth, "image_info" and "source_id". The
+  loss is the (focal + box_loss_weight * Huber) sum with the number of positive anchors
+  as normaliser, which the Trainer sums over all replicas before dividing. Evaluation
+  runs the model and post-processing (top-k, score threshold, per-class NMS, fixed
+  shapes) inside the compiled eval step.
+  """
+
+  config_class = RetinaNetConfig
+
+  def __init__(self, config: RetinaNetConfig, *args, **kwargs):
+    super().__init__(config, *args, **kwargs)
+    if config.clip_to_content and not config.clip_boxes:
+      raise ConfigError("task.clip_to_content needs task.clip_boxes: true.")
+    if config.nms_class_agnostic and config.pre_nms_top_k_per_level:
+      raise ConfigError("task.nms_class_agnostic takes one top-k over all levels; set "
+                        "task.pre_nms_top_k_per_level: false.")
+
+  @classmethod
+  def anchor_layout(cls, model_params: Dict[str, Any]) -> Dict[str, Any]:
+    return anchor_layout(**model_params)
+
+  def check_model(self, model: keras.Model) -> None:
+    outputs = model.output if isinstance(model.output, dict) else {}
+    logits = outputs.get("class_logits")
+    count = len(self.anchors)
+    if logits is None or tuple(logits.shape[1:]) != (count, self.num_classes):
+      raise ConfigError(
+          f"task.model {self.config.model.name!r} must output {{'class_logits': [B, "
+          f"{count}, {self.num_classes}], 'box_deltas': [B, {count}, 4]}} for its anchor "
+          f"layout {self.anchor_layout(self.model_params)}; it outputs "
+          f"{ {k: tuple(v.shape) for k, v in outputs.items()} or model.output}.")
+
+  def variable_groups(self) -> Dict[str, str]:
+    """The ResNet backbone, the FPN, the class and box subnets."""
+    return {"backbone": "^backbone/", "fpn": "^fpn/", "head": "^head/"}
+
+  def label_dependent_variables(self) -> str:
+    """The class subnet's output conv (A x num_classes filters); re-initialised with its prior bias."""
+    return "^head/class_logits/"
+
+  @property
+  def max_detections(self) -> int:
+    return int(self.config.max_detections)
+
+  def arrange(self, image, features, labels, training: bool):
+    if training:  # Only what the loss needs crosses to the device.
+      return image, {key: labels[key] for key in _TRAIN_LABELS}
+    return image, dict(labels, image_info=features["image_info"], source_id=features["source_id"])
+
+  # Loss and metrics.
+
+  def _loss_parts(self, labels, outputs, weights=None) -> Dict[str, tf.Tensor]:
+    cfg = self.config
+    return detection_losses.retinanet_loss_components(
+        labels["class_targets"], labels["box_targets"], outputs["class_logits"],
+        outputs["box_deltas"], num_classes=self.num_classes, alpha=cfg.focal_alpha,
+        gamma=cfg.focal_gamma, delta=cfg.huber_delta, weights=weights)
+
+  def _combined(self, parts: Dict[str, tf.Tensor]):
+    """The loss pair from its parts: (cls sum + box_loss_weight * box sum, positives)."""
+    return (parts["cls_loss_sum"] + self.config.box_loss_weight * parts["box_loss_sum"],
+            parts["num_positives"])
+
+  def _sums(self, parts: Dict[str, tf.Tensor], weights) -> Dict[str, Any]:
+    positives = parts["num_positives"]
+    return {
+        "loss": self._combined(parts),
+        "cls_loss": (parts["cls_loss_sum"], positives),
+        "box_loss": (parts["box_loss_sum"], positives),
+        "num_positives": (positives, tf.reduce_sum(tf.cast(weights, tf.float32))),
+    }
+
+  def loss(self, labels, outputs) -> LossResult:
+    """(focal sum + box_loss_weight * Huber sum, number of positive anchors): float32 scalars.
+
+    Its parts (`retinanet_loss_components`) are the aux that `metrics` reports.
+    """
+    parts = self._loss_parts(labels, outputs)
+    return LossResult(self._combined(parts), parts)
+
+  def metrics(self, labels, outputs, weights, aux=None):
+    """cls_loss and box_loss per positive anchor, num_positives per image.
+
+    From the loss's parts (`aux`) when given, else computed with `weights`.
+    """
+    parts = aux if aux is not None else self._loss_parts(labels, outputs, weights)
+    sums = self._sums(parts, weights)
+    sums.pop("loss")  # The Trainer reports the loss itself.
+    return sums
+
+  def metric_directions(self):
+    """Losses lower; num_positives is a count."""
+    return {"cls_loss": LOWER, "box_loss": LOWER, "num_positives": NO_DIRECTION}
+
+  def eval_metric_names(self, names: List[str]) -> List[str]:
+    """The loss parts after "loss": cls_loss, box_loss, num_positives."""
+    return names[:1] + ["cls_loss", "box_loss", "num_positives"] + names[1:]
+
+  def eval_sums(self, labels, outputs, weights):
+    return self._sums(self._loss_parts(labels, outputs, weights), weights)
+
+  # Post-processing.
+
+  def detections(self, outputs, infos=None) -> Dict[str, tf.Tensor]:
+    """The anchors' class logits and deltas -> padded detections in model-input pixels
+    (`nms.postprocess`).
+
+    infos: float32 [B, 4, 2] of `inputs.resize_and_pad`; with task.clip_to_content,
+    boxes are clipped to its content rows [B, 2].
+    """
+    cfg = self.config
+    clip = self.image_size
+    if cfg.clip_to_content and infos is not None:
+      clip = tf.convert_to_tensor(infos)[:, 1, :]
+    if not cfg.clip_boxes:
+      clip = None
+    level_sizes = None
+    if cfg.pre_nms_top_k_per_level:
+      level_sizes = anchor_ops.level_sizes(**self.anchor_layout(self.model_params))
+    return nms_lib.postprocess(
+        outputs["class_logits"], outputs["box_deltas"], tf.constant(self.anchors),
+        pre_nms_top_k=cfg.pre_nms_top_k, score_threshold=cfg.score_threshold,
+        iou_threshold=cfg.nms_iou_threshold, max_detections=cfg.max_detections,
+        image_size=clip, level_sizes=level_sizes, class_agnostic=cfg.nms_class_agnostic)

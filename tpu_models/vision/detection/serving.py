@@ -1,23 +1,24 @@
 """Serving, `predict` and deployment of the detection family's detectors, written once.
 
-`DetectorServing` is the Servable, FilePredictor and Deployable capability of a
-detector task (`task.DetectionTask`: RetinaNet; `maskrcnn_task.MaskRCNNTask`):
-the SavedModel's `serving_default` (encoded bytes) and `serve_images` (pixels),
-`tpu-models predict`'s pictures, and the LiteRT/ONNX `serve_images` with its
-evaluation and agreement check. Every path is
+`DetectorServing` is a component of the detection task (`task.DetectionTask`), which
+forwards its Servable, FilePredictor and Deployable methods here: the SavedModel's
+`serving_default` (encoded bytes) and `serve_images` (pixels), `tpu-models
+predict`'s pictures, and the LiteRT/ONNX `serve_images` with its evaluation and
+agreement check. Every path is
 
     pixels -> resize longer side to S, pad bottom/right, normalise (`_resize_pixels`)
            -> outputs = model(images)                      (the same call for every detector)
-           -> task.detections(outputs, infos)              (hook: padded detections in
+           -> detector.detections(outputs, infos)          (padded detections in
                                                             model-input pixels)
            -> boxes mapped to the input image's pixels
-           -> task.instance_outputs(detections, infos, ...) (hook: extra per-detection
-                                                            outputs over an image, e.g. masks)
+           -> detector.instance_outputs(detections, ...)   (extra per-detection outputs
+                                                            over an image, e.g. masks)
 
-so a detector supplies only the two hooks (and `instance_output_docs`, the words
-`export.json` records for its extra outputs). The detector task class provides
-what this mixin reads: `config` (a `DetectionConfig`), `image_size`,
-`display_names()`, `build_inputs(split)`, `aggregate` and `finalize`.
+with the task's detector component (`detector.Detector`), which also gives the
+words `export.json` records for its extra outputs (`instance_output_docs`), D
+(`max_detections`) and its deployment limits (`deploy_overrides`). From the task
+it reads `config`, `image_size`, `display_names()`, `build_inputs(split)`,
+`aggregate` and `finalize`.
 
 Instance masks: a detection dict may hold "masks", float32 [B, D, m, m]
 probabilities over each box; `predict` then draws them (`draw.draw_masks`) and
@@ -25,6 +26,7 @@ writes them to the JSON as COCO RLE, and the agreement check compares them (mask
 IoU) when both outputs carry "detection_masks".
 """
 
+import dataclasses
 import json
 import os
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -35,7 +37,7 @@ import tensorflow as tf
 
 from tpu_models.data import pipeline
 from tpu_models.errors import DataError
-from tpu_models.task import Agreement, Deployable, DeployFunction, FilePredictor, Servable
+from tpu_models.task import Agreement, DeployFunction
 from tpu_models.vision import image as image_lib
 from tpu_models.vision.detection import inputs as detection_data
 from tpu_models.vision.detection import masks as mask_ops
@@ -48,54 +50,19 @@ _DETECTION_KEYS = ("detection_boxes", "detection_scores", "detection_classes",
                    "num_detections")
 
 
-class DetectorServing(Servable, FilePredictor, Deployable):
-  """The serving, predict and deployment capabilities of a detector task (module docstring)."""
+class DetectorServing:
+  """The serving, predict and deployment part of the detection task (module docstring).
 
-  # `predict` also writes <name>.json beside each picture (detections, masks as RLE).
-  predict_writes_json = False
+  A component of `task.DetectionTask`, which forwards its Servable, FilePredictor and
+  Deployable methods here; it reads the task's config, image size, names, inputs and
+  evaluation, and its detector's `detections` and `instance_outputs`.
+  """
 
-  # int8 against the SavedModel: the network's scores move by quantization noise, so a
-  # detection near the score threshold or an overlapping pair may differ.
-  int8_agreement_floor = 0.8
-
-  # Hooks.
-
-  def detections(self, outputs: Mapping[str, tf.Tensor], infos: tf.Tensor
-                 ) -> Dict[str, tf.Tensor]:
-    """The model's outputs on [B, S, S, 3] -> its padded detections in model-input pixels.
-
-    Args:
-      outputs: what `model(images, training=False)` returned.
-      infos: float32 [B, 4, 2] image_info of `inputs.resize_and_pad`.
-
-    Returns:
-      {"boxes": float32 [B, D, 4] [ymin, xmin, ymax, xmax], "scores": float32 [B, D],
-      "classes": int32 [B, D] (-1 past the count), "num_detections": int32 [B]}, plus
-      optional per-detection outputs (e.g. "masks" float32 [B, D, m, m]).
-    """
-    raise NotImplementedError
-
-  def instance_outputs(self, detections: Mapping[str, tf.Tensor], infos: tf.Tensor,
-                       image_shape=None) -> Dict[str, tf.Tensor]:
-    """Extra outputs of the detections over an image; default: none (RetinaNet).
-
-    Args:
-      detections: `detections`' result.
-      infos: float32 [B, 4, 2] image_info.
-      image_shape: (height, width) of the input images the boxes were mapped to (ints
-        or scalar tensors), or None: the model-input frame (S x S, the image resized
-        at its top-left, padding bottom/right; `serving_default`, whose rows differ
-        in size).
-
-    Returns:
-      {output name: tensor [B, ...]}; zeroed by the caller in invalid rows.
-    """
-    return {}
-
-  def instance_output_docs(self, detections: int, image_shape=None) -> Dict[str, str]:
-    """{output name: its dtype and shape in words} of `instance_outputs` (`image_shape`
-    (height, width) in words or ints; None: the model-input frame)."""
-    return {}
+  def __init__(self, task):
+    self.task = task
+    self.config = task.config
+    self.image_size = task.image_size
+    self.detector = task.detector
 
   # Pictures of `tpu-models predict`.
 
@@ -122,17 +89,17 @@ class DetectorServing(Servable, FilePredictor, Deployable):
     return detect
 
   def _model_detections(self, model, images, infos):
-    return self.detections(_float32(model(images, training=False)), infos)
+    return self.detector.detections(_float32(model(images, training=False)), infos)
 
   def predict_files(self, model: keras.Model, paths, output_dir: str, *,
                     options: Optional[Mapping[str, Any]] = None, say=None) -> List[str]:
     """Detects objects in JPEG/PNG files; writes each drawn at its size to output_dir/<name>.png.
 
-    A segmenter's instance masks are drawn under the boxes (`draw.draw_masks`); with
-    `predict_writes_json`, output_dir/<name>.json holds the image's size and its
-    detections at or above the drawn score: {"label", "name", "score", "box" [ymin, xmin,
-    ymax, xmax] in the image's pixels, "mask" (COCO compressed RLE of the image-sized
-    mask, when the detector has masks)}.
+    A segmenter's instance masks are drawn under the boxes (`draw.draw_masks`), and
+    output_dir/<name>.json holds what the picture cannot give back: the image's size and
+    its detections at or above the drawn score, {"label", "name", "score", "box" [ymin,
+    xmin, ymax, xmax] in the image's pixels, "mask" (COCO compressed RLE of the
+    image-sized mask)}. A detector without masks writes the picture only.
 
     Args:
       model: the trained detector (float32).
@@ -153,7 +120,7 @@ class DetectorServing(Servable, FilePredictor, Deployable):
     say = say or print
     min_score = (options or {}).get("min_score")
     min_score = self.config.eval_image_min_score if min_score is None else float(min_score)
-    names = self.display_names()
+    names = self.task.display_names()
     detect = self._detect_pixels_fn(model)
     failed, used = [], set()
     max_pixels = image_lib.check_max_image_pixels(self.config.max_image_pixels)
@@ -182,7 +149,7 @@ class DetectorServing(Servable, FilePredictor, Deployable):
       masks = None
       if "masks" in found:
         masks = _HostPastedMasks(found["masks"][:count], boxes, *picture.shape[:2],
-                                 threshold=getattr(self.config, "mask_threshold", 0.5))
+                                 threshold=self.config.mask_threshold)
         picture = draw.draw_masks(picture, masks, classes, scores, min_score=min_score)
       picture = draw.draw_detections(picture, boxes, classes, scores, names,
                                      min_score=min_score)
@@ -193,7 +160,7 @@ class DetectorServing(Servable, FilePredictor, Deployable):
         name = f"{stem}-{n}"
       used.add(name)
       out = draw.write_png(os.path.join(output_dir, f"{name}.png"), picture)
-      if self.predict_writes_json:
+      if masks is not None:  # What the picture cannot give back: the masks, as JSON.
         _write_detections_json(os.path.join(output_dir, f"{name}.json"), path,
                                pixels.shape[:2], boxes, classes, scores, masks, names,
                                min_score)
@@ -249,7 +216,7 @@ class DetectorServing(Servable, FilePredictor, Deployable):
           "valid": valid,
           "reason": reason,
       }
-      for key, value in self.instance_outputs(found, infos, image_shape).items():
+      for key, value in self.detector.instance_outputs(found, infos, image_shape).items():
         rows = tf.reshape(valid, [-1] + [1] * (value.shape.rank - 1))
         outputs[key] = tf.where(rows, value, tf.zeros_like(value))
       return outputs
@@ -293,7 +260,7 @@ class DetectorServing(Servable, FilePredictor, Deployable):
 
   def serving_outputs(self) -> Dict[str, Any]:
     """What the SavedModel's signatures return, for its export.json (`outputs`)."""
-    d = self._max_detections()
+    d = self.detector.max_detections
     common = {"detection_boxes": f"float32 [B, {d}, 4] [ymin, xmin, ymax, xmax] in pixels "
                                  f"of each input image",
               "detection_scores": f"float32 [B, {d}]",
@@ -301,12 +268,8 @@ class DetectorServing(Servable, FilePredictor, Deployable):
               "num_detections": "int32 [B]",
               "valid": "bool [B]: false for an image that could not be decoded",
               "reason": "string [B]: why not valid, '' for valid rows"}
-    return {"serving_default": dict(common, **self.instance_output_docs(d)),
-            "serve_images": dict(common, **self.instance_output_docs(d, ("H", "W")))}
-
-  def _max_detections(self) -> int:
-    """D, the detections every output is padded to (the post-processing's cap)."""
-    return int(self.config.max_detections)
+    return {"serving_default": dict(common, **self.detector.instance_output_docs(d)),
+            "serve_images": dict(common, **self.detector.instance_output_docs(d, ("H", "W")))}
 
   # Deployment (LiteRT, ONNX: tpu_models/deploy.py).
 
@@ -351,20 +314,20 @@ class DetectorServing(Servable, FilePredictor, Deployable):
       outputs = model(images, training=False)
       with tf.name_scope(POSTPROCESS_SCOPE):  # Stays float32 in an int8 export.
         infos = tf.tile(tf.constant(info)[None], [tf.shape(images)[0], 1, 1])
-        found = self.detections(_float32(outputs), infos)
+        found = self.detector.detections(_float32(outputs), infos)
         boxes = detection_data.to_original_pixels(found["boxes"], infos)
-        extra = self.instance_outputs(found, infos, (height, width))
+        extra = self.detector.instance_outputs(found, infos, (height, width))
       return {"detection_boxes": boxes,
               "detection_scores": found["scores"],
               "detection_classes": found["classes"],
               "num_detections": found["num_detections"],
               **extra}
 
-    d = self._max_detections()
+    d = self.detector.max_detections
     inside = ("" if (height, width) == (size, size) else
               f"resized to {int(resized_hw[0])}x{int(resized_hw[1])} and padded to "
               f"{size}x{size} inside")
-    return {"serve_images": DeployFunction(
+    function = DeployFunction(
         function=serve_images.get_concrete_function(),
         inputs={"images": f"pixels [B, {height}, {width}, 3], 0..255 (the SavedModel's "
                           f"serve_images input{'; ' + inside if inside else ''})"},
@@ -373,7 +336,7 @@ class DetectorServing(Servable, FilePredictor, Deployable):
                  "detection_scores": f"float32 [B, {d}]",
                  "detection_classes": f"int32 [B, {d}] labels 0..K-1, -1 past the count",
                  "num_detections": "int32 [B]",
-                 **self.instance_output_docs(d, (height, width))},
+                 **self.detector.instance_output_docs(d, (height, width))},
         outside_graph=(
             "decoding encoded images (JPEG/PNG/...): no builtin LiteRT or ONNX op decodes "
             "them; decode and pass uint8 pixels (the SavedModel's serving_default takes bytes)",
@@ -388,7 +351,9 @@ class DetectorServing(Servable, FilePredictor, Deployable):
         float_scopes={POSTPROCESS_SCOPE: (
             "box decoding and the fixed-shape NMS stay float32: boxes in pixels need more "
             "than 256 levels, and LiteRT's int8 DIV (the IoU's union) refuses a divisor at "
-            "its zero point; the network (normalisation, backbone, FPN, heads) is int8")})}
+            "its zero point; the network (normalisation, backbone, FPN, heads) is int8")})
+    # The detector's limits (Mask R-CNN: float32 only).
+    return {"serve_images": dataclasses.replace(function, **self.detector.deploy_overrides())}
 
   def _export_batches(self, split: str):
     """(uint8 pixels [n, H, W, 3] as serve_images takes them, their labels, the factor
@@ -400,7 +365,7 @@ class DetectorServing(Servable, FilePredictor, Deployable):
     """
     cfg = self.config
     height, width = self._export_shape()
-    for images, labels, mask in pipeline.until_padding(self.build_inputs(split)):
+    for images, labels, mask in pipeline.until_padding(self.task.build_inputs(split)):
       real = mask.numpy() > 0
       pixels = image_lib.denormalize_to_pixels(tf.cast(images, tf.float32).numpy()[real],
                                                cfg.mean, cfg.std)
@@ -418,7 +383,7 @@ class DetectorServing(Servable, FilePredictor, Deployable):
     """Training-pipeline images (augmented, resized, padded) as pixels 0..255, one at a time,
     resized to task.export_image_shape when it is not the model's S x S."""
     height, width = self._export_shape()
-    for pixels in image_lib.pixel_rows(self.build_inputs("train"), self.config.mean,
+    for pixels in image_lib.pixel_rows(self.task.build_inputs("train"), self.config.mean,
                                        self.config.std, examples):
       if pixels.shape[1:3] != (height, width):
         pixels = np.round(tf.image.resize(pixels, [height, width]).numpy()).clip(0, 255)
@@ -435,9 +400,9 @@ class DetectorServing(Servable, FilePredictor, Deployable):
       factor: float32 [n, 1, 4], export input pixels -> the evaluation's S x S input.
 
     Returns:
-      The host outputs of `eval_step` that `aggregate` reads (RetinaNet's: ids,
-      geometry, ground truth and detections in the evaluation's input pixels); a
-      segmenter adds its masks.
+      The host outputs of `eval_step` that `aggregate` reads: ids, geometry, ground
+      truth and detections in the evaluation's input pixels, and the detector's own
+      (`Detector.deployed_host_outputs`: a segmenter's masks).
     """
     host = {key: labels[source] for key, source in (
         ("source_id", "source_id"), ("image_info", "image_info"), ("gt_boxes", "boxes"),
@@ -446,6 +411,7 @@ class DetectorServing(Servable, FilePredictor, Deployable):
     host.update({key: np.asarray(detections[key]) for key in (
         "detection_scores", "detection_classes", "num_detections")})
     host["detection_boxes"] = np.asarray(detections["detection_boxes"]) * factor
+    host.update(self.detector.deployed_host_outputs(detections, labels, factor))
     return host
 
   def evaluate_deployed(self, run, split: str, *, say=None) -> Dict[str, float]:
@@ -458,14 +424,14 @@ class DetectorServing(Servable, FilePredictor, Deployable):
     state, batches = None, 0
     for pixels, labels, factor in self._export_batches(split):
       detections = run("serve_images", {"images": pixels})
-      state = self.aggregate(state, self.deployed_host_outputs(detections, labels, factor),
+      state = self.task.aggregate(state, self.deployed_host_outputs(detections, labels, factor),
                              split=split)
       batches += 1
       if say and batches % 10 == 0:
         say(f"{batches} batches")
     if state is None:
       raise DataError(f"task.{split}_data yielded no examples to evaluate.")
-    return self.finalize(state, split=split)
+    return self.task.finalize(state, split=split)
 
   def deployed_agreement(self, reference, exported, examples: int,
                          split: str = "eval") -> Agreement:

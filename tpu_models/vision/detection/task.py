@@ -1,34 +1,37 @@
-"""Object detection with RetinaNet: anchor targets in the input pipeline, focal loss, COCO AP.
+"""Object detection: one task for every detector of the family, holding a detector component.
 
-One training example leaves the input pipeline with static shapes only
-(`inputs.py`: decode, scale jitter, crop, flip, resize-and-pad, ground
-truth padded to `max_instances`, every anchor labelled):
+    task.name    detector (its config and component)
+    detection    RetinaNet   (retinanet.py: RetinaNetConfig, RetinaNetDetector)
+    maskrcnn     Mask R-CNN  (mask_rcnn.py: MaskRCNNConfig, MaskRCNNDetector)
 
-    features  image float32|bfloat16 [S, S, 3] (normalised)
-    labels    class_targets int32 [N] (>= 0 class, -1 background, -2 ignored)
-              box_targets float32 [N, 4] (encoded); in evaluation also boxes
-              [K, 4], classes [K], is_crowd [K], num_instances [], image_info
-              [4, 2] and source_id []
+The task owns what every detector shares; the detector (`detector.Detector`)
+owns what differs. One example leaves the input pipeline with static shapes
+only (`inputs.py`: decode, scale jitter, crop, flip, resize-and-pad, ground
+truth padded to `max_instances`, the detector's anchors labelled) and is
+arranged for the device by the detector (`Detector.arrange`):
 
-The loss is the (focal + box_loss_weight * Huber) sum with the number of
-positive anchors as normaliser, which the Trainer sums over all replicas before
-dividing. Evaluation runs the model AND post-processing (top-k, score
-threshold, per-class NMS, fixed shapes) inside the compiled eval step; the
-padded detections, ground truth and image geometry are gathered to the host,
-mapped back to original pixels and scored by pycocotools (AP, AP50, AP75,
-APs/m/l, AR1/10/100, ...). Padding examples weigh 0 in the loss and are
-dropped before `aggregate`, so no batch size changes a number.
+    build_inputs   records -> inputs.build_decode_fn (class labels checked against
+                   num_classes) -> detector.arrange; "synthetic": generated images
+                   with two boxes through the same arrangement
+    loss, metrics  the detector's
+    eval_step      model -> detector.eval_sums (loss, padding weighs 0) and
+                   detector.detections (padded, fixed shapes, inside the compiled
+                   step) -> host outputs: detections, ground truth, image geometry
+                   (+ "detection_masks"/"gt_masks" when the detector has masks)
+    aggregate,     boxes mapped back to original pixels and scored by pycocotools
+    finalize       (AP, AP50, AP75, APs/m/l, AR1/10/100, ...); the detector adds its
+                   own (mask AP); padding examples are dropped before, so no batch
+                   size changes a number
+    serving,       `serving.DetectorServing`, a component of the task: the SavedModel,
+    predict,       `tpu-models predict`'s pictures, LiteRT/ONNX with its evaluation and
+    deployment     agreement check; it calls the detector's `detections` and
+                   `instance_outputs`
 
-Pictures (`draw.py`): each reported evaluation draws its first
-`eval_images` images (predictions and ground truth) to
-model_dir/<split>_images/step_<step>/ and TensorBoard (`write_eval_artifacts`),
-and `tpu-models predict` draws a trained detector's boxes on image files
-(`predict_files`); see docs/predict.md. The SavedModel flags an undecodable
-image per row (`valid`) instead of failing its batch.
-
-The anchor layout (image size, levels, scales, aspect ratios, anchor size) has
-one source: the model config (`retinanet.py: anchor_layout`), which the
-input pipeline, the loss and post-processing all read.
+Pictures (`draw.py`): each reported evaluation draws its first `eval_images`
+images (predictions and ground truth) to model_dir/<split>_images/step_<step>/
+and TensorBoard (`write_eval_artifacts`). The anchor layout has one source:
+the model config (`Detector.anchor_layout`), which the input pipeline, the loss
+and post-processing all read.
 
     task:
       name: detection
@@ -37,7 +40,6 @@ input pipeline, the loss and post-processing all read.
       eval_data: {path: "data/pasted_objects/validation-*", global_batch_size: 16}
 """
 
-import dataclasses
 import inspect
 import os
 from typing import Any, Dict, List, Optional, Tuple
@@ -46,105 +48,48 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tpu_models.config import DataConfig, ModelConfig, TaskConfig
-from tpu_models.vision.detection import inputs as detection_data
-from tpu_models.vision import image as image_lib
 from tpu_models.data import pipeline
 from tpu_models.errors import ConfigError
-from tpu_models.vision.detection import retinanet as retinanet_lib
-from tpu_models.vision.detection import anchors as anchors_lib
-from tpu_models.vision.detection import losses as detection_losses
-from tpu_models.vision.detection import nms as nms_lib
 from tpu_models.factory import create_model
 from tpu_models.registry import model_signature, register_task
-from tpu_models.task import HIGHER, LOWER, NO_DIRECTION, DataReporter, LossResult, Task
+from tpu_models.task import (HIGHER, DataReporter, Deployable, FilePredictor, LossResult,
+                             Servable, Task)
+from tpu_models.vision.detection import anchors as anchors_lib
+from tpu_models.vision.detection import inputs as detection_data
+from tpu_models.vision.detection import mask_rcnn
+from tpu_models.vision.detection import retinanet
+from tpu_models.vision.detection.detector import DetectionConfig, Detector
 from tpu_models.vision.detection.serving import DetectorServing
 
-_TRAIN_LABELS = ("class_targets", "box_targets")
 
+class DetectionTask(Task, DataReporter, Servable, FilePredictor, Deployable):
+  """Detection over `num_classes` (from the model config) with one detector component.
 
-@dataclasses.dataclass
-class DetectionConfig(TaskConfig):
-  name: str = "detection"
-  model: ModelConfig = dataclasses.field(
-      default_factory=lambda: ModelConfig("retinanet_resnet50_fpn"))
-  train_data: DataConfig = dataclasses.field(default_factory=DataConfig)
-  eval_data: DataConfig = dataclasses.field(
-      default_factory=lambda: DataConfig(split="validation", shuffle_buffer=0))
-  # Evaluated once after training (`tpu-models train`), never for model selection.
-  test_data: Optional[DataConfig] = None
-  # The square model input side; None = the model's image_size. Set here, it
-  # is passed to the model builder (a model config that says otherwise is an error).
-  image_size: Optional[int] = None
-  max_instances: int = 100  # Ground-truth boxes kept per image (more: dropped, with a warning).
-  # Training augmentation: the longer side is resized to image_size * U(scale_range),
-  # a random window kept where larger, then a left-right flip.
-  scale_range: List[float] = dataclasses.field(default_factory=lambda: [0.8, 1.25])
-  flip: bool = True
-  # The matcher (anchors.py: label_anchors) and crowd regions.
-  matched_threshold: float = 0.5
-  unmatched_threshold: float = 0.4
-  force_match: bool = True
-  crowd_ignore_threshold: float = 0.7
-  # The loss (losses.py).
-  focal_alpha: float = 0.25
-  focal_gamma: float = 1.5
-  huber_delta: float = 0.1
-  box_loss_weight: float = 50.0
-  # Post-processing (nms.py), inside the compiled eval step and the SavedModel.
-  pre_nms_top_k: int = 1000
-  # True: pre_nms_top_k candidates per pyramid level (torchvision's topk_candidates)
-  # instead of over all levels together.
-  pre_nms_top_k_per_level: bool = False
-  # True: boxes are clipped to the image content inside the padding before NMS
-  # (torchvision's image_sizes) instead of to the whole model input.
-  clip_to_content: bool = False
-  # False: boxes are not clipped at all before NMS (keras-hub's decoder).
-  clip_boxes: bool = True
-  score_threshold: float = 0.05
-  nms_iou_threshold: float = 0.5
-  max_detections: int = 100
-  # True: one candidate per anchor (its best class) and NMS across classes
-  # (keras-hub's RetinaNet decoder); not with pre_nms_top_k_per_level.
-  nms_class_agnostic: bool = False
-  # COCO instances JSON of the eval / test split: the official ground truth
-  # (segment areas, crowds). None: ground truth from the records themselves.
-  eval_annotation_file: Optional[str] = None
-  test_annotation_file: Optional[str] = None
-  # label_map.json of the converters (class names, category ids); None: the one
-  # beside the eval (else train) records, if any, else labels 0..K-1 as ids.
-  label_map: Optional[str] = None
-  per_class_ap: bool = False  # Also report "AP/<class name>".
-  class_agnostic_ap: bool = False  # Also report AP/AP50 ignoring classes ("found at all").
-  mean: List[float] = dataclasses.field(default_factory=lambda: list(image_lib.IMAGENET_MEAN_RGB))
-  std: List[float] = dataclasses.field(default_factory=lambda: list(image_lib.IMAGENET_STD_RGB))
-  resize_method: str = "bilinear"
-  host_bfloat16: bool = False  # Cast images to bfloat16 on the host: half the infeed bytes.
-  # Serving: larger images (height x width, from the header) are refused, not decoded; 0 = any.
-  max_image_pixels: int = image_lib.DEFAULT_MAX_IMAGE_PIXELS
-  # [height, width] of the pixels a LiteRT/ONNX export's serve_images takes (fixed shapes);
-  # resizing and padding to the model's square input run inside. [] = [image_size, image_size].
-  export_image_shape: List[int] = dataclasses.field(default_factory=list)
-  # Pictures of each reported evaluation: the first N images drawn with predictions
-  # (score >= eval_image_min_score) and ground truth (white) to
-  # model_dir/<split>_images/step_<step>/<source id>.png and TensorBoard. 0 = none.
-  eval_images: int = 4
-  eval_image_min_score: float = 0.3
-
-
-class DetectionTaskBase(Task, DataReporter):
-  """What every detector of the family shares: config checks, inputs, COCO evaluation, pictures.
-
-  `DetectionTask` (RetinaNet) and `maskrcnn_task.MaskRCNNTask` add serving,
-  deployment and `predict` through `serving.DetectorServing` and its hooks.
+  `DetectionTask.for_detector(detector_class)` is the registered task of a detector:
+  its `config_class` is the detector's. `self.detector` is the component (the
+  module docstring lists its part); `self.serving` serves, predicts and deploys.
   """
 
   config_class = DetectionConfig
+  detector_class = Detector
+
+  # int8 against the SavedModel: the network's scores move by quantization noise, so a
+  # detection near the score threshold or an overlapping pair may differ.
+  int8_agreement_floor = 0.8
+
+  @classmethod
+  def for_detector(cls, detector_class: type) -> type:
+    """The task class of `detector_class`: this class with its config class."""
+    name = detector_class.__name__.replace("Detector", "") + "Task"
+    return type(name, (cls,), {"config_class": detector_class.config_class,
+                               "detector_class": detector_class,
+                               "__doc__": f"The detection task with `{detector_class.__name__}`.",
+                               "__module__": cls.__module__})
 
   def __init__(self, config: DetectionConfig):
     super().__init__(config)
     self.model_params = _model_params(config)
-    self.layout = self.anchor_layout(self.model_params)
+    self.layout = self.detector_class.anchor_layout(self.model_params)
     self.image_size = self.layout["image_size"]
     self.num_classes = int(self.model_params.get("num_classes", 0))
     if self.num_classes < 1:
@@ -163,34 +108,56 @@ class DetectionTaskBase(Task, DataReporter):
       raise ConfigError(f"task.eval_images must be >= 0 (0: no pictures), got "
                         f"{config.eval_images}.")
     self.anchors = anchors_lib.multilevel_anchors(**self.layout).numpy()  # [N, 4]
+    self.detector = self.detector_class(config, self.model_params, self.num_classes,
+                                        self.image_size, self.anchors)
+    self.serving = DetectorServing(self)
     self._label_map = None  # Read on first use: [{"label", "name", "category_id"}] or [].
-
-  def anchor_layout(self, model_params: Dict[str, Any]) -> Dict[str, Any]:
-    """The model's anchor layout (`anchors.multilevel_anchors` arguments) from its params:
-    RetinaNet's (`DetectionTask`), the RPN's (Mask R-CNN). The labeler of the input
-    pipeline reads it."""
-    raise NotImplementedError
 
   # Model.
 
-  def _builder_kwargs(self) -> Dict[str, Any]:
+  def build_model(self) -> keras.Model:
+    """The registered model with `task.image_size` filled in, checked by the detector."""
     kwargs = dict(self.config.model.params)
     accepts = model_signature(self.config.model.name).parameters
     if self.config.image_size is not None and "image_size" in accepts:
       kwargs["image_size"] = self.config.image_size
-    return kwargs
+    model = create_model(self.config.model.name, **kwargs)
+    self.detector.check_model(model)
+    return model
+
+  def variable_groups(self) -> Dict[str, str]:
+    """`trainer.fine_tune` names: the detector's (backbone, fpn, its heads)."""
+    return self.detector.variable_groups()
+
+  def label_dependent_variables(self) -> str:
+    """The detector's class-sized output layers."""
+    return self.detector.label_dependent_variables()
 
   # Inputs.
 
   def build_inputs(self, split: str,
                    input_context: Optional[tf.distribute.InputContext] = None
                    ) -> tf.data.Dataset:
-    """Per-replica batches: (image, labels) for 'train', plus a mask [batch] otherwise."""
+    """Per-replica batches: (features, labels) for 'train', plus a mask [batch] otherwise."""
     data = self.data_config(split)
     if data.source == "synthetic":
       return self.synthetic_inputs(split, input_context)
     return pipeline.build_dataset(data, self.decode_fn(split), training=split == "train",
                                   input_context=input_context)
+
+  def decode_fn(self, split: str):
+    """serialized record -> (features, labels) of `split`, arranged by the detector."""
+    decode = self.checked_decoder(split, **self.detector.decoder_options())
+    arrange, training = self.detector.arrange, split == "train"
+
+    # Not autograph-converted (nor what it calls): it has no Python control flow on
+    # tensors, and converting the decoder and labeler took ~30 s per dataset.
+    @tf.autograph.experimental.do_not_convert
+    def decode_and_arrange(serialized):
+      image, features, labels = decode(serialized)
+      return arrange(image, features, labels, training)
+
+    return decode_and_arrange
 
   def checked_decoder(self, split: str, **options):
     """serialized record -> (image, features, labels) of `split`, with every box's class
@@ -221,10 +188,59 @@ class DetectionTaskBase(Task, DataReporter):
 
     return checked
 
-  # Metrics.
+  def synthetic_inputs(self, split: str,
+                       input_context: Optional[tf.distribute.InputContext] = None
+                       ) -> tf.data.Dataset:
+    """Generated images with two labelled boxes (and masks, when the detector decodes
+    them), arranged as records are: no data needed (`check`, `benchmark`)."""
+    data = self.data_config(split)
+    batch = pipeline.per_replica_batch_size(data, input_context)
+    size, k = self.image_size, self.config.max_instances
+    dtype = tf.bfloat16 if self.config.host_bfloat16 else tf.float32
+    image = tf.cast(tf.random.stateless_normal([size, size, 3], [1, 2]), dtype)
+    boxes = np.zeros([k, 4], np.float32)
+    classes = np.full([k], detection_data.PADDING_CLASS, np.int32)
+    boxes[:2] = [[0.1 * size, 0.1 * size, 0.4 * size, 0.3 * size],
+                 [0.5 * size, 0.4 * size, 0.9 * size, 0.9 * size]]
+    classes[:2] = [0, self.num_classes - 1]
+    targets = anchors_lib.label_anchors(boxes, classes, self.anchors,
+                                        matched_threshold=self.config.matched_threshold,
+                                        unmatched_threshold=self.config.unmatched_threshold)
+    labels = {
+        "class_targets": targets["class_targets"], "box_targets": targets["box_targets"],
+        "num_positives": targets["num_positives"], "boxes": tf.constant(boxes),
+        "classes": tf.constant(classes), "is_crowd": tf.zeros([k], tf.int32),
+        "num_instances": tf.constant(min(2, k), tf.int32)}
+    options = self.detector.decoder_options()
+    if options.get("with_masks"):
+      m = options["mask_crop_size"]
+      masks = np.zeros([k, m, m], np.float32)
+      masks[:2, m // 4:, : 3 * m // 4] = 1.0  # An L-ish blob inside each box.
+      labels["masks"] = tf.constant(masks)
+    info = tf.constant([[size, size], [size, size], [1, 1], [0, 0]], tf.float32)
+    if split == "train":
+      example = self.detector.arrange(image, {"image_info": info}, labels, training=True)
+      return pipeline.synthetic_dataset(example, batch)
+    count = max(1, (data.num_examples or batch) // batch) * batch
+    # Distinct image ids: the host metrics refuse an image evaluated twice.
+    real = tf.data.Dataset.range(count).map(lambda i: self.detector.arrange(
+        image, {"image_info": info, "source_id": tf.cast(i, tf.int32) + 1}, labels,
+        training=False))
+    return pipeline.pad_with_mask(real).batch(batch, drop_remainder=True)
+
+  # Loss, metrics, evaluation.
+
+  def loss(self, labels, outputs) -> LossResult:
+    """The detector's loss (`RetinaNetDetector.loss`, `MaskRCNNDetector.loss`)."""
+    return self.detector.loss(labels, outputs)
+
+  def metrics(self, labels, outputs, weights, aux=None):
+    """The detector's loss parts (from `aux` when given)."""
+    return self.detector.metrics(labels, outputs, weights, aux)
 
   def metric_directions(self):
-    """COCO AP/AR higher (and the class-agnostic and per-class APs when configured)."""
+    """COCO AP/AR higher (and the class-agnostic and per-class APs when configured), the
+    detector's own (losses lower)."""
     from tpu_models.vision.detection import coco
 
     directions = dict(super().metric_directions())
@@ -232,9 +248,39 @@ class DetectionTaskBase(Task, DataReporter):
     directions.update({f"{name}_class_agnostic": HIGHER for name in ("AP", "AP50")})
     names = self.eval_metric_names() or []
     directions.update({name: HIGHER for name in names if name.startswith("AP/")})
+    directions.update(self.detector.metric_directions())
     return directions
 
-  # Host-side COCO metrics.
+  def detections(self, outputs, image_info=None) -> Dict[str, tf.Tensor]:
+    """Model outputs -> padded detections in model-input pixels (`Detector.detections`).
+
+    image_info: float32 [B, 4, 2] of `inputs.resize_and_pad`, or None.
+    """
+    return self.detector.detections(outputs, image_info)
+
+  def eval_step(self, model, features, labels, weights):
+    """The detector's loss sums (padding weighs 0) and, for the host, detections + ground
+    truth (+ masks when the detector has them)."""
+    outputs = model(features, training=False)
+    sums = self.detector.eval_sums(labels, outputs, weights)
+    found = self.detections(outputs, labels.get("image_info"))
+    host = {
+        "source_id": labels["source_id"],
+        "image_info": labels["image_info"],
+        "detection_boxes": found["boxes"],
+        "detection_scores": found["scores"],
+        "detection_classes": found["classes"],
+        "num_detections": found["num_detections"],
+        "gt_boxes": labels["boxes"],
+        "gt_classes": labels["classes"],
+        "gt_is_crowd": labels["is_crowd"],
+        "num_instances": labels["num_instances"],
+    }
+    if "masks" in found:
+      host.update(detection_masks=found["masks"], gt_masks=labels["masks"])
+    return sums, host
+
+  # Host-side COCO metrics (boxes here, the rest by the detector).
 
   def label_map(self) -> List[Dict]:
     """The label map entries ([] when there is none); see `DetectionConfig.label_map`."""
@@ -272,7 +318,7 @@ class DetectionTaskBase(Task, DataReporter):
     return coco.COCOEvaluator(
         annotation_file,
         category_ids=[e["category_id"] for e in entries] if entries else None,
-        class_names=names, per_class=cfg.per_class_ap, max_detections=cfg.max_detections,
+        class_names=names, per_class=cfg.per_class_ap, max_detections=self.detector.max_detections,
         iou_type=iou_type)
 
   def aggregate(self, state, step_outputs, *, split):
@@ -310,10 +356,13 @@ class DetectionTaskBase(Task, DataReporter):
           "gt_boxes": detection_data.to_original_pixels(
               step_outputs["gt_boxes"][i:i + 1, :instances], info[i:i + 1])[0],
           "gt_classes": step_outputs["gt_classes"][i, :instances]})
+    self.detector.aggregate_instances(
+        state, step_outputs, lambda iou_type: self._new_evaluator(split, iou_type=iou_type))
     return state
 
   def finalize(self, state, *, split) -> Dict[str, float]:
-    """COCO AP, AP50, AP75, APs/m/l, AR1/10/100, ARs/m/l (+ per class, class-agnostic)."""
+    """COCO AP, AP50, AP75, APs/m/l, AR1/10/100, ARs/m/l (+ per class, class-agnostic), and
+    the detector's (e.g. mask AP)."""
     if state is None:
       return {}
     evaluator = state["evaluator"]
@@ -322,11 +371,12 @@ class DetectionTaskBase(Task, DataReporter):
       evaluator.class_agnostic = True
       agnostic = evaluator.evaluate(print_summary=False)
       metrics.update({f"{name}_class_agnostic": agnostic[name] for name in ("AP", "AP50")})
+    metrics.update(self.detector.finalize_instances(state))
     return metrics
 
   def eval_metric_names(self) -> Optional[List[str]]:
-    """The loss, the example count and `finalize`'s box COCO metrics; None when per-class
-    names cannot be read yet. A detector adds its loss parts."""
+    """The loss, the example count, `finalize`'s box COCO metrics and the detector's own
+    (`Detector.eval_metric_names`); None when per-class names cannot be read yet."""
     from tpu_models.vision.detection import coco
 
     names = ["loss", "examples", *coco.METRIC_NAMES]
@@ -338,7 +388,7 @@ class DetectionTaskBase(Task, DataReporter):
       except FileNotFoundError:  # The records are not on this machine: known at the first eval.
         return None
       names += [f"AP/{name.replace('/', '_').replace(' ', '_')}" for name in class_names]
-    return names
+    return self.detector.eval_metric_names(names)
 
   def display_names(self) -> Optional[List[str]]:
     """Class names for pictures and printed detections, or None (labels shown as ids).
@@ -446,200 +496,33 @@ class DetectionTaskBase(Task, DataReporter):
         data.path, image_size, **layout, matched_threshold=self.config.matched_threshold,
         max_images=max_images, class_names=self.class_names() if self.label_map() else None)
 
+  # Serving, predict and deployment: the serving component's.
 
-@register_task("detection")
-class DetectionTask(DetectionTaskBase, DetectorServing):
-  """RetinaNet-style detection over `num_classes` (from the model config).
+  def serving_signatures(self, model: keras.Model):
+    return self.serving.serving_signatures(model)
 
-  Serving, `predict` and deployment: `serving.DetectorServing`, with the
-  post-processing (`postprocess`: box decoding and NMS) as its `detections` hook.
-  """
+  def serving_outputs(self) -> Dict[str, Any]:
+    return self.serving.serving_outputs()
 
-  def __init__(self, config: DetectionConfig):
-    super().__init__(config)
-    if config.clip_to_content and not config.clip_boxes:
-      raise ConfigError("task.clip_to_content needs task.clip_boxes: true.")
-    if config.nms_class_agnostic and config.pre_nms_top_k_per_level:
-      raise ConfigError("task.nms_class_agnostic takes one top-k over all levels; set "
-                        "task.pre_nms_top_k_per_level: false.")
+  def predict_files(self, model: keras.Model, paths, output_dir: str, *, options=None,
+                    say=None) -> List[str]:
+    return self.serving.predict_files(model, paths, output_dir, options=options, say=say)
 
-  def anchor_layout(self, model_params: Dict[str, Any]) -> Dict[str, Any]:
-    """The model's anchor layout (`anchors.multilevel_anchors` arguments) from its params."""
-    return retinanet_lib.anchor_layout(**model_params)
+  def deploy_functions(self, model: keras.Model):
+    return self.serving.deploy_functions(model)
 
-  # Model.
+  def calibration_inputs(self, examples: int):
+    return self.serving.calibration_inputs(examples)
 
-  def build_model(self) -> keras.Model:
-    """The registered model with `task.image_size` filled in; see the module docstring."""
-    model = create_model(self.config.model.name, **self._builder_kwargs())
-    outputs = model.output if isinstance(model.output, dict) else {}
-    logits = outputs.get("class_logits")
-    if logits is None or tuple(logits.shape[1:]) != (len(self.anchors), self.num_classes):
-      raise ConfigError(
-          f"task.model {self.config.model.name!r} must output {{'class_logits': [B, "
-          f"{len(self.anchors)}, {self.num_classes}], 'box_deltas': [B, {len(self.anchors)}, "
-          f"4]}} for its anchor layout {self.layout}; it outputs "
-          f"{ {k: tuple(v.shape) for k, v in outputs.items()} or model.output}.")
-    return model
+  def evaluate_deployed(self, run, split: str, *, say=None) -> Dict[str, float]:
+    return self.serving.evaluate_deployed(run, split, say=say)
 
-  def variable_groups(self) -> Dict[str, str]:
-    """`trainer.fine_tune` names: the ResNet backbone, the FPN, the class and box subnets."""
-    return {"backbone": "^backbone/", "fpn": "^fpn/", "head": "^head/"}
+  def deployed_agreement(self, reference, exported, examples: int, split: str = "eval"):
+    return self.serving.deployed_agreement(reference, exported, examples, split)
 
-  def label_dependent_variables(self) -> str:
-    """The class subnet's output conv (A x num_classes filters); re-initialised with its prior bias."""
-    return "^head/class_logits/"
 
-  # Inputs.
-
-  def decode_fn(self, split: str):
-    """serialized record -> (image [S, S, 3], labels dict) for `split` (see the module doc)."""
-    decode = self.checked_decoder(split)
-    training = split == "train"
-
-    # Not autograph-converted (nor what it calls): it has no Python control flow on
-    # tensors, and converting the decoder and labeler took ~30 s per dataset.
-    @tf.autograph.experimental.do_not_convert
-    def decode_and_arrange(serialized):
-      image, features, labels = decode(serialized)
-      if training:  # Only what the loss needs crosses to the device.
-        return image, {key: labels[key] for key in _TRAIN_LABELS}
-      labels = dict(labels, image_info=features["image_info"], source_id=features["source_id"])
-      return image, labels
-
-    return decode_and_arrange
-
-  def synthetic_inputs(self, split: str,
-                       input_context: Optional[tf.distribute.InputContext] = None
-                       ) -> tf.data.Dataset:
-    """Generated images with two labelled boxes: no data needed (COCO-sized checks)."""
-    data = self.data_config(split)
-    batch = pipeline.per_replica_batch_size(data, input_context)
-    size = self.image_size
-    dtype = tf.bfloat16 if self.config.host_bfloat16 else tf.float32
-    image = tf.cast(tf.random.stateless_normal([size, size, 3], [1, 2]), dtype)
-    k = self.config.max_instances
-    boxes = np.zeros([k, 4], np.float32)
-    classes = np.full([k], detection_data.PADDING_CLASS, np.int32)
-    boxes[:2] = [[0.1 * size, 0.1 * size, 0.4 * size, 0.3 * size],
-                 [0.5 * size, 0.4 * size, 0.9 * size, 0.9 * size]]
-    classes[:2] = [0, (self.num_classes - 1)]
-    targets = anchors_lib.label_anchors(boxes, classes, self.anchors,
-                                        matched_threshold=self.config.matched_threshold,
-                                        unmatched_threshold=self.config.unmatched_threshold)
-    if split == "train":
-      labels = {key: targets[key] for key in _TRAIN_LABELS}
-      return pipeline.synthetic_dataset((image, labels), batch)
-    labels = {
-        "class_targets": targets["class_targets"], "box_targets": targets["box_targets"],
-        "num_positives": targets["num_positives"], "boxes": tf.constant(boxes),
-        "classes": tf.constant(classes), "is_crowd": tf.zeros([k], tf.int32),
-        "num_instances": tf.constant(min(2, k), tf.int32),
-        "image_info": tf.constant([[size, size], [size, size], [1, 1], [0, 0]], tf.float32)}
-    count = max(1, (data.num_examples or batch) // batch) * batch
-    # Distinct image ids: the host metrics refuse an image evaluated twice.
-    real = tf.data.Dataset.range(count).map(
-        lambda i: (image, dict(labels, source_id=tf.cast(i, tf.int32) + 1)))
-    return pipeline.pad_with_mask(real).batch(batch, drop_remainder=True)
-
-  # Loss, metrics and post-processing.
-
-  def _loss_parts(self, labels, outputs, weights=None) -> Dict[str, tf.Tensor]:
-    cfg = self.config
-    return detection_losses.retinanet_loss_components(
-        labels["class_targets"], labels["box_targets"], outputs["class_logits"],
-        outputs["box_deltas"], num_classes=self.num_classes, alpha=cfg.focal_alpha,
-        gamma=cfg.focal_gamma, delta=cfg.huber_delta, weights=weights)
-
-  def _combined(self, parts: Dict[str, tf.Tensor]) -> Tuple[tf.Tensor, tf.Tensor]:
-    """The loss pair from its parts: (cls sum + box_loss_weight * box sum, positives)."""
-    return (parts["cls_loss_sum"] + self.config.box_loss_weight * parts["box_loss_sum"],
-            parts["num_positives"])
-
-  def _sums(self, parts: Dict[str, tf.Tensor], weights) -> Dict[str, Tuple[tf.Tensor, tf.Tensor]]:
-    positives = parts["num_positives"]
-    return {
-        "loss": self._combined(parts),
-        "cls_loss": (parts["cls_loss_sum"], positives),
-        "box_loss": (parts["box_loss_sum"], positives),
-        "num_positives": (positives, tf.reduce_sum(tf.cast(weights, tf.float32))),
-    }
-
-  def loss(self, labels, outputs) -> LossResult:
-    """(focal sum + box_loss_weight * Huber sum, number of positive anchors): float32 scalars.
-
-    Its parts (`retinanet_loss_components`) are the aux that `metrics` reports.
-    """
-    parts = self._loss_parts(labels, outputs)
-    return LossResult(self._combined(parts), parts)
-
-  def metrics(self, labels, outputs, weights, aux=None):
-    """cls_loss and box_loss per positive anchor, num_positives per image.
-
-    From the loss's parts (`aux`) when given, else computed with `weights`.
-    """
-    parts = aux if aux is not None else self._loss_parts(labels, outputs, weights)
-    sums = self._sums(parts, weights)
-    sums.pop("loss")  # The Trainer reports the loss itself.
-    return sums
-
-  def metric_directions(self):
-    """Losses lower, COCO AP/AR higher; num_positives is a count."""
-    return dict(super().metric_directions(), cls_loss=LOWER, box_loss=LOWER,
-                num_positives=NO_DIRECTION)
-
-  def eval_metric_names(self) -> Optional[List[str]]:
-    """The base's names with the loss parts after "loss": cls_loss, box_loss, num_positives."""
-    names = super().eval_metric_names()
-    if names is None:
-      return None
-    return names[:1] + ["cls_loss", "box_loss", "num_positives"] + names[1:]
-
-  def postprocess(self, outputs, image_info=None) -> Dict[str, tf.Tensor]:
-    """Model outputs -> padded detections in model-input pixels (`nms.postprocess`).
-
-    image_info: float32 [B, 4, 2] of `inputs.resize_and_pad`; with
-    task.clip_to_content, boxes are clipped to its content rows [B, 2].
-    """
-    cfg = self.config
-    clip = self.image_size
-    if cfg.clip_to_content and image_info is not None:
-      clip = tf.convert_to_tensor(image_info)[:, 1, :]
-    if not cfg.clip_boxes:
-      clip = None
-    level_sizes = None
-    if cfg.pre_nms_top_k_per_level:
-      level_sizes = anchors_lib.level_sizes(**self.layout)
-    return nms_lib.postprocess(
-        outputs["class_logits"], outputs["box_deltas"], tf.constant(self.anchors),
-        pre_nms_top_k=cfg.pre_nms_top_k, score_threshold=cfg.score_threshold,
-        iou_threshold=cfg.nms_iou_threshold, max_detections=cfg.max_detections,
-        image_size=clip, level_sizes=level_sizes, class_agnostic=cfg.nms_class_agnostic)
-
-  def eval_step(self, model, features, labels, weights):
-    """Loss sums (padding weighs 0) and, for the host, detections + ground truth."""
-    outputs = model(features, training=False)
-    sums = self._sums(self._loss_parts(labels, outputs, weights), weights)
-    detections = self.postprocess(outputs, labels.get("image_info"))
-    host = {
-        "source_id": labels["source_id"],
-        "image_info": labels["image_info"],
-        "detection_boxes": detections["boxes"],
-        "detection_scores": detections["scores"],
-        "detection_classes": detections["classes"],
-        "num_detections": detections["num_detections"],
-        "gt_boxes": labels["boxes"],
-        "gt_classes": labels["classes"],
-        "gt_is_crowd": labels["is_crowd"],
-        "num_instances": labels["num_instances"],
-    }
-    return sums, host
-
-  # Serving, predict and deployment (serving.DetectorServing's hook).
-
-  def detections(self, outputs, infos) -> Dict[str, tf.Tensor]:
-    """The anchors' class logits and deltas -> padded detections (`postprocess`)."""
-    return self.postprocess(outputs, infos)
+register_task("detection")(DetectionTask.for_detector(retinanet.RetinaNetDetector))
+register_task("maskrcnn")(DetectionTask.for_detector(mask_rcnn.MaskRCNNDetector))
 
 
 def _encoded_images(files: List[str], source_ids) -> Dict[int, bytes]:
