@@ -32,6 +32,7 @@ DATA = open(FIXTURE, "rb").read()
 SHA256 = hashlib.sha256(DATA).hexdigest()
 TV_PATH = f"/models/resnet18-{SHA256[:8]}.safetensors"
 HF_PATH = "/timm/resnet18.tiny/resolve/main/model.safetensors"
+HF_REDIRECTED = "/timm/resnet18.redirected/resolve/main/model.safetensors"
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -43,6 +44,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
   def do_GET(self):
     server = self.server
     server.requests.append((self.path, self.headers.get("Range")))
+    if self.path in server.redirects:  # As the hub answers an LFS file: hash, then its CDN.
+      self.send_response(302)
+      self.send_header("Location", server.redirects[self.path])
+      self.send_header("X-Linked-Etag", f'"{server.linked_etags[self.path]}"')
+      self.send_header("Content-Length", "0")
+      self.end_headers()
+      return
     data = server.files.get(self.path)
     if data is None:
       self.send_error(404, "Not Found")
@@ -80,7 +88,9 @@ def server():
   httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
   httpd.daemon_threads = True
   httpd.files = {TV_PATH: DATA, HF_PATH: DATA}
-  httpd.linked_etags = {HF_PATH: SHA256}
+  httpd.linked_etags = {HF_PATH: SHA256, HF_REDIRECTED: SHA256}
+  httpd.redirects = {HF_REDIRECTED: "/cdn/blob-of-resnet18-tiny"}
+  httpd.files["/cdn/blob-of-resnet18-tiny"] = DATA
   httpd.requests, httpd.bytes_sent = [], 0
   httpd.ranges, httpd.cut_next, httpd.stall, httpd.delay = True, False, 0, 0
   httpd.url = f"http://127.0.0.1:{httpd.server_address[1]}"
@@ -273,6 +283,11 @@ def test_hf_endpoint_layout_verified_by_the_published_lfs_hash(tmp_path, server)
   with pytest.raises(fetch.OfflineError):
     _fetch(dataclasses.replace(remote, name="other.safetensors"),
            _env(tmp_path, HF_ENDPOINT=server.url, HF_HUB_OFFLINE="1"))
+  redirected, _, _ = _fetch(RemoteFile(url="hf-hub:timm/resnet18.redirected/model.safetensors",
+                                        name="redirected.safetensors"), env)
+  assert fetch.read_record(redirected)["sha256"] == SHA256
+  assert fetch.read_record(redirected)["verified_against"].startswith("published by the server")
+  assert [p for p, _ in server.requests[-2:]] == [HF_REDIRECTED, "/cdn/blob-of-resnet18-tiny"]
   server.linked_etags[HF_PATH] = "0" * 64  # The hub says another file: refused.
   with pytest.raises(fetch.WeightsDownloadError, match="expected 0000000000"):
     _fetch(dataclasses.replace(remote, name="third.safetensors"), env)

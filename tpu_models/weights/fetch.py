@@ -259,6 +259,16 @@ class _Progress:
       self.stream.write("\n")
 
 
+class _KeepLinkedEtag(urllib.request.HTTPRedirectHandler):
+  """Follows redirects (keeping Range) and remembers the first X-Linked-Etag on the way."""
+
+  linked_etag = None
+
+  def redirect_request(self, req, fp, code, msg, headers, newurl):
+    self.linked_etag = self.linked_etag or headers.get("X-Linked-Etag")
+    return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
 def _download(url: str, part: str, label: str, timeout: float,
               say: Callable[[str], None]) -> Dict[str, object]:
   """Appends `url`'s bytes to `part`, from where it stops (Range); returns what the server said."""
@@ -266,8 +276,9 @@ def _download(url: str, part: str, label: str, timeout: float,
   request = urllib.request.Request(url, headers={"User-Agent": "tpu_models"})
   if have:
     request.add_header("Range", f"bytes={have}-")
+  redirects = _KeepLinkedEtag()
   try:
-    response = urllib.request.urlopen(request, timeout=timeout)
+    response = urllib.request.build_opener(redirects).open(request, timeout=timeout)
   except urllib.error.HTTPError as e:
     if e.code == 416 and have:  # Range past the end: the part is the whole file.
       return {"transferred": 0, "server_sha256": None, "resumed_from": have}
@@ -276,7 +287,8 @@ def _download(url: str, part: str, label: str, timeout: float,
     reason = getattr(e, "reason", e)
     raise WeightsDownloadError(f"{label}: {url} cannot be reached ({reason}).") from None
   with response:
-    linked = response.headers.get("X-Linked-Etag") or ""
+    # The hub answers an LFS file with a redirect to its CDN: the hash is on the redirect.
+    linked = response.headers.get("X-Linked-Etag") or redirects.linked_etag or ""
     server_sha256 = linked.strip('"').lower() if len(linked.strip('"')) == 64 else None
     if have and response.status != 206:
       say(f"{label}: the server does not resume (no Range support): starting over from byte 0 "
