@@ -16,6 +16,7 @@ from tpu_models.training.trainer import Trainer
 from tpu_models.vision.detection import coco
 from tpu_models.vision.detection import mask_rcnn as maskrcnn
 from tpu_models.vision.detection import masks as mask_ops
+from tpu_models.vision.detection import roi_heads
 
 from helpers.detection import TINY_MASKRCNN, maskrcnn_config, tiny_pasted_objects
 from conftest import REPO
@@ -138,7 +139,7 @@ def test_class_mask_logits_are_the_1x1_conv_of_each_rois_class(num_masks):
   features = tf.constant(rng.normal(size=[4, 6, 6, 3]), tf.float32)
   classes = tf.constant([2, 0, -1, 4]) if num_masks > 1 else tf.constant([0, -1, 0, 0])
   conv = keras.layers.Conv2D(num_masks, 1, bias_initializer="random_normal")
-  ours = maskrcnn.ClassMaskLogits(num_masks)
+  ours = roi_heads.ClassMaskLogits(num_masks)
   conv.build(features.shape)
   ours.build([features.shape, classes.shape])
   ours.set_weights(conv.get_weights())

@@ -13,20 +13,20 @@ Stages (every shape fixed by the config, nothing data-dependent):
   backbone  ResNet v1.5 C2-C5 and the FPN P2-P6 of `backbone.resnet_fpn`
             (P6 a stride-2 conv of P5, as Model Garden's FPN, or a stride-2
             max pool: coarser_levels), no BN on the FPN by default.
-  rpn       one 3x3 conv + ReLU shared by all levels, then 1x1 convs for A
+  rpn       (rpn.py) one 3x3 conv + ReLU shared by all levels, then 1x1 convs for A
             objectness logits and 4A box deltas per position; anchors of
             `anchors.multilevel_anchors` over P2-P6 (1 scale, ratios 0.5/1/2,
             side 8 * stride: 32-512 px), in its flat order.
   proposals the pre_nms_top_k best anchors decoded, clipped and NMS'd
             class-agnostically (`nms.postprocess`) into exactly
             `train_proposals` / `eval_proposals` boxes (padded, with a count).
-  sampling  (training) proposals + ground-truth boxes matched by IoU;
+  sampling  (roi_heads.py) (training) proposals + ground-truth boxes matched by IoU;
             `num_sampled_rois` of them drawn with at most
             `roi_positive_fraction` positives (`roi_ops.sample_fixed`).
-  box head  multilevel RoIAlign 7x7 on P2-P5 (`roi_ops.multilevel_roi_align`),
+  box head  (roi_heads.py) multilevel RoIAlign 7x7 on P2-P5 (`roi_ops.multilevel_roi_align`),
             two fully connected layers, K + 1 softmax logits (0 = background)
             and class-specific deltas (coder weights 10, 10, 5, 5).
-  mask head RoIAlign 14x14, mask_head_convs 3x3 convs, a 2x2 stride-2
+  mask head (roi_heads.py) RoIAlign 14x14, mask_head_convs 3x3 convs, a 2x2 stride-2
             transposed conv (a matmul: `layers.TiledConv2DTranspose`), a 1x1
             conv of K (or 1, class-agnostic) outputs evaluated only for each
             RoI's own class (`ClassMaskLogits`): 28x28 logits per RoI.
@@ -82,14 +82,14 @@ from tpu_models.vision.detection import anchors as anchor_ops
 from tpu_models.vision.detection import backbone as backbone_lib
 from tpu_models.vision.detection import boxes as box_ops
 from tpu_models.vision.detection import coco
-from tpu_models.vision.detection import losses as detection_losses
 from tpu_models.vision.detection import masks as mask_ops
 from tpu_models.vision.detection import nms as nms_lib
+from tpu_models.vision.detection import roi_heads
 from tpu_models.vision.detection import roi_ops
+from tpu_models.vision.detection import rpn
 from tpu_models.vision.detection.detector import DetectionConfig, Detector
 from tpu_models.vision.detection.inputs import (INFO_CONTENT_SIZE, INFO_ORIGINAL_SIZE,
                                                 PADDING_CLASS, to_original_pixels)
-from tpu_models.vision.layers import EigenConv2D, TiledConv2DTranspose
 
 
 def _compiled_in_graph(fn):
@@ -109,9 +109,6 @@ def _compiled_in_graph(fn):
   return call
 
 
-# Faster R-CNN's second-stage box coder (Detectron, Model Garden, torchvision).
-ROI_BOX_WEIGHTS = (10.0, 10.0, 5.0, 5.0)
-MASK_SIZE_FACTOR = 2  # The mask head upsamples its RoI features 2x: 14 -> 28.
 _ROI_MAX_LEVEL = 5  # RoIs pool from P2-P5; P6 only serves the RPN.
 
 
@@ -157,155 +154,7 @@ class TwoStageSettings:
 
   @property
   def mask_size(self) -> int:
-    return self.mask_roi_size * MASK_SIZE_FACTOR
-
-
-def _conv(filters: int, kernel_size: int, name: str, **kwargs) -> keras.layers.Layer:
-  return EigenConv2D(filters, kernel_size, padding="same", name=name,
-                     kernel_initializer=keras.initializers.RandomNormal(stddev=0.01), **kwargs)
-
-
-def _rpn_outputs(pyramid: Dict[int, keras.KerasTensor], channels: int, per_location: int,
-                 batch_norm=None):
-  """The RPN head on every level: (logits [B, N, 1], deltas [B, N, 4]) in the anchor order.
-
-  batch_norm: None, or a BN layer factory: then the shared conv is followed by
-  one BN per level before its ReLU (Model Garden's RPNHead).
-  """
-  with keras.name_scope("rpn"):
-    shared = _conv(channels, 3, "conv", activation=None if batch_norm else "relu")
-    objectness = _conv(per_location, 1, "class_logits")
-    deltas = _conv(per_location * 4, 1, "box_deltas")
-    logits, boxes = [], []
-    for level, x in pyramid.items():
-      x = shared(x)
-      if batch_norm:
-        x = batch_norm(f"conv_bn_p{level}")(x)
-        x = keras.layers.ReLU(name=f"rpn_relu_p{level}")(x)
-      h, w = x.shape[1], x.shape[2]
-      logits.append(keras.layers.Reshape((h * w * per_location, 1),
-                                         name=f"rpn_class_logits_p{level}")(objectness(x)))
-      boxes.append(keras.layers.Reshape((h * w * per_location, 4),
-                                        name=f"rpn_box_deltas_p{level}")(deltas(x)))
-  return (keras.layers.Concatenate(axis=1, name="rpn_class_logits", dtype="float32")(logits),
-          keras.layers.Concatenate(axis=1, name="rpn_box_deltas", dtype="float32")(boxes))
-
-
-def _compute_dtype() -> str:
-  """The heads' input dtype: the policy's compute dtype, which RoIAlign's crops already have
-  (a float32 Input would cast them to float32 and the first layer back, both ways)."""
-  return keras.mixed_precision.global_policy().compute_dtype
-
-
-def _box_head(roi_size: int, channels: int, fc_dims: int, num_classes: int,
-              num_convs: int = 0, num_fcs: int = 2, batch_norm=None) -> keras.Model:
-  """[R, s, s, C] RoI features -> (class logits [R, K + 1], class-specific deltas [R, 4K]).
-
-  num_convs 3x3 convs of C channels, then num_fcs fully connected layers of
-  fc_dims, each followed by ReLU; with batch_norm (a BN layer factory), by BN
-  and then ReLU (Model Garden's DetectionHead).
-  """
-  with keras.name_scope("box_head"):
-    features = keras.Input((roi_size, roi_size, channels), dtype=_compute_dtype(),
-                           name="roi_features")
-    x = features
-    activation = None if batch_norm else "relu"
-    for i in range(num_convs):
-      x = EigenConv2D(channels, 3, padding="same", activation=activation, name=f"conv{i}",
-                      kernel_initializer=keras.initializers.VarianceScaling(2.0))(x)
-      if batch_norm:
-        x = keras.layers.ReLU(name=f"conv{i}_relu")(batch_norm(f"conv{i}_bn")(x))
-    x = keras.layers.Flatten(name="flatten")(x)
-    for i in range(1, num_fcs + 1):
-      x = keras.layers.Dense(fc_dims, activation=activation, name=f"fc{i}")(x)
-      if batch_norm:
-        x = keras.layers.ReLU(name=f"fc{i}_relu")(batch_norm(f"fc{i}_bn")(x))
-    logits = keras.layers.Dense(num_classes + 1, name="class_logits", dtype="float32",
-                                kernel_initializer=keras.initializers.RandomNormal(stddev=0.01))(x)
-    deltas = keras.layers.Dense(4 * num_classes, name="box_deltas", dtype="float32",
-                                kernel_initializer=keras.initializers.RandomNormal(
-                                    stddev=0.001))(x)
-  return keras.Model(features, [logits, deltas], name="box_head")
-
-
-@keras.saving.register_keras_serializable(package="tpu_models")
-class ClassMaskLogits(keras.layers.Layer):
-  """The mask head's last 1x1 conv, evaluated for one class per RoI.
-
-  Variables as a `keras.layers.Conv2D(num_masks, 1)`'s (kernel [1, 1, C,
-  num_masks], bias [num_masks]), so checkpoints and weight imports see that
-  layer. Only the class each RoI is trained on (or detected as) is ever read,
-  so only its column is computed: [H*W, C] @ [C] per RoI (a batched matmul),
-  not all num_masks maps and a selection: at 80 classes 1/80 of the product,
-  and the gradient reaches the same kernel columns. It computes in its compute
-  dtype (bfloat16 under mixed_bfloat16, as the convs before it) and returns
-  float32 logits for the sigmoid loss.
-
-  Call: [features [R, H, W, C], classes int [R] (0..num_masks-1; clipped, so
-  -1 padding reads class 0)] -> float32 logits [R, H, W].
-  """
-
-  def __init__(self, num_masks: int, kernel_initializer="glorot_uniform", **kwargs):
-    super().__init__(**kwargs)
-    self.num_masks = int(num_masks)
-    self.kernel_initializer = keras.initializers.get(kernel_initializer)
-
-  def build(self, input_shape):
-    channels = input_shape[0][-1]
-    self.kernel = self.add_weight(name="kernel", shape=(1, 1, channels, self.num_masks),
-                                  initializer=self.kernel_initializer)
-    self.bias = self.add_weight(name="bias", shape=(self.num_masks,), initializer="zeros")
-
-  def call(self, inputs):
-    features, classes = inputs
-    classes = tf.clip_by_value(tf.cast(classes, tf.int32), 0, self.num_masks - 1)
-    features = tf.cast(features, self.compute_dtype)
-    height, width, channels = features.shape[1], features.shape[2], features.shape[3]
-    columns = tf.gather(tf.transpose(tf.convert_to_tensor(self.kernel)[0, 0]), classes)  # [R, C]
-    logits = tf.matmul(tf.reshape(features, [-1, height * width, channels]), columns[:, :, None])
-    logits = tf.reshape(logits, [-1, height, width])
-    logits += tf.gather(tf.convert_to_tensor(self.bias), classes)[:, None, None]
-    return tf.cast(logits, tf.float32)
-
-  def compute_output_shape(self, input_shape):
-    return tuple(input_shape[0][:3])
-
-  def get_config(self):
-    return {**super().get_config(), "num_masks": self.num_masks,
-            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer)}
-
-
-def _mask_head(roi_size: int, channels: int, num_convs: int, head_channels: int,
-               mask_classes: int, batch_norm=None) -> keras.Model:
-  """[RoI features [R, s, s, C], classes int32 [R]] -> mask logits [R, 2s, 2s] (float32).
-
-  The logits of each RoI's own class (0..mask_classes-1; class-agnostic: one).
-  With batch_norm (a BN layer factory), every conv and the upsampling are
-  followed by BN, then ReLU (Model Garden's MaskHead).
-  """
-  activation = None if batch_norm else "relu"
-
-  def normalized(x, name):
-    return keras.layers.ReLU(name=f"{name}_relu")(batch_norm(f"{name}_bn")(x)) if batch_norm else x
-
-  with keras.name_scope("mask_head"):
-    features = keras.Input((roi_size, roi_size, channels), dtype=_compute_dtype(),
-                           name="mask_roi_features")
-    classes = keras.Input((), dtype="int32", name="mask_classes")
-    x = features
-    for i in range(num_convs):
-      x = normalized(EigenConv2D(head_channels, 3, padding="same", activation=activation,
-                                 name=f"conv{i}",
-                                 kernel_initializer=keras.initializers.VarianceScaling(2.0))(x),
-                     f"conv{i}")
-    x = normalized(TiledConv2DTranspose(
-        head_channels, MASK_SIZE_FACTOR, strides=MASK_SIZE_FACTOR, activation=activation,
-        name="upsample", kernel_initializer=keras.initializers.VarianceScaling(2.0))(x),
-                   "upsample")
-    logits = ClassMaskLogits(mask_classes, name="mask_logits",
-                             kernel_initializer=keras.initializers.VarianceScaling(2.0))(
-                                 [x, classes])
-  return keras.Model([features, classes], logits, name="mask_head")
+    return self.mask_roi_size * roi_heads.MASK_SIZE_FACTOR
 
 
 class MaskRCNN(keras.Model):
@@ -348,31 +197,14 @@ class MaskRCNN(keras.Model):
     return dict(rpn, **self.detect(roi_pyramid, proposals, proposal_valid, clip_size))
 
   def proposals(self, rpn_class_logits, rpn_box_deltas, count: int, clip_size=None):
-    """The RPN's `count` best boxes after NMS: (boxes float32 [B, count, 4], valid bool [B, count]).
-
-    clip_size: what the boxes are clipped to: (height, width), or float32 [B, 2]
-    per image; None = the model input.
-    """
+    """The RPN's `count` best boxes after NMS (`rpn.proposals`): (boxes float32 [B, count, 4],
+    valid bool [B, count]); clip_size: (height, width), or float32 [B, 2] per image; None =
+    the model input."""
     s = self.settings
-    clip_size = s.image_size if clip_size is None else clip_size
-    rpn_class_logits = tf.stop_gradient(rpn_class_logits)
-    rpn_box_deltas = tf.stop_gradient(rpn_box_deltas)
-    if s.rpn_level_sizes is None:
-      found = nms_lib.postprocess(
-          rpn_class_logits, rpn_box_deltas, self._anchors, pre_nms_top_k=s.rpn_pre_nms_top_k,
-          score_threshold=0.0, iou_threshold=s.rpn_nms_iou, max_detections=count,
-          image_size=clip_size)
-    else:
-      # torchvision's RPN filter: per level the top-k, boxes clipped, those narrower or
-      # shorter than rpn_min_size dropped, NMS within each level, the `count` best kept.
-      # Every probability (>= 0) passes -0.5, as every one passes torchvision's ">= 0.0".
-      found = nms_lib.postprocess(
-          rpn_class_logits, rpn_box_deltas, self._anchors, pre_nms_top_k=s.rpn_pre_nms_top_k,
-          score_threshold=-0.5, iou_threshold=s.rpn_nms_iou, max_detections=count,
-          image_size=clip_size, level_sizes=s.rpn_level_sizes, min_size=s.rpn_min_size,
-          nms_within_levels=True)
-    valid = tf.range(count)[None, :] < found["num_detections"][:, None]
-    return found["boxes"], valid
+    return rpn.proposals(rpn_class_logits, rpn_box_deltas, self._anchors, count=count,
+                         clip_size=s.image_size if clip_size is None else clip_size,
+                         pre_nms_top_k=s.rpn_pre_nms_top_k, nms_iou=s.rpn_nms_iou,
+                         level_sizes=s.rpn_level_sizes, min_size=s.rpn_min_size)
 
   def _roi_align(self, roi_pyramid, rois, output_size: int):
     s = self.settings
@@ -401,44 +233,9 @@ class MaskRCNN(keras.Model):
     return tf.reshape(logits, [batch, regions, s.mask_size, s.mask_size])
 
   def _roi_targets(self, proposals, proposal_valid, gt_boxes, gt_classes, gt_masks):
-    """The sampled RoIs and their targets: no gradient flows through any of them.
-
-    Args:
-      proposals: float32 [B, N, 4], proposal_valid bool [B, N].
-      gt_boxes: float [B, K, 4]; gt_classes: int [B, K], -1 = not an object;
-      gt_masks: float [B, K, m, m], each box's mask crop (inputs.py).
-
-    Returns:
-      (rois float32 [B, S, 4], class_targets int32 [B, S] (0 background),
-       box_targets float32 [B, S, 4], valid bool [B, S], is_positive bool [B, S],
-       mask_targets float32 [B, P, 28, 28], 0 or 1; P = mask_training_rois).
-    """
-    s = self.settings
-    gt_boxes = tf.cast(gt_boxes, tf.float32)  # [B, K, 4]
-    gt_classes = tf.cast(gt_classes, tf.int32)  # [B, K], -1 = not an object
-    gt_real = gt_classes >= 0
-    candidates = tf.concat([proposals, gt_boxes], axis=1)  # The ground truth is a proposal too.
-    candidate_valid = tf.concat([proposal_valid, gt_real], axis=1)
-    overlaps = tf.where(gt_real[:, None, :], box_ops.iou(candidates, gt_boxes), -1.0)
-    best_iou = tf.reduce_max(overlaps, axis=-1)
-    matched = tf.argmax(overlaps, axis=-1, output_type=tf.int32)
-    positive = candidate_valid & (best_iou >= s.roi_positive_iou)
-    negative = candidate_valid & (best_iou < s.roi_positive_iou)
-    index, is_positive, valid = roi_ops.sample_fixed(positive, negative, s.num_sampled_rois,
-                                                     s.roi_positive_fraction)
-    rois = tf.gather(candidates, index, batch_dims=1)
-    matched = tf.gather(matched, index, batch_dims=1)
-    matched_boxes = tf.gather(gt_boxes, matched, batch_dims=1)
-    matched_classes = tf.gather(gt_classes, matched, batch_dims=1)
-    class_targets = tf.where(is_positive, matched_classes + 1, 0)
-    box_targets = tf.where(is_positive[..., None],
-                           box_ops.encode_boxes(matched_boxes, rois, ROI_BOX_WEIGHTS), 0.0)
-    p = s.mask_training_rois  # Positives fill the first slots of the sample.
-    gt_masks = tf.gather(tf.cast(gt_masks, tf.float32), matched[:, :p], batch_dims=1)
-    mask_targets = roi_ops.crop_and_resample(gt_masks, matched_boxes[:, :p], rois[:, :p],
-                                             s.mask_size)
-    mask_targets = tf.cast(mask_targets >= 0.5, tf.float32)
-    return rois, class_targets, box_targets, valid, is_positive, mask_targets
+    """The sampled RoIs and their targets (`roi_heads.sample_rois` with the settings)."""
+    return roi_heads.sample_rois(proposals, proposal_valid, gt_boxes, gt_classes, gt_masks,
+                                 self.settings)
 
   def _training_heads(self, roi_pyramid, proposals, proposal_valid, ground_truth, training):
     s = self.settings
@@ -475,7 +272,7 @@ class MaskRCNN(keras.Model):
     class_logits, deltas = self._box_head_outputs(roi_pyramid, proposals, training=False)
     scores = tf.nn.softmax(class_logits, axis=-1)[..., 1:]  # [B, R, K]
     scores = tf.where(proposal_valid[..., None], scores, 0.0)
-    boxes = box_ops.decode_boxes(deltas, proposals[:, :, None, :], ROI_BOX_WEIGHTS)
+    boxes = box_ops.decode_boxes(deltas, proposals[:, :, None, :], roi_heads.ROI_BOX_WEIGHTS)
     batch, pairs = tf.shape(boxes)[0], proposals.shape[1] * s.num_classes
     boxes = box_ops.clip_boxes(tf.reshape(boxes, [batch, pairs, 4]), clip_size)
     flat_scores = tf.reshape(scores, [batch, pairs])
@@ -688,14 +485,14 @@ def maskrcnn(*,
       use_batch_norm=use_batch_norm, coarser_levels=coarser_levels,
       **backbone_lib.backbone_args(locals()))
   head_norm = batch_norm if head_batch_norm else None
-  rpn_logits, rpn_deltas = _rpn_outputs(pyramid, rpn_channels or fpn_channels, per_location,
+  rpn_logits, rpn_deltas = rpn.rpn_head(pyramid, rpn_channels or fpn_channels, per_location,
                                         head_norm)
   outputs = {f"p{level}": x for level, x in pyramid.items()}
   outputs.update(rpn_class_logits=rpn_logits, rpn_box_deltas=rpn_deltas)
   pyramid_model = keras.Model(images, outputs, name="pyramid")
-  box_head = _box_head(box_roi_size, fpn_channels, box_head_dims, num_classes,
+  box_head = roi_heads.box_head(box_roi_size, fpn_channels, box_head_dims, num_classes,
                        box_head_convs, box_head_fcs, head_norm)
-  mask_head = _mask_head(mask_roi_size, fpn_channels, mask_head_convs, mask_head_channels,
+  mask_head = roi_heads.mask_head(mask_roi_size, fpn_channels, mask_head_convs, mask_head_channels,
                          1 if class_agnostic_masks else num_classes, head_norm)
   return MaskRCNN(pyramid_model, box_head, mask_head, anchors, settings,
                   name=name or "maskrcnn")
@@ -776,11 +573,6 @@ class MaskRCNNConfig(DetectionConfig):
   # Pasted masks are thresholded at this probability for mask AP (0 or 1 and beyond would
   # give masks covering the whole photo or none).
   mask_threshold: Annotated[float, Bounds(0, 1, low_open=True, high_open=True)] = 0.5
-
-
-def _per_image(sums: tf.Tensor, counts: tf.Tensor) -> tf.Tensor:
-  """float32 [B]: sums / counts, 0 where an image has nothing to count."""
-  return tf.math.divide_no_nan(sums, tf.cast(counts, tf.float32))
 
 
 class MaskRCNNDetector(Detector):
@@ -877,51 +669,18 @@ class MaskRCNNDetector(Detector):
   # Loss and metrics.
 
   def _rpn_parts(self, labels, outputs, fixed_draw: bool = False) -> Dict[str, tf.Tensor]:
-    """Per-image RPN losses on a fixed-size draw of anchors: {name: float32 [B]}.
-
-    The draw is random in training; `fixed_draw` (evaluation) takes the same
-    stateless draw every time, so an evaluation's loss does not change between runs.
-    """
+    """Per-image RPN losses (`rpn.rpn_losses`); `fixed_draw` in evaluation."""
     cfg = self.config
-    targets = tf.cast(labels["rpn_class_targets"], tf.int32)
-    keys = tf.random.stateless_uniform(tf.shape(targets), [27, 0]) if fixed_draw else None
-    index, is_positive, valid = roi_ops.sample_fixed(
-        targets >= 0, targets == anchor_ops.NEGATIVE, self.rpn_batch_size,
-        cfg.rpn_positive_fraction, keys=keys)
-    logits = tf.gather(tf.cast(outputs["rpn_class_logits"][..., 0], tf.float32), index,
-                       batch_dims=1)
-    drawn = tf.cast(valid, tf.float32)
-    cross_entropy = tf.nn.sigmoid_cross_entropy_with_logits(
-        labels=tf.cast(is_positive, tf.float32), logits=logits)
-    deltas = tf.gather(tf.cast(outputs["rpn_box_deltas"], tf.float32), index, batch_dims=1)
-    box_targets = tf.gather(tf.cast(labels["rpn_box_targets"], tf.float32), index, batch_dims=1)
-    huber = tf.reduce_sum(detection_losses.huber_loss(box_targets, deltas, cfg.rpn_huber_delta),
-                          axis=-1)
-    count = tf.reduce_sum(drawn, axis=1)
-    return {
-        "rpn_class_loss": _per_image(tf.reduce_sum(cross_entropy * drawn, axis=1), count),
-        "rpn_box_loss": _per_image(
-            tf.reduce_sum(huber * tf.cast(is_positive, tf.float32), axis=1), count),
-    }
+    return rpn.rpn_losses(labels["rpn_class_targets"], labels["rpn_box_targets"],
+                          outputs["rpn_class_logits"], outputs["rpn_box_deltas"],
+                          batch_size=self.rpn_batch_size,
+                          positive_fraction=cfg.rpn_positive_fraction,
+                          huber_delta=cfg.rpn_huber_delta, fixed_draw=fixed_draw)
 
   def _loss_parts(self, labels, outputs) -> Dict[str, tf.Tensor]:
     """Every per-image loss of a training batch: {name: float32 [B]} (class docstring)."""
-    cfg = self.config
     parts = self._rpn_parts(labels, outputs)
-    valid = outputs["roi_valid"]
-    positive = tf.cast(outputs["roi_class_targets"] > 0, tf.float32)
-    cross_entropy = tf.nn.sparse_softmax_cross_entropy_with_logits(
-        labels=outputs["roi_class_targets"], logits=outputs["roi_class_logits"])
-    huber = tf.reduce_sum(detection_losses.huber_loss(
-        outputs["roi_box_targets"], outputs["roi_box_deltas"], cfg.roi_huber_delta), axis=-1)
-    sampled = tf.reduce_sum(valid, axis=1)
-    parts["roi_class_loss"] = _per_image(tf.reduce_sum(cross_entropy * valid, axis=1), sampled)
-    parts["roi_box_loss"] = _per_image(tf.reduce_sum(huber * positive * valid, axis=1), sampled)
-    mask_valid = outputs["mask_valid"]
-    pixel_loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
-        labels=outputs["mask_targets"], logits=outputs["mask_logits"]), axis=[2, 3])
-    parts["mask_loss"] = _per_image(tf.reduce_sum(pixel_loss * mask_valid, axis=1),
-                                    tf.reduce_sum(mask_valid, axis=1))
+    parts.update(roi_heads.roi_losses(outputs, huber_delta=self.config.roi_huber_delta))
     return parts
 
   def _weighted_total(self, parts: Dict[str, tf.Tensor]) -> tf.Tensor:
@@ -995,7 +754,7 @@ class MaskRCNNDetector(Detector):
                   "int32 [B, 2]: (height, width) of the image in that frame; "
                   "masks[:, :, :height, :width] resized to the image's size are its masks")}
     height, width = image_shape
-    m = int(self.model_params["mask_roi_size"]) * MASK_SIZE_FACTOR
+    m = int(self.model_params["mask_roi_size"]) * roi_heads.MASK_SIZE_FACTOR
     return {"detection_masks": (
         f"uint8 [B, {detections}, {height}, {width}] 0/1: each detection's {m}x{m} mask "
         f"pasted over the input image in its box (bilinear, thresholded at "
