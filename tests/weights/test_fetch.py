@@ -389,3 +389,59 @@ def test_an_experiment_s_init_checkpoint_may_name_a_catalogue_entry(
   for other in (str(tmp_path), "runs/r50", "not_an_entry"):  # Paths and other values as they are.
     config = importing.entry_config(narrow_entry, [f"trainer.init_checkpoint={other}"])
     assert cache.resolve_init_checkpoint(config, environ=env).trainer.init_checkpoint == other
+
+
+def test_an_archive_is_extracted_to_its_checkpoint_directory_and_may_not_escape(tmp_path):
+  import io
+  import tarfile
+  checkpoint = os.path.join(REPO, "tests", "data", "model_garden", "resnet")
+  archive = tmp_path / "resnet-tiny.tar.gz"
+  with tarfile.open(archive, "w:gz") as tar:
+    tar.add(checkpoint, arcname="resnet-tiny")
+  remote = RemoteFile(url="https://example.invalid/resnet-tiny.tar.gz", archive="tar.gz")
+  found = fetch.weights_path(remote, str(archive))
+  assert found == str(tmp_path / "resnet-tiny.tar.gz.extracted" / "resnet-tiny")
+  assert sorted(os.listdir(found)) == sorted(os.listdir(checkpoint))
+  escaping = tmp_path / "escaping.tar.gz"
+  with tarfile.open(escaping, "w:gz") as tar:
+    member = tarfile.TarInfo("../outside.txt")
+    member.size = 2
+    tar.addfile(member, io.BytesIO(b"no"))
+  with pytest.raises(tarfile.OutsideDestinationError):
+    fetch.weights_path(remote, str(escaping))
+  assert not (tmp_path / "outside.txt").exists()
+
+
+class _Stream:
+  def __init__(self, tty):
+    self.tty, self.text = tty, ""
+
+  def isatty(self):
+    return self.tty
+
+  def write(self, text):
+    self.text += text
+
+  def flush(self):
+    pass
+
+
+def test_progress_is_a_line_per_tenth_in_a_log_and_bytes_rate_eta_on_a_terminal():
+  log = _Stream(tty=False)
+  progress = fetch._Progress("entry", 1000, 0, log)
+  for _ in range(100):
+    progress.update(10)
+  progress.close()
+  lines = log.text.splitlines()
+  assert [line.split(":")[1].split("%")[0].strip() for line in lines] == [
+      str(p) for p in range(10, 101, 10)]
+  resumed = _Stream(tty=False)
+  progress = fetch._Progress("entry", 1000, 500, resumed)  # A resumed download: 60% first.
+  progress.update(100)
+  assert resumed.text.startswith("entry: 60% (600 of 1000 bytes")
+  terminal = _Stream(tty=True)
+  progress = fetch._Progress("entry", 10_000_000, 0, terminal)
+  progress.update(2_500_000)
+  progress.close()
+  assert terminal.text.startswith("\rentry: 2.5/10.0 MB, ") and "MB/s, ETA " in terminal.text
+  assert terminal.text.endswith("\n")
