@@ -338,7 +338,7 @@ def _train(args) -> int:
     else:
       metrics = trainer.train_and_evaluate()
       print(f"final eval: {_summary(metrics)}", flush=True)
-      if getattr(config.task, "test_data", None) is not None:
+      if config.task.test_data is not None:
         # The held-out test split, once, after training: never used to pick anything.
         test = (trainer.finished_rows or {}).get("test")  # A finished run: its own row.
         print(f"final test: {_summary(test or trainer.evaluate_and_report('test'))}",

@@ -62,10 +62,28 @@ class DataConfig:
   prefetch: int = -1  # -1 = AUTOTUNE.
 
 
+SPLITS = ("train", "eval", "test")
+
+
 @dataclasses.dataclass
 class TaskConfig:
-  """Base of every task's config; `name` selects the registered task."""
+  """Base of every task's config; `name` selects the registered task.
+
+  The splits a task may read are declared here, so the generic code (trainer,
+  CLI, exporters, sweeps) reads `config.task.test_data` instead of looking a
+  name up by convention; a task that reads a split declares it again with its
+  own default (a task config without data leaves them None).
+  """
   name: str = ""
+  train_data: Optional[DataConfig] = None
+  eval_data: Optional[DataConfig] = None
+  test_data: Optional[DataConfig] = None  # The held-out split, scored once after training.
+
+  def data(self, split: str) -> Optional[DataConfig]:
+    """The `DataConfig` of `split` ("train", "eval" or "test"), None when not set."""
+    if split not in SPLITS:
+      raise ConfigError(f"Unknown split {split!r}; the splits are {', '.join(SPLITS)}.")
+    return getattr(self, f"{split}_data")
 
 
 @dataclasses.dataclass

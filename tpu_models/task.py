@@ -108,7 +108,7 @@ class Task:
 
   def data_config(self, split: str) -> DataConfig:
     """The `DataConfig` of `split` ("train", "eval", "test"): the task config's `<split>_data`."""
-    data = getattr(self.config, f"{split}_data", None)
+    data = self.config.data(split)
     if not isinstance(data, DataConfig):
       raise ConfigError(f"task.{split}_data is not set (task {self.config.name!r}).")
     return data

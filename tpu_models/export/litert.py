@@ -53,7 +53,7 @@ def calibration_examples(task, functions: Mapping[str, DeployFunction], count: i
 
 
 def _no_calibration(config, why: str) -> str:
-  path = getattr(getattr(config.task, "train_data", None), "path", "") or "its source"
+  path = getattr(config.task.train_data, "path", "") or "its source"
   return (f"--format litert-int8 calibrates on task.train_data ({path}), which cannot be read: "
           f"{why}. Point task.train_data at the training data (--set task.train_data.path=...) "
           f"or export --format litert (float32, no calibration).")

@@ -96,7 +96,7 @@ def export_best(directory: str, format_name: str = "saved_model", *,
 def _score_test(output: str, config, model_dir: str,
                 say: Callable[[str], None]) -> Optional[Dict[str, Any]]:
   """The test split's metrics through the export's runtime (None when there is no test split)."""
-  if getattr(config.task, "test_data", None) is None:
+  if config.task.test_data is None:
     say("The experiment has no task.test_data: the export is not scored on a test split.")
     return None
   from tpu_models.task import Deployable, create_task

@@ -78,7 +78,7 @@ def _vocab(args: argparse.Namespace) -> int:
   if args.source.endswith((".yaml", ".yml")):
     args.config, args.model_dir = args.source, None
     config, _ = cli.load_experiment(args)
-    data_config = getattr(config.task, "train_data", None)
+    data_config = config.task.train_data
     if data_config is None:
       raise ConfigError(f"{args.source}: task {config.task.name!r} has no train_data to learn "
                         f"a vocabulary from.")
