@@ -77,8 +77,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
       time.sleep(server.stall)
       return
     for offset in range(0, len(body), 8192):
-      self.wfile.write(body[offset:offset + 8192])
-      server.bytes_sent += len(body[offset:offset + 8192])
+      chunk = body[offset:offset + 8192]
+      server.bytes_sent += len(chunk)  # Before the write: the client may finish before it returns.
+      self.wfile.write(chunk)
       if server.delay:
         time.sleep(server.delay)
 
@@ -445,3 +446,24 @@ def test_progress_is_a_line_per_tenth_in_a_log_and_bytes_rate_eta_on_a_terminal(
   progress.close()
   assert terminal.text.startswith("\rentry: 2.5/10.0 MB, ") and "MB/s, ETA " in terminal.text
   assert terminal.text.endswith("\n")
+
+
+def test_a_file_already_in_the_hugging_face_cache_is_reused_without_a_request(tmp_path, server):
+  hub = tmp_path / "hf" / "hub" / "models--timm--resnet18.cached"
+  (hub / "blobs").mkdir(parents=True)
+  (hub / "refs").mkdir()
+  (hub / "refs" / "main").write_text("abc123")
+  (hub / "snapshots" / "abc123").mkdir(parents=True)
+  (hub / "blobs" / SHA256).write_bytes(DATA)  # huggingface_hub names an LFS blob by its SHA-256.
+  os.symlink(os.path.join("..", "..", "blobs", SHA256),
+             hub / "snapshots" / "abc123" / "model.safetensors")
+  remote = RemoteFile(url="hf-hub:timm/resnet18.cached/model.safetensors",
+                      name="resnet18.cached.safetensors")
+  env = _env(tmp_path, HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1")
+  path, stats, _ = _fetch(remote, env)
+  assert stats["cached"] and server.requests == [] and open(path, "rb").read() == DATA
+  assert fetch.read_record(path)["verified_against"].startswith("Hugging Face cache")
+  # A blob that is not what its name says is not used (offline: the usual message).
+  (hub / "blobs" / SHA256).write_bytes(DATA[:-1] + b"x")
+  with pytest.raises(fetch.OfflineError):
+    _fetch(dataclasses.replace(remote, name="other.safetensors"), env)

@@ -209,6 +209,51 @@ def _adopt(remote: RemoteFile, path: str, label: str, trust_unverified: bool) ->
                "expected": remote.sha256, "location": path}, f, indent=1)
 
 
+def hf_cache_file(url: str, environ=None) -> Optional[str]:
+  """The `hf-hub:` file in huggingface_hub's cache (HF_HUB_CACHE, else HF_HOME/hub, else
+  ~/.cache/huggingface/hub) at the revision its refs/main names, or None."""
+  environ = os.environ if environ is None else environ
+  owner, repo, file_name = url[len("hf-hub:"):].split("/", 2)
+  hub = environ.get("HF_HUB_CACHE") or os.path.join(
+      os.path.expanduser(environ.get("HF_HOME") or os.path.join("~", ".cache", "huggingface")),
+      "hub")
+  repo_dir = os.path.join(hub, f"models--{owner}--{repo}")
+  try:
+    with open(os.path.join(repo_dir, "refs", "main")) as f:
+      revision = f.read().strip()
+  except OSError:
+    return None
+  candidate = os.path.join(repo_dir, "snapshots", revision, file_name)
+  return candidate if os.path.isfile(candidate) else None
+
+
+def _from_hf_cache(remote: RemoteFile, path: str, label: str, environ) -> Optional[str]:
+  """Reuses a file huggingface_hub (timm) already downloaded: verified against the catalogue's
+  hash, else the SHA-256 its blob is named by (the hub's LFS id), then linked into our cache."""
+  source = hf_cache_file(remote.url, environ)
+  if source is None:
+    return None
+  blob = os.path.basename(os.path.realpath(source))
+  expected = remote.sha256 or (blob if len(blob) == 64 else None)
+  actual = sha256_of(source)
+  if expected is None or not actual.startswith(expected.lower()):
+    return None  # Not verifiable, or not the published file: fetch it instead.
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  part = path + ".part"
+  if os.path.exists(part):
+    os.remove(part)
+  try:
+    os.link(os.path.realpath(source), part)
+  except OSError:
+    shutil.copyfile(source, part)
+  os.replace(part, path)
+  with open(record_path(path), "w") as f:
+    json.dump({"sha256": actual, "size": os.path.getsize(path), "expected": expected,
+               "verified_against": "catalogue" if remote.sha256 else
+               "Hugging Face cache (blob named by its SHA-256)", "location": source}, f, indent=1)
+  return path
+
+
 def weights_path(remote: RemoteFile, path: str) -> str:
   """What an importer reads: the downloaded file, or the TF checkpoint directory inside the
   archive it is (extracted once, next to it; no absolute paths or escaping links)."""
@@ -370,6 +415,11 @@ def fetch_file(remote: RemoteFile, *, label: str, environ=None, timeout: Optiona
         _adopt(remote, path, label, trust_unverified)
     stats["cached"] = True
     return path
+  if remote.url.startswith("hf-hub:"):
+    found = _from_hf_cache(remote, path, label, environ)
+    if found:
+      stats["cached"] = True
+      return found
   is_offline = offline(environ) or (remote.url.startswith("hf-hub:") and
                                     environ.get("HF_HUB_OFFLINE", "") not in ("", "0"))
   if is_offline:
