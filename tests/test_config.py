@@ -1,5 +1,11 @@
 """Configs: YAML round trip, overrides, and errors that name the key."""
 
+import dataclasses
+import inspect
+import re
+import typing
+from typing import Annotated
+
 import pytest
 import yaml
 
@@ -101,21 +107,23 @@ def test_largest_int64_and_zero_non_sizes_are_accepted():
   assert config.trainer.train_steps == 2 ** 63 - 1
 
 
-def test_bounds_declared_with_a_setting_replace_the_size_rule():
+def test_bounds_declared_with_a_setting_are_the_only_ranges():
   """`Annotated[float, Bounds(...)]` on a dataclass field or a builder argument: its range is
-  checked and named, and a size-like name whose 0 means "none" (min_size) may be 0."""
+  checked and named; a size says so (`SIZE`), a size whose 0 means "none" (min_size) may be
+  0, and a name alone bounds nothing."""
   import dataclasses
   from typing import Annotated
-  from tpu_models.config import Bounds
+  from tpu_models.config import SIZE, Bounds
 
   @dataclasses.dataclass
   class Settings:
     threshold: Annotated[float, Bounds(0, 1, low_open=True, high_open=True)] = 0.5
     min_size: Annotated[float, Bounds(low=0)] = 0.0
-    max_size: float = 1.0  # No declared bound: the size rule.
+    max_size: Annotated[float, SIZE] = 1.0
+    pad_size: float = 1.0  # Named like a size, declared without a range: none is guessed.
 
-  assert config_lib.from_dict(Settings, {"min_size": 0, "threshold": 0.25}, "s") == Settings(
-      threshold=0.25, min_size=0.0)
+  assert config_lib.from_dict(Settings, {"min_size": 0, "threshold": 0.25, "pad_size": 0},
+                              "s") == Settings(threshold=0.25, min_size=0.0, pad_size=0.0)
   for data, message in [({"threshold": 1}, "'s.threshold' must be in (0, 1); got 1.0."),
                         ({"threshold": 0}, "'s.threshold' must be in (0, 1); got 0.0."),
                         ({"min_size": -1}, "'s.min_size' must be >= 0; got -1.0."),
@@ -139,3 +147,52 @@ def test_base_cycles_and_lists_are_one_line_errors(tmp_path):
   (tmp_path / "missing.yaml").write_text("base: nowhere.yaml\n")
   with pytest.raises(FileNotFoundError, match=r"nowhere.yaml' \(the base of .*missing.yaml\)"):
     config_lib.load_config(str(tmp_path / "missing.yaml"))
+
+
+SIZE_NAMES = re.compile(r"^(size|width|depth|channels|num_\w+|\w+_(size|width|depth|channels|"
+                        r"heads|layers))$")
+# The core's own lower bounds (config._AT_LEAST, beside its dataclasses) declare these.
+NOT_SIZES = {name for _, name in config_lib._AT_LEAST}  # pylint: disable=protected-access
+
+
+def _numeric_unbounded(hints, name, default):
+  """Whether setting `name` is a number (or an optional one) with no declared Bounds."""
+  tp = hints.get(name, type(default) if default not in (None, inspect.Parameter.empty) else None)
+  if typing.get_origin(tp) is Annotated:
+    return False
+  numbers = {int, float}
+  return tp in numbers or bool(set(typing.get_args(tp)) & numbers)
+
+
+def test_every_registered_setting_named_as_a_size_declares_its_range():
+  """Ranges are declared with the setting (the config no longer guesses from a name): every
+  model argument and task config field named like a size says its range (`SIZE` for > 0)."""
+  from tpu_models import registry
+  missing, seen = [], set()
+
+  def fields_of(cls, where):
+    if cls in seen:
+      return
+    seen.add(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
+    for field in dataclasses.fields(cls):
+      if (SIZE_NAMES.match(field.name) and field.name not in NOT_SIZES
+          and _numeric_unbounded(hints, field.name, field.default)):
+        missing.append(f"{where}.{field.name}")
+      for arg in (hints[field.name],) + typing.get_args(hints[field.name]):
+        if dataclasses.is_dataclass(arg):
+          fields_of(arg, f"{where}.{field.name}")
+
+  for name in registry.list_models():
+    builder = registry.MODELS.get(name)
+    hints = typing.get_type_hints(builder, include_extras=True)
+    for parameter in inspect.signature(builder).parameters.values():
+      if (SIZE_NAMES.match(parameter.name) and parameter.name not in NOT_SIZES
+          and _numeric_unbounded(hints, parameter.name, parameter.default)):
+        missing.append(f"model {name}: {parameter.name}")
+  for name in registry.list_tasks():
+    fields_of(registry.TASKS.get(name).config_class, f"task {name}")
+  fields_of(config_lib.ExperimentConfig, "experiment")
+  assert not missing, ("Settings named as sizes without a declared range "
+                       "(Annotated[int, SIZE], or Bounds(...)): " + ", ".join(missing))
+

@@ -12,13 +12,14 @@ import os
 import signal
 import sys
 import time
+from typing import Annotated
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from tpu_models import config as config_lib
-from tpu_models.config import TaskConfig
+from tpu_models.config import SIZE, TaskConfig
 from tpu_models.data import pipeline
 from tpu_models.registry import register_model, register_task
 from tpu_models.task import HIGHER, NO_DIRECTION, Task, weighted_mean
@@ -28,7 +29,7 @@ NUM_CLASSES = 4
 
 
 @register_model("toy_mlp", overwrite=True)
-def toy_mlp(hidden: int = 32, num_classes: int = NUM_CLASSES,
+def toy_mlp(hidden: int = 32, num_classes: Annotated[int, SIZE] = NUM_CLASSES,
             hidden_name: str = "hidden") -> keras.Model:
   inputs = keras.Input((NUM_FEATURES,), name="x")
   h = keras.layers.Dense(hidden, activation="relu", name=hidden_name)(inputs)
@@ -45,7 +46,7 @@ class _KeepPositiveRows(keras.layers.Layer):
 
 
 @register_model("toy_dynamic", overwrite=True)
-def toy_dynamic(hidden: int = 32, num_classes: int = NUM_CLASSES) -> keras.Model:
+def toy_dynamic(hidden: int = 32, num_classes: Annotated[int, SIZE] = NUM_CLASSES) -> keras.Model:
   """Like toy_mlp, but with a data-dependent shape inside: not TPU-ready."""
   inputs = keras.Input((NUM_FEATURES,), name="x")
   h = keras.layers.Dense(hidden, activation="relu", name="hidden")(inputs)

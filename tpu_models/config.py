@@ -382,19 +382,16 @@ def _model_from_dict(data: Any, path: str) -> ModelConfig:
   return ModelConfig(name=name, params=params)
 
 
-def _convert(tp, value, path: str, size_rule: bool = True):
-  """Checks `value` against type annotation `tp`, converting where lossless.
-
-  `size_rule`: whether a number named like a size must be > 0 (off where the setting
-  declares its own `Bounds`).
-  """
+def _convert(tp, value, path: str):
+  """Checks `value` against type annotation `tp`, converting where lossless; the `Bounds` of
+  an `Annotated[...]` type are checked on the converted number."""
   origin = typing.get_origin(tp)
   args = typing.get_args(tp)
   if tp is Any:
     return value
   if origin is typing.Annotated:
     bounds = [extra for extra in args[1:] if isinstance(extra, Bounds)]
-    converted = _convert(args[0], value, path, size_rule=size_rule and not bounds)
+    converted = _convert(args[0], value, path)
     for bound in bounds:
       if isinstance(converted, (int, float)) and not isinstance(converted, bool):
         bound.check(converted, path)
@@ -407,7 +404,7 @@ def _convert(tp, value, path: str, size_rule: bool = True):
       if arg is type(None):
         continue
       try:
-        return _convert(arg, value, path, size_rule)
+        return _convert(arg, value, path)
       except ConfigError as e:
         errors.append(str(e))
     raise ConfigError(errors[0] if len(errors) == 1 else
@@ -429,19 +426,19 @@ def _convert(tp, value, path: str, size_rule: bool = True):
       return value
   elif tp is int:
     if isinstance(value, int) and not isinstance(value, bool):
-      return _checked_number(value, path, size_rule)
+      return _checked_number(value, path)
     if isinstance(value, float) and value.is_integer():
-      return _checked_number(int(value), path, size_rule)
+      return _checked_number(int(value), path)
   elif tp is float:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-      return _checked_number(float(value), path, size_rule)
+      return _checked_number(float(value), path)
     if isinstance(value, str):
       try:  # YAML 1.1 reads "1e-4" as a string.
         number = float(value)
       except ValueError:
         pass
       else:
-        return _checked_number(number, path, size_rule)
+        return _checked_number(number, path)
   elif tp is str:
     if isinstance(value, str):
       return value
@@ -462,13 +459,16 @@ class Bounds:
       rpn_min_size: Annotated[float, Bounds(low=0)] = 0.0   # a builder argument
 
   (a dataclass field of a config or a model builder's argument). Checked when the
-  config is loaded, naming the key and the range; it replaces the size-name rule of
-  `_checked_number` for that setting (so a size whose 0 means "no minimum" says so).
+  config is loaded, naming the key and the range. A number without one is checked
+  only for being finite and fitting int64: a size says so with `SIZE`
+  (`Annotated[int, SIZE]`), a size whose 0 means "no minimum" with `Bounds(low=0)`.
+  `kind` names what the setting is in the error ("a size").
   """
   low: Optional[float] = None
   high: Optional[float] = None
   low_open: bool = False
   high_open: bool = False
+  kind: str = ""
 
   def describe(self) -> str:
     if self.low is not None and self.high is not None:
@@ -483,32 +483,26 @@ class Bounds:
     above = self.high is not None and (value >= self.high if self.high_open else
                                        value > self.high)
     if below or above:
-      raise ConfigError(f"{_where(path)} must be {self.describe()}; got {value!r}.")
+      what = f"is {self.kind} and " if self.kind else ""
+      raise ConfigError(f"{_where(path)} {what}must be {self.describe()}; got {value!r}.")
+
+
+# A size, a count, a width (a model's width, an input size, num_classes): a 0 or negative
+# one is never meant and would fail deep inside a layer. Declared with the setting:
+#   num_classes: Annotated[int, SIZE] = 1000
+SIZE = Bounds(low=0, low_open=True, kind="a size")
 
 
 _INT64 = (-2 ** 63, 2 ** 63 - 1)
-# Numbers named like sizes (a model's width, a task's input size, num_classes) must be > 0,
-# wherever they are: a 0 or negative size is never meant and fails deep inside a layer.
-_SIZE_NAMES = ("size", "width", "depth", "channels")
-_SIZE_SUFFIXES = tuple("_" + name for name in _SIZE_NAMES) + ("_heads", "_layers")
 
 
-def _is_size(key: str) -> bool:
-  return key in _SIZE_NAMES or key.endswith(_SIZE_SUFFIXES) or key.startswith("num_")
-
-
-def _checked_number(value, path: str, size_rule: bool = True):
-  """`value` if it is finite, fits in int64 (integers) and is > 0 when named as a size
-  (`size_rule`; off for a setting that declares its `Bounds`)."""
+def _checked_number(value, path: str):
+  """`value` if it is finite and (an integer) fits in int64; ranges are declared (`Bounds`)."""
   if isinstance(value, float) and not math.isfinite(value):
     raise ConfigError(f"{_where(path)} must be a finite number; got {value!r}.")
   if isinstance(value, int) and not _INT64[0] <= value <= _INT64[1]:
     raise ConfigError(f"{_where(path)} must fit in a 64-bit integer ({_INT64[0]} to "
                       f"{_INT64[1]}); got {value}.")
-  key = path.rsplit(".", 1)[-1]
-  bounded = key in {name for _, name in _AT_LEAST}  # Its own bound says more (_check_choices).
-  if size_rule and _is_size(key) and not bounded and value <= 0:
-    raise ConfigError(f"{_where(path)} is a size and must be > 0; got {value!r}.")
   return value
 
 

@@ -10,11 +10,12 @@ tpu_models/layers/.
 
 import dataclasses
 import math
-from typing import Any, Dict, List, Optional
+from typing import Annotated, Any, Dict, List, Optional
 
 import keras
 import tensorflow as tf
 
+from tpu_models.config import SIZE
 from tpu_models.layers import attention
 from tpu_models.layers.attention import LayerCache
 from tpu_models.layers.base import CastingLayer, read_as
@@ -123,10 +124,10 @@ class TransformerConfig:
     max_length: longest sequence the model decodes (`translate`'s and
       `generate`'s cap: prompt + generated tokens).
   """
-  vocab_size: int
-  hidden_size: int = 512
-  num_heads: int = 8
-  filter_size: int = 2048
+  vocab_size: Annotated[int, SIZE]
+  hidden_size: Annotated[int, SIZE] = 512
+  num_heads: Annotated[int, SIZE] = 8
+  filter_size: Annotated[int, SIZE] = 2048
   dropout: float = 0.1
   attention_dropout: float = 0.1
   activation_dropout: float = 0.1

@@ -68,8 +68,9 @@ inside `tf.function(jit_compile=True)` (eval steps, serving signatures).
 
 import dataclasses
 import inspect
-from typing import Dict
+from typing import Annotated, Dict
 
+from tpu_models.config import SIZE
 from tpu_models.builders import preset
 from tpu_models.registry import register_model
 from tpu_models.text.causal_lm import TransformerLM
@@ -90,8 +91,8 @@ def _builder(model_class, name: str, depths: Dict[str, int], doc: str):
   """
   keyword = inspect.Parameter.KEYWORD_ONLY
   fields = {f.name: f for f in dataclasses.fields(TransformerConfig)}
-  parameters = [inspect.Parameter("vocab_size", keyword, annotation=int)]
-  parameters += [inspect.Parameter(k, keyword, default=v, annotation=int)
+  parameters = [inspect.Parameter("vocab_size", keyword, annotation=Annotated[int, SIZE])]
+  parameters += [inspect.Parameter(k, keyword, default=v, annotation=Annotated[int, SIZE])
                  for k, v in depths.items()]
   parameters += [inspect.Parameter(f.name, keyword, default=f.default, annotation=f.type)
                  for f in fields.values() if f.name != "vocab_size"]

@@ -47,13 +47,13 @@ sacreBLEU as evaluation.
 
 import dataclasses
 import sys
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Annotated, Any, Dict, List, Optional, Sequence
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tpu_models.config import DataConfig, ModelConfig, TaskConfig
+from tpu_models.config import SIZE, DataConfig, ModelConfig, TaskConfig
 from tpu_models.data import pipeline
 from tpu_models.text import inputs as text_lib
 from tpu_models.errors import ConfigError
@@ -89,7 +89,7 @@ class TranslationConfig(TaskConfig):
   oversample_sentences: float = 0.0
   sentences_split: str = "train_sentences"
   eval_bleu: bool = True  # Beam search + BLEU/chrF in every evaluation.
-  beam_size: int = 4  # 1 = greedy.
+  beam_size: Annotated[int, SIZE] = 4  # 1 = greedy.
   alpha: float = 0.6  # GNMT length penalty.
   # Decoded tokens; 0 = the eval input length + 50 (the paper's and Model Garden's
   # extra decode length), capped at the model's max_length.

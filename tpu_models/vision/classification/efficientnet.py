@@ -61,10 +61,11 @@ symmetrically either way; the option adds no variables.
 
 import functools
 import math
-from typing import Dict, List, NamedTuple, Optional
+from typing import Annotated, Dict, List, NamedTuple, Optional
 
 import keras
 
+from tpu_models.config import SIZE
 from tpu_models.builders import preset
 from tpu_models.errors import ConfigError
 from tpu_models.registry import register_model
@@ -214,7 +215,7 @@ def efficientnet(*,
                  depth_coefficient: float = 1.0,
                  dropout_rate: float = 0.2,
                  drop_connect_rate: float = 0.2,
-                 num_classes: int = 1000,
+                 num_classes: Annotated[int, SIZE] = 1000,
                  include_top: bool = True,
                  input_shape: Optional[List[int]] = None,
                  stem: str = "imagenet",

@@ -26,11 +26,12 @@ Stems:
                    feeds the TPU matrix unit 12 input channels instead of 3.
 """
 
-from typing import Dict, List, Optional
+from typing import Annotated, Dict, List, Optional
 
 import keras
 import numpy as np
 
+from tpu_models.config import SIZE
 from tpu_models.vision.layers import BatchNormFactory, EigenConv2D, PointwiseConv2D, SpaceToDepth
 from tpu_models.builders import preset
 from tpu_models.registry import register_model
@@ -188,8 +189,8 @@ def space_to_depth_stem_kernel(kernel_7x7) -> np.ndarray:
 
 @register_model("resnet")
 def resnet(*,
-           depth: int = 50,
-           num_classes: int = 1000,
+           depth: Annotated[int, SIZE] = 50,
+           num_classes: Annotated[int, SIZE] = 1000,
            include_top: bool = True,
            input_shape: Optional[List[int]] = None,
            stem: str = "imagenet",
@@ -199,10 +200,10 @@ def resnet(*,
            fused_bn: bool = True,
            pointwise_matmul: Optional[bool] = None,
            dropout_rate: float = 0.0,
-           width: int = 64,
+           width: Annotated[int, SIZE] = 64,
            project_first_shortcut: bool = False,
            padding: str = "same",
-           stem_width: Optional[int] = None,
+           stem_width: Annotated[Optional[int], SIZE] = None,
            stage_widths: Optional[List[int]] = None,
            name: Optional[str] = None) -> keras.Model:
   """Builds a ResNet v1.5 of the given depth.

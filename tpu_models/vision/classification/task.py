@@ -16,13 +16,13 @@ or synthetic data for throughput runs. Three augmentations:
 
 import dataclasses
 import inspect
-from typing import Dict, List, Optional
+from typing import Annotated, Dict, List, Optional
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tpu_models.config import DataConfig, ModelConfig, TaskConfig
+from tpu_models.config import SIZE, DataConfig, ModelConfig, TaskConfig
 from tpu_models.vision.classification import example as example_lib
 from tpu_models.vision import image as image_lib
 from tpu_models.data import pipeline
@@ -42,8 +42,8 @@ class ClassificationConfig(TaskConfig):
       default_factory=lambda: DataConfig(split="validation", shuffle_buffer=0))
   # Evaluated once after training (`tpu-models train`), never for model selection.
   test_data: Optional[DataConfig] = None
-  image_size: int = 224
-  channels: int = 3  # 1 or 3; a 1-channel source (Fashion-MNIST) is repeated to 3 for RGB.
+  image_size: Annotated[int, SIZE] = 224
+  channels: Annotated[int, SIZE] = 3  # 1 or 3; a 1-channel source (Fashion-MNIST) is repeated to 3 for RGB.
   augment: str = "inception_crop"  # inception_crop | randaugment | pad_crop_flip | none
   # augment randaugment: N operations per training image, of magnitude M (0-30; 10 = the
   # paper's strongest; vision/image/augment.py:randaugment). Defaults: the paper's ImageNet N 2, M 9.

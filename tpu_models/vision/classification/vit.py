@@ -44,11 +44,12 @@ float32.
 """
 
 import math
-from typing import List, Optional, Sequence
+from typing import Annotated, List, Optional, Sequence
 
 import keras
 import tensorflow as tf
 
+from tpu_models.config import SIZE
 from tpu_models.builders import preset
 from tpu_models.errors import ConfigError
 from tpu_models.registry import register_model
@@ -157,12 +158,12 @@ class PatchTokens(keras.layers.Layer):
 
 @register_model("vit")
 def vit(*,
-        patch_size: int = 16,
-        hidden_size: int = 768,
-        num_layers: int = 12,
-        num_heads: int = 12,
+        patch_size: Annotated[int, SIZE] = 16,
+        hidden_size: Annotated[int, SIZE] = 768,
+        num_layers: Annotated[int, SIZE] = 12,
+        num_heads: Annotated[int, SIZE] = 12,
         mlp_dim: int = 3072,
-        num_classes: int = 1000,
+        num_classes: Annotated[int, SIZE] = 1000,
         include_top: bool = True,
         input_shape: Optional[List[int]] = None,
         pooling: str = "token",

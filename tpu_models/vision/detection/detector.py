@@ -19,13 +19,13 @@ of it is a flag the task tests: a detector without masks returns none.
 """
 
 import dataclasses
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Annotated, Any, Dict, List, Mapping, Optional
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tpu_models.config import DataConfig, ModelConfig, TaskConfig
+from tpu_models.config import SIZE, DataConfig, ModelConfig, TaskConfig
 from tpu_models.task import LossResult
 from tpu_models.vision import image as image_lib
 
@@ -47,7 +47,7 @@ class DetectionConfig(TaskConfig):
   test_data: Optional[DataConfig] = None
   # The square model input side; None = the model's image_size. Set here, it
   # is passed to the model builder (a model config that says otherwise is an error).
-  image_size: Optional[int] = None
+  image_size: Annotated[Optional[int], SIZE] = None
   max_instances: int = 100  # Ground-truth boxes kept per image (more: dropped, with a warning).
   # Training augmentation: the longer side is resized to image_size * U(scale_range),
   # a random window kept where larger, then a left-right flip.

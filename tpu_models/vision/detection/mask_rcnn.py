@@ -74,7 +74,7 @@ import numpy as np
 import tensorflow as tf
 
 from tpu_models.builders import preset
-from tpu_models.config import Bounds, ModelConfig
+from tpu_models.config import SIZE, Bounds, ModelConfig
 from tpu_models.errors import ConfigError
 from tpu_models.registry import register_model
 from tpu_models.task import HIGHER, LOWER, LossResult
@@ -297,31 +297,31 @@ class MaskRCNN(keras.Model):
 
 @register_model("maskrcnn")
 def maskrcnn(*,
-             backbone_depth: int = 50,
-             num_classes: int = 80,
-             image_size: Union[int, List[int]] = 1024,
+             backbone_depth: Annotated[int, SIZE] = 50,
+             num_classes: Annotated[int, SIZE] = 80,
+             image_size: Annotated[Union[int, List[int]], SIZE] = 1024,
              max_level: int = 6,
-             num_scales: int = 1,
+             num_scales: Annotated[int, SIZE] = 1,
              aspect_ratios: List[float] = (0.5, 1.0, 2.0),
-             anchor_size: float = 8.0,
+             anchor_size: Annotated[float, SIZE] = 8.0,
              anchor_convention: str = "model_garden",
-             fpn_channels: int = 256,
+             fpn_channels: Annotated[int, SIZE] = 256,
              coarser_levels: str = "conv",
-             rpn_channels: Optional[int] = None,
+             rpn_channels: Annotated[Optional[int], SIZE] = None,
              rpn_pre_nms_top_k: int = 2000,
              rpn_nms_iou: float = 0.7,
              train_proposals: int = 1000,
              eval_proposals: int = 1000,
-             num_sampled_rois: int = 512,
+             num_sampled_rois: Annotated[int, SIZE] = 512,
              roi_positive_fraction: float = 0.25,
              roi_positive_iou: float = 0.5,
-             num_mask_rois: Optional[int] = None,
+             num_mask_rois: Annotated[Optional[int], SIZE] = None,
              roi_sampling_ratio: int = 2,
-             box_roi_size: int = 7,
+             box_roi_size: Annotated[int, SIZE] = 7,
              box_head_dims: int = 1024,
-             mask_roi_size: int = 14,
+             mask_roi_size: Annotated[int, SIZE] = 14,
              mask_head_convs: int = 4,
-             mask_head_channels: int = 256,
+             mask_head_channels: Annotated[int, SIZE] = 256,
              class_agnostic_masks: bool = False,
              detection_pre_nms_top_k: int = 1000,
              detection_score_threshold: float = 0.05,
@@ -332,7 +332,7 @@ def maskrcnn(*,
              bn_epsilon: float = 1e-3,
              fused_bn: bool = True,
              backbone_stem: str = "imagenet",
-             backbone_width: int = 64,
+             backbone_width: Annotated[int, SIZE] = 64,
              backbone_stage_widths: Optional[List[int]] = None,
              backbone_padding: str = "same",
              backbone_bn_epsilon: Optional[float] = None,
@@ -558,13 +558,13 @@ class MaskRCNNConfig(DetectionConfig):
   matched_threshold: float = 0.7
   unmatched_threshold: float = 0.3
   # Anchors drawn per image for the RPN loss, and their largest positive share.
-  rpn_batch_size: int = 256
+  rpn_batch_size: Annotated[int, SIZE] = 256
   rpn_positive_fraction: float = 0.5
   rpn_huber_delta: float = 1.0 / 9.0
   roi_huber_delta: float = 1.0
   # Side of the ground-truth mask crops of the input pipeline (the mask targets are
   # resampled from them into each RoI at the model's mask size).
-  mask_crop_size: int = 56
+  mask_crop_size: Annotated[int, SIZE] = 56
   rpn_class_weight: float = 1.0
   rpn_box_weight: float = 1.0
   roi_class_weight: float = 1.0

@@ -46,11 +46,12 @@ Variable paths (stable; checkpoints and warm starts restore by path):
 import dataclasses
 import inspect
 import math
-from typing import Any, Dict, List, Optional, Union
+from typing import Annotated, Any, Dict, List, Optional, Union
 
 import keras
 import tensorflow as tf
 
+from tpu_models.config import SIZE
 from tpu_models.errors import ConfigError
 from tpu_models.vision.classification import resnet as resnet_lib
 from tpu_models.vision.layers import EigenConv2D
@@ -77,17 +78,17 @@ def _head_conv(filters: int, name: str, bias: float = 0.0) -> keras.layers.Conv2
 
 @register_model("retinanet")
 def retinanet(*,
-              backbone_depth: int = 50,
-              num_classes: int = 80,
-              image_size: Union[int, List[int]] = 640,
+              backbone_depth: Annotated[int, SIZE] = 50,
+              num_classes: Annotated[int, SIZE] = 80,
+              image_size: Annotated[Union[int, List[int]], SIZE] = 640,
               min_level: int = 3,
               max_level: int = 7,
-              num_scales: int = 3,
+              num_scales: Annotated[int, SIZE] = 3,
               aspect_ratios: List[float] = anchor_ops.DEFAULT_ASPECT_RATIOS,
-              anchor_size: float = 4.0,
+              anchor_size: Annotated[float, SIZE] = 4.0,
               anchor_convention: str = "model_garden",
-              fpn_channels: int = 256,
-              head_channels: Optional[int] = None,
+              fpn_channels: Annotated[int, SIZE] = 256,
+              head_channels: Annotated[Optional[int], SIZE] = None,
               head_convs: int = 4,
               p67_input: str = "p5",
               p67_padding: str = "same",
@@ -97,7 +98,7 @@ def retinanet(*,
               bn_epsilon: float = 1e-3,
               fused_bn: bool = True,
               backbone_stem: str = "imagenet",
-              backbone_width: int = 64,
+              backbone_width: Annotated[int, SIZE] = 64,
               backbone_stage_widths: Optional[List[int]] = None,
               backbone_padding: str = "same",
               backbone_bn_epsilon: Optional[float] = None,
