@@ -315,6 +315,7 @@ def from_dict(cls, data: Any, path: str = ""):
     cls = _task_config_class(data, path)
   hints = typing.get_type_hints(cls, include_extras=True)  # Annotated: Bounds.
   valid = [f.name for f in dataclasses.fields(cls)]
+  _refuse_retired_keys(cls, data, path)
   kwargs = {}
   for key, value in data.items():
     if key not in valid:
@@ -580,6 +581,24 @@ def _join(path: str, key: str) -> str:
 
 def _where(path: str) -> str:
   return f"Config key '{path}'" if path else "The config"
+
+
+def _refuse_retired_keys(cls, data: dict, path: str) -> None:
+  """One line naming every key `cls` retired that `data` still holds, and what to do.
+
+  A config class lists keys it once had (a config.yaml written by an older version holds
+  them all, defaults included) as `RETIRED_KEYS = {key: advice}`; naming them all at once
+  spares the user one failed run per key.
+  """
+  retired = getattr(cls, "RETIRED_KEYS", {})
+  found = [key for key in data if key in retired]
+  if not found:
+    return
+  advice = sorted({retired[key] for key in found})
+  raise ConfigError(
+      f"Unknown config key(s) {', '.join(repr(_join(path, key)) for key in found)}: "
+      f"{cls.__name__} has none of them (a config.yaml of an older run may still hold them: "
+      f"delete them there too). {' '.join(advice)}")
 
 
 def _unknown_key_message(key: str, path: str, valid: Iterable[str], what: str = "") -> str:

@@ -294,9 +294,13 @@ def test_the_whole_train_and_eval_steps_compile_with_xla(data_dir):
   assert report.compiled == ["train", "eval"]
 
 
-@pytest.mark.parametrize("key, value", [("score_threshold", 0.9), ("max_detections", 7),
-                                        ("focal_alpha", 0.5), ("nms_iou_threshold", 0.6)])
-def test_retinanet_only_keys_are_unknown_keys_of_the_mask_rcnn_recipe(key, value, capsys):
+@pytest.mark.parametrize("key, value, where_now", [
+    ("score_threshold", 0.9, "task.model.detection_score_threshold"),
+    ("max_detections", 7, "task.model.max_detections"),
+    ("focal_alpha", 0.5, "task.mask_weight"),
+    ("nms_iou_threshold", 0.6, "task.model.detection_nms_iou")])
+def test_retinanet_only_keys_are_unknown_keys_of_the_mask_rcnn_recipe(key, value, where_now,
+                                                                      capsys):
   """Each detector's config holds only its own keys: a RetinaNet post-processing or loss
   key on a Mask R-CNN run is refused in one line (it was accepted and ignored), and the
   detections cap has one home, task.model.max_detections."""
@@ -306,8 +310,8 @@ def test_retinanet_only_keys_are_unknown_keys_of_the_mask_rcnn_recipe(key, value
   assert cli.main(["check", recipe, "--set", f"task.{key}={value}"]) == 2
   error = capsys.readouterr().err.strip()
   assert error.count("\n") == 0, error
-  assert error.startswith(f"tpu-models check: error: Unknown config key 'task.{key}'."), error
-  assert "Valid keys under 'task'" in error and "mask_threshold" in error
+  assert error.startswith(f"tpu-models check: error: Unknown config key(s) 'task.{key}':"), error
+  assert "MaskRCNNConfig has none of them" in error and where_now in error, error
   # The same key is RetinaNet's own and accepted there.
   retinanet = config_lib.load_config(
       os.path.join(REPO, "official", "retinanet", "pasted_objects_retinanet.yaml"),
@@ -316,3 +320,29 @@ def test_retinanet_only_keys_are_unknown_keys_of_the_mask_rcnn_recipe(key, value
   config = config_lib.load_config(recipe)
   assert create_task(config.task).detector.max_detections == config.task.model.params[
       "max_detections"] == 50
+
+
+def test_a_config_yaml_of_an_older_mask_rcnn_run_names_every_retired_key_in_one_line(tmp_path):
+  """A model_dir written when RetinaNet's keys were shared holds them all (defaults
+  included): loading it names every one at once, with where the setting lives now."""
+  import yaml
+
+  recipe = os.path.join(REPO, "official", "maskrcnn", "pasted_objects_maskrcnn.yaml")
+  written = config_lib.to_dict(config_lib.load_config(recipe))
+  older = {"score_threshold": 0.05, "nms_iou_threshold": 0.5, "max_detections": 100,
+           "focal_alpha": 0.25, "pre_nms_top_k": 1000, "clip_boxes": True}
+  written["task"].update(older)
+  path = tmp_path / "config.yaml"
+  path.write_text(yaml.safe_dump(written))
+  with pytest.raises(config_lib.ConfigError) as raised:
+    config_lib.load_config(str(path))
+  message = str(raised.value)
+  assert "\n" not in message
+  for key in older:
+    assert f"'task.{key}'" in message, message
+  assert "task.model.max_detections" in message and "task.mask_weight" in message
+  # Deleting them, as the line says, loads the run's config again.
+  for key in older:
+    del written["task"][key]
+  path.write_text(yaml.safe_dump(written))
+  assert config_lib.load_config(str(path)).task.name == "maskrcnn"

@@ -67,7 +67,7 @@ roi_aligned False and roi_sampling_ratio 1 (model_garden.py maps its config).
 
 import dataclasses
 import inspect
-from typing import Annotated, Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Annotated, Any, ClassVar, Dict, List, Mapping, Optional, Tuple, Union
 
 import keras
 import numpy as np
@@ -551,6 +551,20 @@ class MaskRCNNConfig(DetectionConfig):
         model: {name: maskrcnn, backbone_depth: 18, num_classes: 10, image_size: 256}
         train_data: {path: "data/pasted_objects/train-*", global_batch_size: 8}
   """
+  # RetinaNet's keys that an earlier shared detection config gave Mask R-CNN too, where they
+  # were accepted and never applied; a config.yaml of such a run still holds them.
+  RETIRED_KEYS: ClassVar[Dict[str, str]] = {
+      **dict.fromkeys(
+          ("focal_alpha", "focal_gamma", "huber_delta", "box_loss_weight"),
+          "They were RetinaNet's loss keys; Mask R-CNN's losses are weighted by "
+          "task.rpn_*_weight, task.roi_*_weight and task.mask_weight."),
+      **dict.fromkeys(
+          ("score_threshold", "nms_iou_threshold", "max_detections", "nms_class_agnostic",
+           "pre_nms_top_k", "pre_nms_top_k_per_level", "clip_boxes", "clip_to_content"),
+          "They were RetinaNet's post-processing keys and never applied to Mask R-CNN, whose "
+          "detection settings are task.model.* (task.model.detection_score_threshold, "
+          "task.model.detection_nms_iou, task.model.max_detections)."),
+  }
   name: str = "maskrcnn"
   model: ModelConfig = dataclasses.field(
       default_factory=lambda: ModelConfig("maskrcnn_resnet50_fpn"))
