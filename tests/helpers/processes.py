@@ -25,8 +25,10 @@ def wait_for(predicate: Callable[[], object], timeout: float,
 
 
 def kill_processes_naming(text: str) -> None:
-  """SIGKILLs every process (but this one) whose command line names `text` or whose
-  environment has RAY_TMPDIR=`text`: what a local Ray started under that folder leaves."""
+  """SIGKILLs every process (but this one) whose command line names `text`, whose environment
+  has RAY_TMPDIR=`text`, or which holds a file under `text` open: what a local Ray started
+  under that folder leaves (its agents retitle themselves over their command line and
+  environment, and keep their logs there)."""
   for pid in os.listdir("/proc"):
     if not pid.isdigit() or int(pid) == os.getpid():
       continue
@@ -35,9 +37,13 @@ def kill_processes_naming(text: str) -> None:
         cmdline = f.read()
       with open(f"/proc/{pid}/environ", "rb") as f:
         environ = f.read()
+      named = text.encode() in cmdline or f"RAY_TMPDIR={text}".encode() in environ
+      if not named:
+        named = any(os.readlink(f"/proc/{pid}/fd/{fd}").startswith(text + os.sep)
+                    for fd in os.listdir(f"/proc/{pid}/fd"))
     except OSError:
       continue
-    if text.encode() in cmdline or f"RAY_TMPDIR={text}".encode() in environ:
+    if named:
       try:
         os.kill(int(pid), signal.SIGKILL)
       except OSError:

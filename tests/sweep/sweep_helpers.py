@@ -14,6 +14,8 @@ import sys
 import tempfile
 import time
 
+import psutil
+
 from helpers.processes import kill_processes_naming
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -31,6 +33,41 @@ def ray_sandbox():
   finally:
     kill_processes_naming(folder)
     shutil.rmtree(folder, ignore_errors=True)
+
+
+def sandbox_processes(ray_tmp: str) -> list:
+  """The live processes started under this sandbox: RAY_TMPDIR=`ray_tmp` in their environment
+  (the driver, the trials), or `ray_tmp` on their command line or in a file they hold open
+  (Ray's agents retitle themselves over their command line and environment, and keep their
+  logs under it); not zombies, which only wait for their parent to read them."""
+  found = []
+  for process in psutil.process_iter(["pid"]):
+    try:
+      with open(f"/proc/{process.pid}/environ", "rb") as f:
+        environ = f.read()
+      with open(f"/proc/{process.pid}/cmdline", "rb") as f:
+        cmdline = f.read()
+      if process.status() == psutil.STATUS_ZOMBIE:
+        continue
+      if (f"RAY_TMPDIR={ray_tmp}".encode() in environ or ray_tmp.encode() in cmdline
+          or any(f.path.startswith(ray_tmp + os.sep) for f in process.open_files())):
+        found.append(process)
+    except (OSError, psutil.Error):
+      pass
+  return found
+
+
+def two_trials_one_at_a_time(directory: str, step_seconds: float) -> list:
+  """`tpu-models sweep` arguments of the toy sweep into `directory`: 2 trials (hidden 4 and 8)
+  one after the other, each training step taking `step_seconds` (task.batch_delay_seconds)."""
+  return [TOY_SWEEP, "--set", f"sweep.directory={directory}", "--set", "sweep.trials=2",
+          "--set", "sweep.concurrency=1", "--set", "sweep.space.task.model.hidden={grid: [4, 8]}",
+          "--set", f"task.batch_delay_seconds={step_seconds}"]
+
+
+def a_trial_runs(directory: str) -> bool:
+  """Whether a trial of the sweep in `directory` records itself as running."""
+  return any(r.get("state") == "running" for r in trial_records(directory).values())
 
 
 def sweep_env(ray_tmp: str) -> dict:

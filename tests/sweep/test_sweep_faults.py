@@ -10,8 +10,9 @@
 import os
 import signal
 
-from sweep_helpers import (TOY_SWEEP, checkpoints, metric_rows, ray_sandbox, run_sweep,
-                           start_sweep, trial_records, wait_for)
+from sweep_helpers import (TOY_SWEEP, a_trial_runs, checkpoints, metric_rows, ray_sandbox,
+                           run_sweep, sandbox_processes, start_sweep, trial_records,
+                           two_trials_one_at_a_time, wait_for)
 from tpu_models.sweep import files
 
 
@@ -59,14 +60,12 @@ def test_a_killed_driver_resumes_without_rerunning_or_losing_anything(tmp_path):
   directory = str(tmp_path / "sweep")
   # 40 steps of 0.5 s per trial: the second trial is still running ~15 s after its first
   # checkpoint, which the kill below must fall inside even on a loaded machine.
-  args = [TOY_SWEEP, "--set", f"sweep.directory={directory}", "--set", "sweep.trials=2",
-          "--set", "sweep.concurrency=1", "--set", "sweep.space.task.model.hidden={grid: [4, 8]}",
-          "--set", "task.batch_delay_seconds=0.5"]
+  args = two_trials_one_at_a_time(directory, 0.5)
   log = str(tmp_path / "driver.log")
   with ray_sandbox() as ray_tmp:
     driver = start_sweep(ray_tmp, *args, log_path=log)
-    wait_for(lambda: any(r.get("state") == "running" for r in trial_records(directory).values()),
-             240, "a running trial", process=driver, log_path=log)
+    wait_for(lambda: a_trial_runs(directory), 240, "a running trial", process=driver,
+             log_path=log)
     # A second driver on the same directory is refused at once, naming the lock's holder.
     # (Checked now, not between the checkpoint and the kill: starting a driver process takes
     # seconds under load, and the running trial could finish meanwhile.)
@@ -86,12 +85,25 @@ def test_a_killed_driver_resumes_without_rerunning_or_losing_anything(tmp_path):
                                  process=driver, log_path=log)
     os.kill(driver.pid, signal.SIGKILL)
     driver.wait()
+    # What the killed driver's local Ray leaves running, orphaned (its agents at least).
+    left = {p.pid: p.name() for p in sandbox_processes(ray_tmp)}
     before = trial_records(directory)
     finished_rows = metric_rows(before[finished]["model_dir"])
     saved_before = checkpoints(before[running]["model_dir"])
 
     resumed = run_sweep(ray_tmp, *args)
+    # The resumed driver ended them first, and its own Ray when it finished: nothing is left.
+    remaining = lambda: {p.pid: p.name() for p in sandbox_processes(ray_tmp)}
+    wait_for(lambda: not remaining(), 60, f"no process left (left: {remaining()})")
   assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+  assert left, "the killed driver's Ray left nothing running: the check below tests nothing"
+  ended = [line for line in resumed.stdout.splitlines() if line.startswith("Ended ")]
+  assert len(ended) == 1 and f"process(es) of the local Ray that an earlier driver of this " \
+      f"sweep (pid {driver.pid}, killed) left running: " in ended[0], resumed.stdout
+  # It ended what the killed driver left and was still running (its trial's worker may end
+  # by itself once the raylet is gone), and only that.
+  named = ended[0].split(" left running: ")[1].rstrip(".").split(", ")
+  assert named and set(named) <= {f"{name} ({pid})" for pid, name in left.items()}, (left, ended)
   assert "Resuming the sweep" in resumed.stdout
   after = trial_records(directory)
   assert sorted(r["state"] for r in after.values()) == ["done"] * 2

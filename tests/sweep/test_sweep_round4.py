@@ -7,21 +7,9 @@ import signal
 
 import psutil
 
-from sweep_helpers import (TOY_SWEEP, checkpoints, metric_rows, ray_sandbox, run_sweep,
-                           start_sweep, trial_records, wait_for)
-
-
-def _sandbox_processes(ray_tmp: str):
-  """The processes started under this sandbox's RAY_TMPDIR: the driver, Ray's, the trials'."""
-  found = []
-  for process in psutil.process_iter(["pid"]):
-    try:
-      with open(f"/proc/{process.pid}/environ", "rb") as f:
-        if f"RAY_TMPDIR={ray_tmp}".encode() in f.read():
-          found.append(process)
-    except OSError:
-      pass
-  return found
+from sweep_helpers import (TOY_SWEEP, a_trial_runs, checkpoints, metric_rows, ray_sandbox,
+                           run_sweep, sandbox_processes, start_sweep, trial_records,
+                           two_trials_one_at_a_time, wait_for)
 
 
 def _listening(processes):
@@ -48,16 +36,14 @@ def test_a_local_sweep_listens_on_loopback_only(tmp_path):
   machine's network address (192.0.2.2 here): anyone reaching the machine could run code in
   the sweep. Every socket of the driver, Ray and the trial is on 127.0.0.1 now."""
   directory = str(tmp_path / "sweep")
-  args = [TOY_SWEEP, "--set", f"sweep.directory={directory}", "--set", "sweep.trials=2",
-          "--set", "sweep.concurrency=1", "--set", "sweep.space.task.model.hidden={grid: [4, 8]}",
-          "--set", "task.batch_delay_seconds=0.2"]
+  args = two_trials_one_at_a_time(directory, 0.2)
   log = str(tmp_path / "driver.log")
   with ray_sandbox() as ray_tmp:
     driver = start_sweep(ray_tmp, *args, log_path=log)
     try:
-      wait_for(lambda: any(r.get("state") == "running" for r in trial_records(directory).values()),
-               240, "a running trial", process=driver, log_path=log)
-      sockets = _listening(_sandbox_processes(ray_tmp))
+      wait_for(lambda: a_trial_runs(directory), 240, "a running trial", process=driver,
+               log_path=log)
+      sockets = _listening(sandbox_processes(ray_tmp))
     finally:
       driver.kill()
       driver.wait()
@@ -123,7 +109,7 @@ def test_sigterm_to_the_driver_stops_the_sweep_in_one_line_with_143_and_it_resum
     interrupted = [r for r in trial_records(directory).values() if r["state"] == "running"]
     assert len(interrupted) == 1 and 10 <= interrupted[0]["step"] < 40, trial_records(directory)
     # Ray's processes end with the driver (ray.shutdown): none of this sandbox is left.
-    wait_for(lambda: not [p for p in _sandbox_processes(ray_tmp) if p.is_running()
+    wait_for(lambda: not [p for p in sandbox_processes(ray_tmp) if p.is_running()
                           and p.status() != psutil.STATUS_ZOMBIE], 60, "Ray's processes to end")
     resumed = run_sweep(ray_tmp, *args)
   assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]

@@ -16,15 +16,15 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Optional
 
-import psutil
 import ray
 from ray import tune
 
 from tpu_models import onednn
 from tpu_models.errors import ConfigError, MissingExtraError
 from tpu_models.sweep import files
+from tpu_models.sweep import local_ray
 from tpu_models.sweep import spec as spec_lib
 from tpu_models.sweep import trial as trial_lib
 
@@ -54,6 +54,8 @@ def run_sweep(sweep: spec_lib.Sweep, *, address: Optional[str] = None,
   lock = _lock_sweep(directory)
   try:
     _check_same_sweep(sweep)
+    # A killed driver's local Ray is still alive (its agents, a trial's worker): ended first.
+    local_ray.end_left_over(directory, say)
     resuming = _tune_state_exists(directory)
     # The driver's own Tune settings are environment variables that only the CLI can set,
     # before TensorFlow starts (DRIVER_ENVIRON); the trials' travel with Ray's runtime_env.
@@ -83,13 +85,18 @@ def run_sweep(sweep: spec_lib.Sweep, *, address: Optional[str] = None,
                                    resume_errored=False, restart_errored=False)
       else:
         tuner = _new_tuner(sweep, trainable, progress_every)
-      with _stop_on_sigterm() as stop:
+      recorded = (contextlib.nullcontext() if address
+                  else local_ray.recorded(directory, ray_start))
+      with _stop_on_sigterm() as stop, recorded:
         tuner.fit()
     finally:
-      local = None if address else _ray_processes_since(ray_start)
+      local = None if address else local_ray.processes_since(ray_start)
       ray.shutdown()
       if local:
-        _end_processes(local)
+        # What ray.shutdown leaves: a trial worker still training when Tune stopped (SIGTERM
+        # to the driver) outlives its raylet.
+        local_ray.end_processes(local)
+      local_ray.forget(directory)
     run.update(ended=time.time())
     if stop.received:
       run.update(stopped_by="SIGTERM")
@@ -102,34 +109,6 @@ def run_sweep(sweep: spec_lib.Sweep, *, address: Optional[str] = None,
     return run
   finally:
     lock.release()
-
-
-def _ray_processes_since(start: float) -> List[psutil.Process]:
-  """This process's descendants that Ray started since `start` (a local Ray's GCS, raylet,
-  agents and trial workers), not other children the caller may have."""
-  found = []
-  for process in psutil.Process().children(recursive=True):
-    with contextlib.suppress(psutil.Error):
-      words = " ".join(process.cmdline()[:3])
-      if process.create_time() >= start - 1 and (
-          process.name().startswith("ray::") or "raylet" in words or "gcs_server" in words
-          or f"{os.sep}ray{os.sep}" in words):
-        found.append(process)
-  return found
-
-
-def _end_processes(processes: List[psutil.Process], grace_seconds: float = 10.0) -> None:
-  """Ends what `ray.shutdown` left of a local Ray: a trial worker still training when Tune
-  stopped (SIGTERM to the driver) outlived its raylet. SIGTERM, then SIGKILL after the grace."""
-  alive = [p for p in processes if p.is_running()]
-  for process in alive:
-    with contextlib.suppress(psutil.Error):
-      process.terminate()
-  _, alive = psutil.wait_procs(alive, timeout=grace_seconds)
-  for process in alive:
-    with contextlib.suppress(psutil.Error):
-      process.kill()
-  psutil.wait_procs(alive, timeout=grace_seconds)
 
 
 class SweepStopped(Exception):

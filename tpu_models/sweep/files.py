@@ -6,6 +6,7 @@
     SWEEP_DIR/trials.json      every trial's parameters and Tune status (the driver's callback)
     SWEEP_DIR/trials/<id>/     each trial's ordinary model_dir, with trial.json (trial.py)
     SWEEP_DIR/tune/            Tune's own experiment state (what `Tuner.restore` reads)
+    SWEEP_DIR/local_ray.json   while a driver runs: its local Ray's processes (local_ray.py)
     SWEEP_DIR/leaderboard.csv, curves.png, best/   written by the report and --export-best
 """
 
