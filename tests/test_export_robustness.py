@@ -18,7 +18,7 @@ from tpu_models.vision.detection import inputs as detection_data
 from tpu_models.training.trainer import Trainer
 
 from helpers.translation import make_config, write_corpus
-from helpers.detection import tiny_pasted_objects, train_tiny_detector
+from helpers.detection import trained_tiny_detector
 
 # Runs in a fresh Python: loads both SavedModels and serves the inputs of a JSON file
 # (base64 strings: the translator's inputs are not all UTF-8), printing one JSON line.
@@ -57,10 +57,7 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def detector(tmp_path_factory):
   """(config, model_dir, validation JPEG bytes) of a detector trained for a few steps."""
-  pytest.importorskip("pycocotools")
-  pytest.importorskip("skimage")
-  data_dir = tiny_pasted_objects(tmp_path_factory, 8, 2)
-  config, model_dir = train_tiny_detector(tmp_path_factory, data_dir, 10)
+  config, model_dir, data_dir = trained_tiny_detector(tmp_path_factory, 10)
   validation = os.path.join(data_dir, "images", "validation")
   with open(os.path.join(validation, sorted(os.listdir(validation))[0]), "rb") as f:
     return config, model_dir, f.read()

@@ -22,17 +22,10 @@ keras_hub_spec="keras-hub${KERAS_HUB_VERSION:+==${KERAS_HUB_VERSION}}"
 
 check='import keras_hub, keras, tensorflow as tf, numpy, skimage, h5py; print("keras-hub", keras_hub.__version__, "keras", keras.__version__, "tensorflow", tf.__version__, "numpy", numpy.__version__, "scikit-image", skimage.__version__)'
 
-if [[ -x "${venv}/bin/python" ]] && "${venv}/bin/python" -c "${check}" 2>/dev/null; then
-  echo "keras-hub venv already set up: ${venv}"
-  "${venv}/bin/python" -c "${check}"
-  exit 0
-fi
-
-# The Python the venv is made from: $PYTHON if set, else python3 on PATH (>= 3.10).
+what="keras-hub"
+# Exits if the venv is already set up; else creates it with a checked Python, as `python`.
 # shellcheck source=../venv_python.sh
 source "${here}/../venv_python.sh"
-start=$(date +%s)
-"${python}" -m venv "${venv}"
 
 echo "Installing tensorflow==2.21.* ${keras_hub_spec} scikit-image into ${venv} ..."
 # One resolve with tensorflow pinned, so keras-hub cannot pull another tensorflow.

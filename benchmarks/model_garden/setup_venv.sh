@@ -22,16 +22,10 @@ versions="${MG_VERSION:-2.20.0 2.19.1 2.18.0}"
 
 check='import official.vision.modeling.factory, tf_keras, tensorflow as tf, importlib.metadata as m; print("tf-models-official", m.version("tf-models-official"), "tensorflow", tf.__version__, "tf-keras", m.version("tf-keras"))'
 
-if [[ -x "${venv}/bin/python" ]] && "${venv}/bin/python" -c "${check}" 2>/dev/null; then
-  echo "Model Garden venv already set up: ${venv}"
-  exit 0
-fi
-
-# The Python the venv is made from: $PYTHON if set, else python3 on PATH (>= 3.10).
+what="Model Garden"
+# Exits if the venv is already set up; else creates it with a checked Python, as `python`.
 # shellcheck source=../venv_python.sh
 source "${here}/../venv_python.sh"
-start=$(date +%s)
-"${python}" -m venv "${venv}"
 "${venv}/bin/python" -m pip install --quiet --upgrade pip wheel setuptools
 
 installed=""

@@ -30,17 +30,10 @@ torchvision_version="${TORCHVISION_VERSION:-${default_torchvision}}"
 
 check='import torch, torchvision, timm, safetensors, numpy, skimage, importlib.metadata as m; torchvision.ops.nms(torch.zeros(1, 4), torch.zeros(1), 0.5); print("torch", torch.__version__, "torchvision", torchvision.__version__, "timm", timm.__version__, "safetensors", m.version("safetensors"), "numpy", numpy.__version__, "scikit-image", skimage.__version__)'
 
-if [[ -x "${venv}/bin/python" ]] && "${venv}/bin/python" -c "${check}" 2>/dev/null; then
-  echo "torch venv already set up: ${venv}"
-  "${venv}/bin/python" -c "${check}"
-  exit 0
-fi
-
-# The Python the venv is made from: $PYTHON if set, else python3 on PATH (>= 3.10).
+what="torch"
+# Exits if the venv is already set up; else creates it with a checked Python, as `python`.
 # shellcheck source=../venv_python.sh
 source "${here}/../venv_python.sh"
-start=$(date +%s)
-"${python}" -m venv "${venv}"
 
 echo "Installing torch==${torch_version} torchvision==${torchvision_version} timm safetensors numpy scikit-image into ${venv} ..."
 # One resolve, torch pinned: an unpinned torch (asked for by timm) could pull a newer multi-GB build.

@@ -52,6 +52,30 @@ def train_tiny_detector(tmp_path_factory, data_dir: str, steps: int):
   return config, model_dir
 
 
+def train_and_write_config(config, folder):
+  """(folder/config.yaml, folder/model) after training `config` into folder/model and writing
+  the config beside it (what `tpu-models predict/export` take)."""
+  from tpu_models import config as config_lib
+  from tpu_models.training.trainer import Trainer
+  model_dir = str(folder / "model")
+  trainer = Trainer(config, model_dir)
+  trainer.train()
+  trainer.close()
+  path = folder / "config.yaml"
+  config_lib.dump_config(config, str(path))
+  return path, model_dir
+
+
+def trained_tiny_detector(tmp_path_factory, steps: int):
+  """(config, model_dir, data_dir) of TINY_RETINANET trained `steps` steps on 8 pasted-objects
+  images (2 for validation); skips the test without pycocotools or scikit-image."""
+  pytest.importorskip("pycocotools")
+  pytest.importorskip("skimage")
+  data_dir = tiny_pasted_objects(tmp_path_factory, 8, 2)
+  config, model_dir = train_tiny_detector(tmp_path_factory, data_dir, steps)
+  return config, model_dir, data_dir
+
+
 def maskrcnn_config(data_dir, overrides=()):
   """The TINY_MASKRCNN experiment on `data_dir`'s records: 24 steps in loops of 8, batch 2,
   no evaluation while training; `overrides` are --set strings."""

@@ -20,6 +20,16 @@ from tpu_models.training import progress
 from helpers.toy_runs import train_child
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# `python -c PEAK ARGV...`: `tpu-models ARGV...`, then its own peak memory on stderr
+# ("VMHWM_MB N"), not the forking pytest worker's (ru_maxrss would be: Linux carries it over exec).
+PEAK = r"""
+import sys
+from tpu_models import cli
+code = cli.main(sys.argv[1:])
+hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM:")][0]
+print(f"VMHWM_MB {int(hwm.split()[1]) / 1024:.0f}", file=sys.stderr)
+sys.exit(code)
+"""
 DRIVER = os.path.join(HERE, "fault_driver.py")
 UNREADABLE = "unreadable_checkpoints"
 

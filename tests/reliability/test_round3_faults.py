@@ -20,7 +20,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import has_module
-from faults import HERE, _experiment, _write, error_line, flip_byte
+from faults import HERE, PEAK, _experiment, _write, error_line, flip_byte
 from in_process import run_batch_here, train_here
 from helpers.images import bomb_png, coco_file
 
@@ -29,17 +29,6 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 
 # ----------------------------------------------------------------------------
 # Row 29: `predict` refuses a decompression bomb from its header.
-
-PEAK = r"""
-import sys
-from tpu_models import cli
-code = cli.main(sys.argv[1:])
-# This process's own peak (VmHWM), not the forking pytest worker's (ru_maxrss would be).
-hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM:")][0]
-print(f"VMHWM_MB {int(hwm.split()[1]) / 1024:.0f}", file=sys.stderr)
-sys.exit(code)
-"""
-
 
 def test_predict_refuses_a_decompression_bomb_from_its_header(tmp_path_factory):
   """A 20000x20000 PNG (a few hundred KB) and a real photo through the detector's

@@ -14,9 +14,9 @@ import sys
 import numpy as np
 import pytest
 
-from helpers.detection import maskrcnn_config, tiny_pasted_objects
+from helpers.detection import maskrcnn_config, tiny_pasted_objects, train_and_write_config
 from helpers.images import bomb_png
-from faults import (HERE, _experiment, _write, error_line, run_batch, train_command,
+from faults import (HERE, PEAK, _experiment, _write, error_line, run_batch, train_command,
                     write_cases)
 from tpu_models.training import progress
 
@@ -422,17 +422,6 @@ def test_mask_threshold_is_range_checked_and_zero_minimum_sizes_are_accepted(tmp
 
 # Row 43: Mask R-CNN predict on a legal 8000x8000 PNG (finding 7), the peak measured.
 
-PEAK = r"""
-import sys
-from tpu_models import cli
-code = cli.main(sys.argv[1:])
-# This process's own peak (VmHWM), not the forking pytest worker's (ru_maxrss would be).
-hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM:")][0]
-print(f"VMHWM_MB {int(hwm.split()[1]) / 1024:.0f}", file=sys.stderr)
-sys.exit(code)
-"""
-
-
 def test_mask_rcnn_predict_on_an_8000_pixel_png_pastes_one_mask_at_a_time(tmp_path_factory):
   """Before: 5.1 GB peak for the 8 detections of a tiny Mask R-CNN on an 8000x8000 PNG of
   62 KB (under max_image_pixels: a legal photo size), as every detection's mask was pasted
@@ -440,20 +429,13 @@ def test_mask_rcnn_predict_on_an_8000_pixel_png_pastes_one_mask_at_a_time(tmp_pa
   mask is pasted on the host when drawn or written: the peak grows with the image only."""
   pytest.importorskip("skimage")
   pytest.importorskip("pycocotools")
-  from tpu_models import config as config_lib
-  from tpu_models.training.trainer import Trainer
   data_dir = tiny_pasted_objects(tmp_path_factory, 2, 1)
   # Every one of the model's 8 detections is real (a threshold nothing falls under).
   config = maskrcnn_config(data_dir, ["trainer.train_steps=1", "trainer.steps_per_loop=1",
                                       "trainer.checkpoint_every=1",
                                       "task.model.detection_score_threshold=0.0001"])
   tmp = tmp_path_factory.mktemp("big_photo")
-  model_dir = str(tmp / "model")
-  trainer = Trainer(config, model_dir)
-  trainer.train()
-  trainer.close()
-  config_file = tmp / "segmenter.yaml"
-  config_lib.dump_config(config, str(config_file))
+  config_file, model_dir = train_and_write_config(config, tmp)
   big = tmp / "big.png"
   big.write_bytes(bomb_png(8000))  # 8000x8000 zeros, 62 KB.
   _, env = train_command("unused")

@@ -13,6 +13,7 @@ import yaml
 
 import toy_task
 from conftest import REPO, run_main
+from helpers.replicas import run_one_then_two_replicas
 from tpu_models import cli
 from tpu_models.errors import ConfigError
 from tpu_models.training import benchmark, progress, tpu_check
@@ -20,22 +21,9 @@ from tpu_models.training.trainer import NonFiniteLoss, Trainer
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# One process for both replica counts (virtual CPUs must be configured before TensorFlow
-# starts; one child, not one per count, imports TensorFlow once). The one-replica run is
-# first and the only MirroredStrategy is the two-replica one: a second MirroredStrategy
-# would reuse its collective keys. Each Trainer seeds itself (runtime.seed): the same
-# initial weights in both runs.
-SCRIPT = r"""
-import json, os, sys, numpy as np, tensorflow as tf
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-import toy_task
-from tpu_models.training import progress
-from tpu_models.training.trainer import Trainer
-
+RUN = r"""
 def run(replicas, model_dir):
-  strategy = (tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]) if replicas == 2
-              else tf.distribute.OneDeviceStrategy("/cpu:0"))
+  strategy = strategy_of(replicas)
 
   # A per-token loss whose tokens are spread unevenly over the replicas.
   config = toy_task.toy_config([
@@ -53,9 +41,6 @@ def run(replicas, model_dir):
   config = toy_task.toy_config(["task.host_metrics=true"])
   evaluation = Trainer(config, model_dir + "/host", strategy=strategy).evaluate()
   json.dump({"grad_norms": grad_norms, "eval": evaluation}, open(model_dir + "/out.json", "w"))
-
-for replicas in (1, 2):
-  run(replicas, os.path.join(sys.argv[1], f"replicas{replicas}"))
 """
 
 
@@ -66,10 +51,9 @@ def _env():
 @pytest.fixture(scope="module")
 def one_and_two_replicas(tmp_path_factory):
   work = tmp_path_factory.mktemp("replicas")
-  subprocess.run([sys.executable, "-c", SCRIPT, str(work)], env=_env(), check=True, timeout=900)
+  model_dirs = run_one_then_two_replicas(RUN, work, timeout=900)
   results = {}
-  for replicas in (1, 2):
-    model_dir = str(work / f"replicas{replicas}")
+  for replicas, model_dir in model_dirs.items():
     with open(os.path.join(model_dir, "out.json")) as f:
       results[replicas] = json.load(f)
     results[replicas]["weights"] = np.load(os.path.join(model_dir, "weights.npy"))

@@ -1,30 +1,14 @@
 """Two replicas (virtual CPUs) give the same training as one: loss averaging, clipping, EMA."""
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 
-from conftest import REPO
+from helpers.replicas import run_one_then_two_replicas
 
-TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-# Both replica counts in one child (virtual CPUs must be configured before TensorFlow
-# starts; one child, not one per count, imports TensorFlow once). The one-replica run is
-# first and the only MirroredStrategy is the two-replica one: a second MirroredStrategy
-# would reuse its collective keys. Each Trainer seeds itself (runtime.seed): the same
-# initial weights in both runs.
-SCRIPT = r"""
-import os, sys, numpy as np, tensorflow as tf
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-import toy_task
-from tpu_models.training.trainer import Trainer
-
+RUN = r"""
 def run(replicas, model_dir):
-  strategy = (tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]) if replicas == 2
-              else tf.distribute.OneDeviceStrategy("/cpu:0"))
+  strategy = strategy_of(replicas)
   config = toy_task.toy_config(["trainer.train_steps=20", "task.train_data.num_examples=16",
                                 "trainer.optimizer.clip_norm=0.05",
                                 "trainer.optimizer.l2_regularization=0.01",
@@ -34,20 +18,13 @@ def run(replicas, model_dir):
   trainer.train()
   np.save(model_dir + "/w.npy", np.concatenate([v.numpy().ravel() for v in trainer.model.trainable_variables]))
   np.save(model_dir + "/ema.npy", np.concatenate([v.numpy().ravel() for v in trainer.ema.averages]))
-
-for replicas in (1, 2):
-  run(replicas, os.path.join(sys.argv[1], f"r{replicas}"))
 """
 
 
 def test_two_replicas_match_one(tmp_path):
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, REPO]), TF_CPP_MIN_LOG_LEVEL="2")
-  for replicas in (1, 2):
-    os.makedirs(tmp_path / f"r{replicas}")
-  subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], env=env, check=True, timeout=600)
+  model_dirs = run_one_then_two_replicas(RUN, tmp_path, timeout=600)
   weights, averages = {}, {}
-  for replicas in (1, 2):
-    model_dir = str(tmp_path / f"r{replicas}")
+  for replicas, model_dir in model_dirs.items():
     weights[replicas] = np.load(os.path.join(model_dir, "w.npy"))
     averages[replicas] = np.load(os.path.join(model_dir, "ema.npy"))
   np.testing.assert_allclose(weights[2], weights[1], rtol=1e-4, atol=1e-6)
