@@ -27,9 +27,11 @@ EXTRAS = {
     # Python 3.11: ray 2.60.0.
     "serve": ["ray[serve]>=2.40"],
     # tritonclient[http]: the tests' real v2-protocol client (it pins ml-dtypes<=0.5.4,
-    # which TensorFlow 2.21 and onnx accept).
+    # which TensorFlow 2.21 and onnx accept). selenium drives the serving page's test in
+    # Debian's headless Chromium (apt: chromium chromium-driver, scripts/setup.sh); checked
+    # with selenium 4.51 and Chromium 156.
     "dev": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "scikit-image>=0.22",
-            "tritonclient[http]>=2.40"],
+            "tritonclient[http]>=2.40", "selenium>=4.11"],
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
 # `tpu-models export --format litert|litert-int8|onnx` and `evaluate-export` (docs/deploy.md):

@@ -1,7 +1,8 @@
 """`tpu-models serve` speaking TF Serving's REST API and the v2 protocol (tritonclient), with
 its safety defaults: one shared server (a child process) on a tiny classifier's export,
 with a bearer token and a small body cap. Answers are compared with the same export
-called in this process."""
+called in this process; the page at GET / is driven in a headless Chromium (skipped, naming
+why, where Chromium or its driver is not installed)."""
 
 import base64
 import concurrent.futures
@@ -23,6 +24,7 @@ pytestmark = pytest.mark.skipif(
     not all(importlib.util.find_spec(name) for name in ("ray", "starlette", "prometheus_client")),
     reason="the serve extra (ray[serve]) is not installed")
 
+import browser  # noqa: E402
 import tiny_exports  # noqa: E402
 from serve_process import REPO, serve  # noqa: E402
 from helpers.translation import corpus, make_config  # noqa: E402,F401  pylint: disable=unused-import
@@ -288,6 +290,55 @@ def test_the_page_is_served_and_lists_the_model(served):
        "signatures": ["serve_images"]},
       {"name": TRANSLATOR, "version": 1, "task": "translation", "input": "text",
        "signatures": ["serving_default"]}]
+
+
+def test_the_page_in_headless_chromium_shows_the_exports_top_classes_and_the_picture(
+    served, tmp_path):
+  reason = browser.missing()
+  if reason:
+    pytest.skip(reason)
+  from selenium.webdriver.common.by import By  # pylint: disable=g-import-not-at-top
+  from selenium.webdriver.common.keys import Keys  # pylint: disable=g-import-not-at-top
+  from selenium.webdriver.support.ui import Select, WebDriverWait  # pylint: disable=g-import-not-at-top
+  server, _, saved = served
+  pixels = tiny_exports.band_picture(2, 7)  # A bright band in the third quarter of the rows.
+  picture = tmp_path / "band.png"
+  picture.write_bytes(tiny_exports.png(pixels))
+  reference = saved.signatures["serving_default"](image_bytes=tf.constant([picture.read_bytes()]))
+  probabilities = reference["probabilities"].numpy()[0]
+  expected = [(k, float(probabilities[k])) for k in np.argsort(-probabilities)[:5]]
+  with browser.chromium() as driver:
+    driver.get(server.url + "/")
+    wait = WebDriverWait(driver, 20)
+    # The server has a token: the page says so until it is typed (change: Tab).
+    wait.until(lambda d: "Error" in d.find_element(By.ID, "out").text)
+    driver.find_element(By.ID, "token").send_keys(TOKEN + Keys.TAB)
+    wait.until(lambda d: len(Select(d.find_element(By.ID, "model")).options) == 3)
+    Select(driver.find_element(By.ID, "model")).select_by_value(NAME)
+    assert driver.find_element(By.ID, "imagebox").is_displayed()
+    assert not driver.find_element(By.ID, "textbox").is_displayed()
+    driver.find_element(By.ID, "file").send_keys(str(picture))
+    driver.find_element(By.ID, "run").click()
+    done = wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-done"))
+    out = driver.find_element(By.ID, "out")
+    assert done == "classes", out.text
+    shown = [re.fullmatch(r"class (\d+): (\d\.\d{3})", line).groups()
+             for line in out.text.splitlines()]
+    assert [int(k) for k, _ in shown] == [k for k, _ in expected], (out.text, expected)
+    np.testing.assert_allclose([float(p) for _, p in shown], [p for _, p in expected],
+                               atol=6e-4)  # Three decimals shown.
+    screen = browser.screenshot(driver, str(tmp_path / "page.png"))
+    canvas = driver.find_element(By.ID, "picture")
+    # The 16x16 picture is drawn 256 wide, each pixel a 16x16 block (1 px border around).
+    drawn = browser.region(screen, canvas, inset=1).astype(np.int32)
+    assert drawn.shape == (256, 256, 3), (drawn.shape, canvas.rect)
+    centres = drawn[8::16, 8::16]  # One screen pixel from the middle of each block.
+    assert np.abs(centres - pixels).max() <= 2, np.abs(centres - pixels).max()
+    rows = drawn.mean(axis=(1, 2))
+    assert rows[128:192].min() > rows[:128].max() + 80  # The band, where the picture has it.
+    # The answer's text is on the screen: dark glyphs on the white page.
+    text = browser.region(screen, out)
+    assert text.size and (text.max(axis=2) < 128).sum() > 50 * len(shown), text.shape
 
 
 def test_the_translator_answers_strings_as_its_export_does_in_process(served, exports):

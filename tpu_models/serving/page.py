@@ -1,11 +1,14 @@
 """`GET /`: one static page to try the served models by hand.
 
-Pick a model; for a model whose serving_default takes images upload a JPEG/PNG (sent
-as {"b64": ...}) and see its answer drawn by structure: boxes (and masks) over the
-picture where the row has `<kind>_boxes`, else the five largest `probabilities`; for a
-model that takes text type a sentence and see the strings it answers. The page holds no data: it reads
-`/ui/models` and calls the REST API like any client, with the bearer token typed in
-its field when the server has one.
+Pick a model; for a model whose serving_default takes images choose a JPEG/PNG (shown at
+once) and press Run (sent as {"b64": ...}) to see its answer drawn by structure: boxes
+(and masks) over the picture where the row has `<kind>_boxes`, else the five largest
+`probabilities`; for a model that takes text type a sentence, press Run and see the
+strings it answers. Pictures smaller than 256 pixels wide are shown scaled up (pixels
+kept sharp). The page holds no data: it reads `/ui/models` and calls the REST API like
+any client, with the bearer token typed in its field when the server has one. When an
+answer is shown, `<body data-done>` says which kind ("classes", "boxes", "text" or
+"error"): what a test driving the page waits for.
 """
 
 HTML = """<!doctype html>
@@ -13,15 +16,17 @@ HTML = """<!doctype html>
 <style>
  body{font-family:sans-serif;margin:1.5em;max-width:60em}
  #out{white-space:pre-wrap;font-family:monospace}
- canvas{border:1px solid #999;max-width:100%}
+ canvas{border:1px solid #999;max-width:100%;image-rendering:pixelated}
  .row{margin:.5em 0}
 </style></head><body>
 <h1>tpu-models serve</h1>
 <div class="row"><label>Model <select id="model"></select></label>
  <label>Token <input id="token" type="password" placeholder="(when the server has one)"></label></div>
+<form id="ask">
 <div class="row" id="imagebox"><input id="file" type="file" accept="image/*"></div>
-<div class="row" id="textbox"><textarea id="text" rows="3" cols="60">Guten Morgen</textarea>
- <button id="run">Run</button></div>
+<div class="row" id="textbox"><textarea id="text" rows="3" cols="60">Guten Morgen</textarea></div>
+<div class="row"><button id="run" type="submit">Run</button></div>
+</form>
 <div class="row"><canvas id="picture" width="1" height="1"></canvas></div>
 <div id="out"></div>
 <script>
@@ -55,10 +60,22 @@ async function load() {
       `<option value="${m.name}">${m.name} (version ${m.version}, ${m.task})</option>`).join("");
   showInputs();
 }
+function show(img) {  // The picture on the canvas; small ones displayed at least 256 wide.
+  const c = $("picture");
+  c.width = img.naturalWidth; c.height = img.naturalHeight;
+  c.style.width = Math.max(256, img.naturalWidth) + "px";
+  c.getContext("2d").drawImage(img, 0, 0);
+  return c.getContext("2d");
+}
+async function picture() {  // (data URL, loaded Image) of the chosen file, or null.
+  const file = $("file").files[0]; if (!file) return null;
+  const url = await new Promise(ok => { const f = new FileReader(); f.onload = () => ok(f.result); f.readAsDataURL(file); });
+  const img = new Image(); await new Promise((ok, fail) => { img.onload = ok; img.onerror = () => fail(new Error("not a picture the browser can show")); img.src = url; });
+  return [url, img];
+}
 function boxesKey(row) { return Object.keys(row).find(k => k.endsWith("_boxes")); }
 function draw(img, row) {
-  const c = $("picture"), g = c.getContext("2d");
-  c.width = img.naturalWidth; c.height = img.naturalHeight; g.drawImage(img, 0, 0);
+  const g = show(img);
   const kind = boxesKey(row).slice(0, -"_boxes".length);
   const boxes = row[kind + "_boxes"], scores = row[kind + "_scores"],
         classes = row[kind + "_classes"], masks = row[kind + "_masks"],
@@ -82,16 +99,15 @@ function draw(img, row) {
   }
   return lines.length ? lines.join("\\n") : "nothing with score >= 0.3";
 }
-async function onFile() {
-  const file = $("file").files[0]; if (!file) return;
-  const url = await new Promise(ok => { const f = new FileReader(); f.onload = () => ok(f.result); f.readAsDataURL(file); });
-  const img = new Image(); await new Promise(ok => { img.onload = ok; img.src = url; });
+async function onImage() {
   try {
+    const chosenFile = await picture();
+    if (!chosenFile) throw new Error("choose a picture first");
+    const [url, img] = chosenFile;
     const [row] = await predict(chosen().name, {instances: [{b64: url.split(",")[1]}]});
     if (!row.valid && row.reason) throw new Error(row.reason);
     if (boxesKey(row)) { $("out").textContent = draw(img, row); document.body.dataset.done = "boxes"; return; }
-    const c = $("picture"); c.width = img.naturalWidth; c.height = img.naturalHeight;
-    c.getContext("2d").drawImage(img, 0, 0);
+    show(img);
     const top = row.probabilities.map((p, k) => [p, k]).sort((a, b) => b[0] - a[0]).slice(0, 5);
     $("out").textContent = top.map(([p, k]) => `class ${k}: ${p.toFixed(3)}`).join("\\n");
     document.body.dataset.done = "classes";
@@ -104,7 +120,17 @@ async function onText() {
     document.body.dataset.done = "text";
   } catch (e) { $("out").textContent = "Error: " + e.message; document.body.dataset.done = "error"; }
 }
-$("model").onchange = showInputs; $("file").onchange = onFile; $("run").onclick = onText;
+async function onFile() {  // The chosen picture at once; its answer on Run.
+  $("out").textContent = ""; delete document.body.dataset.done;
+  try { const chosenFile = await picture(); if (chosenFile) show(chosenFile[1]); }
+  catch (e) { $("out").textContent = "Error: " + e.message; }
+}
+$("ask").onsubmit = event => {
+  event.preventDefault();
+  $("out").textContent = "..."; delete document.body.dataset.done;
+  if (chosen().input === "text") onText(); else onImage();
+};
+$("model").onchange = showInputs; $("file").onchange = onFile;
 $("token").onchange = load;
 load();
 </script></body></html>
