@@ -46,7 +46,7 @@ LAYERS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
                        "tpu_models.vision")),
     ("families", ("tpu_models.vision.classification.", "tpu_models.vision.detection.",
                   "tpu_models.text.")),
-    ("export", ("tpu_models.export.", "tpu_models.deploy")),
+    ("export", ("tpu_models.export.",)),
     ("weights import", ("tpu_models.weights.importing", "tpu_models.weights.cache",
                         "tpu_models.weights.cli",
                         "tpu_models.weights")),

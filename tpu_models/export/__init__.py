@@ -16,27 +16,30 @@ Which module owns what:
     agreement.py    a LiteRT/ONNX export against the SavedModel path of the same weights
     deployment.py   the `export --format litert|litert-int8|onnx` and `evaluate-export` flows
 
-The names below are the public API (`from tpu_models import export`).
+The names below are the public API (`from tpu_models import export`), looked up when
+used: nothing is imported eagerly, so `export.record` (no TensorFlow) serves the serving
+repository and the sweep driver without loading TensorFlow.
 """
 
-from tpu_models.export.loading import load_model, newest_checkpoint, uses_average
-from tpu_models.export.staging import refuse_existing_output, staged_output
-from tpu_models.export.saved_model import export_saved_model, saved_model_digests
-from tpu_models.export.record import (CONFIG_FILE, EXPORT_JSON, FORMATS, check_format,
-                                      export_config_path, read_export)
-from tpu_models.export.litert import LITERT_FILE, litert_runtime, litert_runtime_label
-from tpu_models.export.onnx import ONNX_OPSET
-from tpu_models.export.runtime import ExportRunner, NoRuntimeError
-from tpu_models.export.agreement import (DEFAULT_AGREEMENT_EXAMPLES, FLOAT_AGREEMENT_FLOOR,
-                                         SavedModelPath)
-from tpu_models.export.deployment import (DEFAULT_CALIBRATION_EXAMPLES, evaluate_export,
-                                          export_deployment)
+_LAZY = {
+    "load_model": "loading", "newest_checkpoint": "loading", "uses_average": "loading",
+    "refuse_existing_output": "staging", "staged_output": "staging",
+    "export_saved_model": "saved_model", "saved_model_digests": "saved_model",
+    "CONFIG_FILE": "record", "EXPORT_JSON": "record", "FORMATS": "record",
+    "check_format": "record", "export_config_path": "record", "read_export": "record",
+    "LITERT_FILE": "litert", "litert_runtime": "litert", "litert_runtime_label": "litert",
+    "ONNX_OPSET": "onnx",
+    "ExportRunner": "runtime", "NoRuntimeError": "runtime",
+    "DEFAULT_AGREEMENT_EXAMPLES": "agreement", "FLOAT_AGREEMENT_FLOOR": "agreement",
+    "SavedModelPath": "agreement",
+    "DEFAULT_CALIBRATION_EXAMPLES": "deployment", "evaluate_export": "deployment",
+    "export_deployment": "deployment",
+}
+__all__ = sorted(_LAZY)
 
-__all__ = [
-    "CONFIG_FILE", "DEFAULT_AGREEMENT_EXAMPLES", "DEFAULT_CALIBRATION_EXAMPLES", "EXPORT_JSON",
-    "ExportRunner", "FLOAT_AGREEMENT_FLOOR", "FORMATS", "LITERT_FILE", "NoRuntimeError",
-    "ONNX_OPSET", "SavedModelPath", "check_format", "evaluate_export", "export_config_path",
-    "export_deployment", "export_saved_model", "litert_runtime", "litert_runtime_label",
-    "load_model", "newest_checkpoint", "read_export", "refuse_existing_output",
-    "saved_model_digests", "staged_output", "uses_average",
-]
+
+def __getattr__(name: str):
+  if name in _LAZY:
+    import importlib
+    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

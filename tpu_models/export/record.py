@@ -8,7 +8,7 @@ checks before loading (`runtime.ExportRunner`).
 import hashlib
 import json
 import os
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Mapping, Optional
 
 from tpu_models.errors import ConfigError, DataError
 
@@ -38,24 +38,47 @@ def write_record(directory: str, record: Mapping[str, Any]) -> None:
     json.dump(record, f, indent=1)
 
 
-def read_export(path: str) -> Dict[str, Any]:
-  """The `export.json` of an export directory (a SavedModel's is in assets.extra/)."""
+def record_path(path: str) -> Optional[str]:
+  """Where the `export.json` of the export at `path` is (a SavedModel's is in assets.extra/),
+  or None when there is none."""
   for candidate in (os.path.join(path, EXPORT_JSON),
                     os.path.join(path, "assets.extra", EXPORT_JSON)):
-    if os.path.exists(candidate):
-      try:
-        with open(candidate, encoding="utf-8") as f:
-          record = json.load(f)
-      except (ValueError, UnicodeDecodeError) as e:
-        raise DataError(f"{candidate} is not valid JSON ({e}): the export's record is "
-                        f"damaged; export it again (tpu-models export ... --overwrite).") from None
-      if not isinstance(record, dict):
-        raise DataError(f"{candidate} holds a JSON {type(record).__name__}, not the export's "
-                        f"record (an object); export it again.")
-      record.setdefault("format", "saved_model")
-      return record
-  raise FileNotFoundError(f"{path!r} is not an export (no {EXPORT_JSON}): write one with "
-                          f"tpu-models export CONFIG --model-dir D --output {path}.")
+    if os.path.isfile(candidate):
+      return candidate
+  return None
+
+
+def parse_record(candidate: str) -> Dict[str, Any]:
+  """The record in the `export.json` file `candidate`, its format defaulted to saved_model.
+
+  Raises:
+    DataError: the file cannot be read, is not JSON, or holds no JSON object (one line
+      naming the file).
+  """
+  try:
+    with open(candidate, encoding="utf-8") as f:
+      record = json.load(f)
+  except (OSError, ValueError, UnicodeDecodeError) as e:
+    reason = " ".join(str(e).split())
+    raise DataError(f"{candidate} is not readable JSON ({reason})") from None
+  if not isinstance(record, dict):
+    raise DataError(f"{candidate} holds a JSON {type(record).__name__}, not an export's "
+                    f"record (an object)")
+  record.setdefault("format", "saved_model")
+  return record
+
+
+def read_export(path: str) -> Dict[str, Any]:
+  """The `export.json` of an export directory (a SavedModel's is in assets.extra/)."""
+  candidate = record_path(path)
+  if candidate is None:
+    raise FileNotFoundError(f"{path!r} is not an export (no {EXPORT_JSON}): write one with "
+                            f"tpu-models export CONFIG --model-dir D --output {path}.")
+  try:
+    return parse_record(candidate)
+  except DataError as e:
+    raise DataError(f"{e}: the export's record is damaged; export it again "
+                    f"(tpu-models export ... --overwrite).") from None
 
 
 def export_config_path(path: str) -> str:

@@ -33,20 +33,18 @@ No TensorFlow and no Ray here: `export --to` and the sweep import it too.
 import ctypes
 import dataclasses
 import errno
-import hashlib
 import json
 import os
 import re
 import secrets
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from tpu_models.errors import DataError
+from tpu_models.export.record import EXPORT_JSON, FORMATS, parse_record, record_path, sha256
+
 CONFIG_FILE = "serving.yaml"
-EXPORT_JSON = "export.json"
 _INCOMING = ".incoming-"  # Where `publish` writes a version before it gets its number.
 _VERSION_NAME = re.compile(r"^[0-9]{1,18}$")
-# The formats `tpu-models export` writes (deploy.FORMATS) and the model files each needs
-# besides export.json.
-FORMATS = ("saved_model", "litert", "litert-int8", "onnx")
 
 
 class DamagedVersion(ValueError):
@@ -74,7 +72,7 @@ class ServingConfig:
 
 def is_export(path: str) -> bool:
   """Whether `path` holds an export's record (at the top, or a SavedModel's assets.extra/)."""
-  return any(os.path.isfile(candidate) for candidate in _record_candidates(path))
+  return record_path(path) is not None
 
 
 def version_paths(model_base: str) -> Dict[int, str]:
@@ -117,21 +115,14 @@ def fingerprint(path: str) -> Tuple[Tuple[str, int, int], ...]:
 
 def read_record(path: str) -> Dict[str, Any]:
   """The `export.json` of the export at `path`; a DamagedVersion when missing or unreadable."""
-  for candidate in _record_candidates(path):
-    if not os.path.isfile(candidate):
-      continue
-    try:
-      with open(candidate, encoding="utf-8") as f:
-        record = json.load(f)
-    except (OSError, ValueError, UnicodeDecodeError) as e:
-      raise DamagedVersion(f"{candidate} is not readable JSON ({_one_line(e)})") from None
-    if not isinstance(record, dict):
-      raise DamagedVersion(f"{candidate} holds a JSON {type(record).__name__}, not an "
-                           f"export's record (an object)")
-    record.setdefault("format", "saved_model")
-    return record
-  raise DamagedVersion(f"{path} has no {EXPORT_JSON} (incomplete, or not written by "
-                       f"tpu-models export)")
+  candidate = record_path(path)
+  if candidate is None:
+    raise DamagedVersion(f"{path} has no {EXPORT_JSON} (incomplete, or not written by "
+                         f"tpu-models export)")
+  try:
+    return parse_record(candidate)
+  except DataError as e:
+    raise DamagedVersion(str(e)) from None
 
 
 def check_version(path: str) -> Dict[str, Any]:
@@ -211,15 +202,6 @@ def read_config(model_base: str) -> ServingConfig:
   return ServingConfig(default=default, labels=dict(labels))
 
 
-def sha256(path: str) -> str:
-  """The hex sha256 of the file at `path`, read in 1 MiB blocks."""
-  digest = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      digest.update(block)
-  return digest.hexdigest()
-
-
 def publish(model_base: str, write: Callable[[str], Any],
             say: Optional[Callable[[str], None]] = None) -> Tuple[int, str]:
   """Writes an export as the next version of `model_base`; returns (version, its directory).
@@ -257,20 +239,19 @@ def publish(model_base: str, write: Callable[[str], Any],
 
 def record_checksums(path: str) -> None:
   """Adds the sha256 of every file of the export at `path` (but export.json) to its record."""
-  record_path = next(c for c in _record_candidates(path) if os.path.isfile(c))
-  with open(record_path, encoding="utf-8") as f:
-    record = json.load(f)
+  record_file = record_path(path)
+  record = parse_record(record_file)
   checksums = dict(record.get("sha256") or {})
   for folder, _, names in os.walk(path):
     for name in names:
       full = os.path.join(folder, name)
-      if full != record_path:
+      if full != record_file:
         checksums[os.path.relpath(full, path)] = sha256(full)
   record["sha256"] = dict(sorted(checksums.items()))
-  tmp = f"{record_path}.{os.getpid()}.tmp"
+  tmp = f"{record_file}.{os.getpid()}.tmp"
   with open(tmp, "w", encoding="utf-8") as f:
     json.dump(record, f, indent=1)
-  os.replace(tmp, record_path)
+  os.replace(tmp, record_file)
 
 
 def _rename_no_replace(source: str, target: str) -> bool:
@@ -320,10 +301,6 @@ def _process_runs(pid: int) -> bool:
   except PermissionError:
     return True
   return True
-
-
-def _record_candidates(path: str) -> List[str]:
-  return [os.path.join(path, EXPORT_JSON), os.path.join(path, "assets.extra", EXPORT_JSON)]
 
 
 def _inside(root: str, path: str) -> bool:

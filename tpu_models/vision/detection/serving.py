@@ -271,7 +271,7 @@ class DetectorServing:
     return {"serving_default": dict(common, **self.detector.instance_output_docs(d)),
             "serve_images": dict(common, **self.detector.instance_output_docs(d, ("H", "W")))}
 
-  # Deployment (LiteRT, ONNX: tpu_models/deploy.py).
+  # Deployment (LiteRT, ONNX: tpu_models/export/).
 
   def _export_shape(self) -> Tuple[int, int]:
     return image_lib.export_image_shape(self.config.export_image_shape, self.image_size)
