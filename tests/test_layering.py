@@ -42,6 +42,7 @@ LAYERS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("data", ("tpu_models.data.",)),
     ("training", ("tpu_models.training.",)),
     ("shared vision", ("tpu_models.vision.layers", "tpu_models.vision.image.",
+                       "tpu_models.vision.backbones.",
                        "tpu_models.vision.records", "tpu_models.vision.family",
                        "tpu_models.vision")),
     ("families", ("tpu_models.vision.classification.", "tpu_models.vision.detection.",
@@ -71,8 +72,6 @@ KNOWN = {
 # move to shared vision modules (a backbones module, the converters' shared code).
 # Not required to occur: the entries go as those moves land; no new one may be added.
 MOVING = {
-    ("tpu_models.vision.detection.backbone", "tpu_models.vision.classification.resnet"),
-    ("tpu_models.vision.detection.retinanet", "tpu_models.vision.classification.resnet"),
     ("tpu_models.vision.detection.cli", "tpu_models.vision.classification.cli"),
     ("tpu_models.vision.detection.keras_hub", "tpu_models.vision.classification.keras_hub"),
     ("tpu_models.vision.detection.keras_hub", "tpu_models.vision.classification.torchvision"),

@@ -69,7 +69,7 @@ from tpu_models.config import SIZE
 from tpu_models.builders import preset
 from tpu_models.errors import ConfigError
 from tpu_models.registry import register_model
-from tpu_models.vision.classification.resnet import PADDINGS  # As ResNet's (module docstring).
+from tpu_models.vision.backbones.resnet import PADDINGS  # As ResNet's (module docstring).
 from tpu_models.vision.layers import (BatchNormFactory, DepthwiseConv2D, EigenConv2D, PointwiseConv2D,
                                      StochasticDepth)
 

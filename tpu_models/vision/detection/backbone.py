@@ -4,7 +4,7 @@
                                      fpn_channels=256)
     pyramid[3]  # KerasTensor [B, H / 8, W / 8, 256]; one per level min_level..max_level
 
-  backbone  ResNet v1.5 (tpu_models.vision.classification.resnet, include_top=False):
+  backbone  ResNet v1.5 (tpu_models.vision.backbones.resnet, include_top=False):
             C2-C5 (C_l at stride 2^l; the stem must keep stride 4: `STEMS`).
   fpn       lateral 1x1 convs on C_min..C5, top-down sum with nearest 2x
             upsampling, a 3x3 output conv per level; P6 = 3x3/2 conv of P5
@@ -27,7 +27,7 @@ from typing import Dict, List, Optional
 import keras
 
 from tpu_models.errors import ConfigError
-from tpu_models.vision.classification import resnet as resnet_lib
+from tpu_models.vision.backbones import resnet as resnet_lib
 from tpu_models.vision.layers import EigenConv2D, FusedBatchNormalization
 
 MAX_LEVEL = 5  # ResNet's last stage, C5: stride 32.

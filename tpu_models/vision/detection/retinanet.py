@@ -53,7 +53,7 @@ import tensorflow as tf
 
 from tpu_models.config import SIZE
 from tpu_models.errors import ConfigError
-from tpu_models.vision.classification import resnet as resnet_lib
+from tpu_models.vision.backbones import resnet as resnet_lib
 from tpu_models.vision.layers import EigenConv2D
 from tpu_models.vision.detection import anchors as anchor_ops
 from tpu_models.vision.detection import backbone as backbone_lib
@@ -137,7 +137,7 @@ def retinanet(*,
       backbone_bn_epsilon is set (Keras convention; 0.99 / 1e-3 as the Model
       Garden).
     fused_bn: use `FusedBatchNormalization` (same variables, faster).
-    backbone_stem: "imagenet" or "space_to_depth" (see resnet.py).
+    backbone_stem: "imagenet" or "space_to_depth" (see vision/backbones/resnet.py).
     backbone_width: ResNet stage-2 width (64 = the paper's ResNets).
     backbone_stage_widths: the ResNet's four stage widths (its `stage_widths`;
       the stem stays backbone_width); None = backbone_width x 1, 2, 4, 8.
@@ -148,9 +148,9 @@ def retinanet(*,
     backbone_trainable: False freezes the whole backbone (BN in inference mode).
     backbone_frozen_bn: keep the backbone's BN layers in inference mode with
       frozen statistics and affine parameters (small per-replica batches).
-    backbone_pointwise_matmul: see resnet.py (`pointwise_matmul`).
-    backbone_project_first_shortcut: see resnet.py (`project_first_shortcut`;
-      Model Garden's ResNet-18/34 backbones).
+    backbone_pointwise_matmul: see vision/backbones/resnet.py (`pointwise_matmul`).
+    backbone_project_first_shortcut: see vision/backbones/resnet.py
+      (`project_first_shortcut`; Model Garden's ResNet-18/34 backbones).
     name: model name, default "retinanet".
 
   Returns:
