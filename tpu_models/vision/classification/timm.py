@@ -62,7 +62,7 @@ from typing import Dict, Optional, Sequence
 import numpy as np
 
 from tpu_models.errors import ConfigError
-from tpu_models.vision.classification.torchvision import all_layers
+from tpu_models.vision.backbones.resnet_torchvision import all_layers
 from tpu_models.vision.classification.vit import resize_position_embeddings
 from tpu_models.weights.catalogue import register_importer
 from tpu_models.weights.mapping import (NameMap, Source, conv_kernel_from_oihw,

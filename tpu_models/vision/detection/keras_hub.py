@@ -33,8 +33,8 @@ RetinaNet with:
 
 Variable names (Keras names the h5 datasets by layer kind and order):
 
-  layers/functional/layers/{conv2d,batch_normalization}_N   backbone/* (the
-                                       classification importer's ResNet order)
+  layers/functional/layers/{conv2d,batch_normalization}_N   backbone/* (keras-hub's
+                                       ResNet order: vision/backbones/resnet_keras_hub.py)
   layers/feature_pyramid/lateral_conv_layers/conv2d_{l-3}   fpn/lateral_p{l}
   layers/feature_pyramid/output_conv_layers/conv2d_{l-3}    fpn/output_p{l}
                                        (l = 3..5), fpn/coarser_p6 and _p7 (3, 4)
@@ -49,8 +49,8 @@ Variable names (Keras names the h5 datasets by layer kind and order):
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from tpu_models.errors import ConfigError
-from tpu_models.vision.classification import keras_hub as classification_keras_hub
-from tpu_models.vision.classification import torchvision as resnet_torchvision
+from tpu_models.vision.backbones import resnet_keras_hub
+from tpu_models.vision.backbones import resnet_torchvision
 from tpu_models.vision.detection import anchors as anchor_ops
 from tpu_models.vision.detection import torchvision as tv_retinanet
 from tpu_models.weights.catalogue import register_importer
@@ -88,7 +88,7 @@ def check_config(backbone_config: Mapping[str, Any],
     raise ConfigError(f"keras-hub RetinaNet image_encoder "
                       f"{backbone_config['image_encoder'].get('class_name')}: ours has a ResNet "
                       f"backbone.")
-  classification_keras_hub.check_backbone_config(encoder)
+  resnet_keras_hub.check_backbone_config(encoder)
   if backbone_config.get("use_fpn_batch_norm"):
     raise ConfigError("keras-hub RetinaNet use_fpn_batch_norm: true (norms after the lateral "
                       "convs, before the top-down sum): ours normalises the FPN outputs.")
@@ -117,7 +117,7 @@ def model_params(preset_config: Mapping[str, Any],
   config = _config(preset_config)
   check_config(config, task_config)
   encoder = _config(config["image_encoder"])
-  depth_name, resnet = classification_keras_hub.model_params({"config": encoder})
+  depth_name, resnet = resnet_keras_hub.model_params({"config": encoder})
   del depth_name
   task = _config(task_config)
   generator = _config(task.get("anchor_generator"))
@@ -168,7 +168,7 @@ def retinanet_name_map(model, store, *, num_scales: int = 3,
   check_config(_config(store.config), store.task_config)
   check_conventions(model)
   paths = [v.path for v in model.variables]
-  name_map = classification_keras_hub.resnet_backbone_name_map(
+  name_map = resnet_keras_hub.resnet_backbone_name_map(
       paths, prefix="backbone/", theirs_prefix=_BACKBONE_PREFIX)
   min_level = min(int(p.split("_p")[1][0]) for p in paths if p.startswith("fpn/lateral_p"))
 

@@ -11,7 +11,7 @@ name map (current keys; files saved before torchvision 0.13 have no `.0` in
 the FPN blocks and `conv.{0,2,4,6}` in the heads, both accepted):
 
   backbone.body.*                              backbone/* (the ResNet map of
-                                               classification/torchvision.py)
+                                               vision/backbones/resnet_torchvision.py)
   backbone.fpn.inner_blocks.{l-3}.0.*          fpn/lateral_p{l}/{kernel,bias}
   backbone.fpn.layer_blocks.{l-3}.0.*          fpn/output_p{l}/*
   backbone.fpn.extra_blocks.p6, .p7            fpn/coarser_p6, fpn/coarser_p7
@@ -36,7 +36,7 @@ from typing import Sequence
 import numpy as np
 
 from tpu_models.errors import ConfigError
-from tpu_models.vision.classification import torchvision as resnet_torchvision
+from tpu_models.vision.backbones import resnet_torchvision
 from tpu_models.vision.detection import anchors as anchor_ops
 from tpu_models.weights.catalogue import register_importer
 from tpu_models.weights.mapping import (NameMap, Source, WeightsMismatchError,

@@ -15,7 +15,7 @@ detections above 0.05, class-wise NMS at 0.5, boxes under 1e-2 px dropped,
 as the published COCO_V1 file, have no `.0` in the FPN blocks, `rpn.head.conv`
 and `mask_head.mask_fcn{1..4}`: both accepted):
 
-  backbone.body.*                          backbone/* (classification/torchvision.py)
+  backbone.body.*                          backbone/* (backbones/resnet_torchvision.py)
   backbone.fpn.inner_blocks.{l-2}.0.*      fpn/lateral_p{l}   (l = 2..5)
   backbone.fpn.layer_blocks.{l-2}.0.*      fpn/output_p{l}
   rpn.head.conv.0.0.*                      rpn/conv
@@ -44,7 +44,7 @@ from typing import Sequence
 import numpy as np
 
 from tpu_models.errors import ConfigError
-from tpu_models.vision.classification import torchvision as resnet_torchvision
+from tpu_models.vision.backbones import resnet_torchvision
 from tpu_models.vision.detection import anchors as anchor_ops
 from tpu_models.vision.detection import torchvision as tv_retinanet
 from tpu_models.weights.catalogue import register_importer
