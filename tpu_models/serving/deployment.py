@@ -250,9 +250,9 @@ class ModelServer:
     self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="model")
     for host in self._hosts.values():
       host.poll()  # The first versions load before the replica takes requests.
-    say(f"replica {replica} ready on Ray node {_node_id()}: {len(self._hosts)} model(s), "
-        f"TensorFlow threads "
-        f"{self._threads}, batching {'up to ' + str(max_batch_size) if self._batching else 'off'}.")
+    say(f"replica {replica} (pid {os.getpid()}) ready on Ray node {_node_id()}: "
+        f"{len(self._hosts)} model(s), TensorFlow threads {self._threads}, "
+        f"batching {'up to ' + str(max_batch_size) if self._batching else 'off'}.")
     self._stop = threading.Event()
     self._poller = threading.Thread(target=self._poll_loop, args=(poll_seconds,), daemon=True,
                                     name="version-poller")
