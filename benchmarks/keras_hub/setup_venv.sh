@@ -16,28 +16,17 @@
 # Needs PyPI access and ~2.5 GB of disk (tensorflow is most of it).
 set -euo pipefail
 
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-venv="${KERAS_HUB_VENV:-$(cd "${here}/.." && pwd)/.venv-keras-hub}"
-keras_hub_spec="keras-hub${KERAS_HUB_VERSION:+==${KERAS_HUB_VERSION}}"
-
-check='import keras_hub, keras, tensorflow as tf, numpy, skimage, h5py; print("keras-hub", keras_hub.__version__, "keras", keras.__version__, "tensorflow", tf.__version__, "numpy", numpy.__version__, "scikit-image", skimage.__version__)'
-
-what="keras-hub"
-# Exits if the venv is already set up; else creates it with a checked Python, as `python`.
 # shellcheck source=../venv_python.sh
-source "${here}/../venv_python.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../venv_python.sh"
+venv="${KERAS_HUB_VENV:-${benchmarks}/.venv-keras-hub}"
+check='import keras_hub, keras, tensorflow as tf, numpy, skimage, h5py; print("keras-hub", keras_hub.__version__, "keras", keras.__version__, "tensorflow", tf.__version__, "numpy", numpy.__version__, "scikit-image", skimage.__version__)'
+# Exits if the venv is already set up; else creates it with a checked Python.
+setup_venv "${venv}" "keras-hub" "${check}"
 
-echo "Installing tensorflow==2.21.* ${keras_hub_spec} scikit-image into ${venv} ..."
+keras_hub_spec="keras-hub${KERAS_HUB_VERSION:+==${KERAS_HUB_VERSION}}"
 # One resolve with tensorflow pinned, so keras-hub cannot pull another tensorflow.
-# --no-cache-dir: the wheels (tensorflow alone is ~600 MB) are needed once.
-if ! "${venv}/bin/python" -m pip install --no-cache-dir \
-    "tensorflow==2.21.*" "${keras_hub_spec}" scikit-image; then
-  echo "pip could not install tensorflow==2.21.* with ${keras_hub_spec} (+ scikit-image)." \
-       "Pin a keras-hub release that supports it: KERAS_HUB_VERSION=... bash $0" >&2
-  exit 1
-fi
-if ! "${venv}/bin/python" -c "${check}"; then
-  echo "The venv ${venv} was installed but does not import keras_hub/keras/tensorflow/skimage/h5py." >&2
-  exit 1
-fi
-echo "Set up ${venv} with $("${venv}/bin/python" -c "${check}") in $(( $(date +%s) - start )) s."
+venv_install "${venv}" "pip could not install tensorflow==2.21.* with ${keras_hub_spec} (+ scikit-image). Pin a keras-hub release that supports it: KERAS_HUB_VERSION=... bash $0" \
+    "tensorflow==2.21.*" "${keras_hub_spec}" scikit-image
+venv_check "${venv}" "${check}" \
+    "The venv ${venv} was installed but does not import keras_hub/keras/tensorflow/skimage/h5py."
+venv_done "${venv}" "$("${venv}/bin/python" -c "${check}")"

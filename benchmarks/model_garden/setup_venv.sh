@@ -15,18 +15,16 @@
 # takes ~5 minutes.
 set -euo pipefail
 
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-venv="$(cd "${here}/.." && pwd)/.venv-model-garden"
+# shellcheck source=../venv_python.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../venv_python.sh"
+venv="${benchmarks}/.venv-model-garden"
+check='import official.vision.modeling.factory, tf_keras, tensorflow as tf, importlib.metadata as m; print("tf-models-official", m.version("tf-models-official"), "tensorflow", tf.__version__, "tf-keras", m.version("tf-keras"))'
+# Exits if the venv is already set up; else creates it with a checked Python.
+setup_venv "${venv}" "Model Garden" "${check}"
+"${venv}/bin/python" -m pip install --quiet --upgrade pip wheel setuptools
+
 # Newest release first; the first that resolves and imports wins. Set MG_VERSION to pin.
 versions="${MG_VERSION:-2.20.0 2.19.1 2.18.0}"
-
-check='import official.vision.modeling.factory, tf_keras, tensorflow as tf, importlib.metadata as m; print("tf-models-official", m.version("tf-models-official"), "tensorflow", tf.__version__, "tf-keras", m.version("tf-keras"))'
-
-what="Model Garden"
-# Exits if the venv is already set up; else creates it with a checked Python, as `python`.
-# shellcheck source=../venv_python.sh
-source "${here}/../venv_python.sh"
-"${venv}/bin/python" -m pip install --quiet --upgrade pip wheel setuptools
 
 installed=""
 for version in ${versions}; do
@@ -44,4 +42,4 @@ if [[ -z "${installed}" ]]; then
   echo "Could not install any of: ${versions}" >&2
   exit 1
 fi
-echo "Set up ${venv} with tf-models-official==${installed} in $(( $(date +%s) - start )) s."
+venv_done "${venv}" "tf-models-official==${installed}"

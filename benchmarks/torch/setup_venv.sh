@@ -17,8 +17,12 @@
 # build, ~0.7 GB). Idempotent: exits at once if the venv already imports everything.
 set -euo pipefail
 
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-venv="${TORCH_VENV:-$(cd "${here}/.." && pwd)/.venv-torch}"
+# shellcheck source=../venv_python.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../venv_python.sh"
+venv="${TORCH_VENV:-${benchmarks}/.venv-torch}"
+check='import torch, torchvision, timm, safetensors, numpy, skimage, importlib.metadata as m; torchvision.ops.nms(torch.zeros(1, 4), torch.zeros(1), 0.5); print("torch", torch.__version__, "torchvision", torchvision.__version__, "timm", timm.__version__, "safetensors", m.version("safetensors"), "numpy", numpy.__version__, "scikit-image", skimage.__version__)'
+# Exits if the venv is already set up; else creates it with a checked Python.
+setup_venv "${venv}" "torch" "${check}"
 
 case "$(uname -m)" in
   x86_64) default_torch=2.14.1; default_torchvision=0.29.1 ;;
@@ -27,28 +31,10 @@ case "$(uname -m)" in
 esac
 torch_version="${TORCH_VERSION:-${default_torch}}"
 torchvision_version="${TORCHVISION_VERSION:-${default_torchvision}}"
-
-check='import torch, torchvision, timm, safetensors, numpy, skimage, importlib.metadata as m; torchvision.ops.nms(torch.zeros(1, 4), torch.zeros(1), 0.5); print("torch", torch.__version__, "torchvision", torchvision.__version__, "timm", timm.__version__, "safetensors", m.version("safetensors"), "numpy", numpy.__version__, "scikit-image", skimage.__version__)'
-
-what="torch"
-# Exits if the venv is already set up; else creates it with a checked Python, as `python`.
-# shellcheck source=../venv_python.sh
-source "${here}/../venv_python.sh"
-
-echo "Installing torch==${torch_version} torchvision==${torchvision_version} timm safetensors numpy scikit-image into ${venv} ..."
 # One resolve, torch pinned: an unpinned torch (asked for by timm) could pull a newer multi-GB build.
-# --no-cache-dir: the wheels (torch alone is GBs) are needed once.
-if ! "${venv}/bin/python" -m pip install --no-cache-dir \
+venv_install "${venv}" "pip could not install torch==${torch_version} torchvision==${torchvision_version} (+ timm, safetensors, numpy, scikit-image). Pick a pair that exists for this Python and machine: TORCH_VERSION=... TORCHVISION_VERSION=... bash $0" \
     "torch==${torch_version}" "torchvision==${torchvision_version}" \
-    timm safetensors numpy scikit-image; then
-  echo "pip could not install torch==${torch_version} torchvision==${torchvision_version} (+ timm," \
-       "safetensors, numpy, scikit-image). Pick a pair that exists for this Python and machine:" \
-       "TORCH_VERSION=... TORCHVISION_VERSION=... bash $0" >&2
-  exit 1
-fi
-if ! "${venv}/bin/python" -c "${check}"; then
-  echo "The venv ${venv} was installed but does not import torch/torchvision/timm/safetensors/skimage" \
-       "(a torchvision built for another torch fails with 'operator torchvision::nms does not exist')." >&2
-  exit 1
-fi
-echo "Set up ${venv} with torch==${torch_version} torchvision==${torchvision_version} in $(( $(date +%s) - start )) s."
+    timm safetensors numpy scikit-image
+venv_check "${venv}" "${check}" \
+    "The venv ${venv} was installed but does not import torch/torchvision/timm/safetensors/skimage (a torchvision built for another torch fails with 'operator torchvision::nms does not exist')."
+venv_done "${venv}" "torch==${torch_version} torchvision==${torchvision_version}"
