@@ -5,7 +5,8 @@
                            the detectors' backbone (vision/detection/backbone.py)
     resnet_torchvision.py  torchvision/timm ResNet state dicts -> our ResNet's variables
     resnet_keras_hub.py    keras-hub's ResNetBackbone (config, h5 layer order) -> ours
+    resnet_model_garden.py Model Garden's ResNet backbone (object paths, options) -> ours
 
-The families' importers (their torchvision.py, keras_hub.py) register the
+The families' importers (their torchvision.py, keras_hub.py, model_garden.py) register the
 name maps; these modules only build them.
 """

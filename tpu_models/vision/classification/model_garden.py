@@ -3,11 +3,10 @@
     model = create_model("resnet", **model_params(mg_model_config))
     load_weights(model, "/ckpts/resnet50/ckpt-N", "model_garden")   # tpu_models.weights
 
-A Model Garden checkpoint is a TF2 object-graph checkpoint written by its
-trainer: `tf.train.Checkpoint(global_step, model, optimizer, **checkpoint_items)`
-(read by `tpu_models.weights.stores.ObjectGraphStore`; every path through the
-object graph is accepted, so backbone-only checkpoints and trainer checkpoints
-both load). `resnet_imagenet`'s ClassificationModel maps 1:1 onto our ResNet.
+`resnet_imagenet`'s ClassificationModel maps 1:1 onto our ResNet: the backbone
+by the shared map (tpu_models/vision/backbones/resnet_model_garden.py: the
+checkpoint's layout, the object paths; its names are importable from here as
+before), the Dense head onto `logits`.
 
 Settings that must match for parity (they change no variable, so the checkpoint
 cannot tell): `bn_epsilon` (Model Garden resnet_imagenet 1e-5: our default),
@@ -17,75 +16,17 @@ of the first block of every stage; checked: the import fails without it, with
 a hint). `model_params` derives all of them from Model Garden's model config.
 """
 
-import re
-from typing import Any, Dict, Mapping, Sequence, Tuple
+from typing import Any, Dict, Mapping, Tuple
 
-from tpu_models.errors import ConfigError
+from tpu_models.vision.backbones.resnet_model_garden import (BASIC_BLOCK_DEPTHS, BN_VARIABLES,
+                                                             check_resnet_options,
+                                                             layer_variables,
+                                                             resnet_backbone_name_map, under)
 from tpu_models.weights.catalogue import register_importer
 from tpu_models.weights.mapping import NameMap, Source
 
-BN_VARIABLES = ("gamma", "beta", "moving_mean", "moving_variance")
-# Model Garden's ResNet-18/34 project the first shortcut of every stage (see resnet.py).
-_BASIC_BLOCK_DEPTHS = (18, 34)
-
-# Model Garden's ResNet backbone is a functional Keras 2 model whose weighted
-# layers are, in order: the stem conv (0), the stem BN (1), then one
-# ResidualBlock / BottleneckBlock per block, stage by stage (2, 3, ...). Inside a
-# block: _conv1.._conv3 with _norm1.._norm3 after them, and _shortcut / _norm0
-# for the projection shortcut.
-_RESNET_BLOCK_LAYERS = {  # Our layer suffix -> the block attribute in Model Garden.
-    "conv1": "_conv1", "bn1": "_norm1",
-    "conv2": "_conv2", "bn2": "_norm2",
-    "conv3": "_conv3", "bn3": "_norm3",
-    "shortcut_conv": "_shortcut", "shortcut_bn": "_norm0",
-}
-# Where the backbone sits: a trainer checkpoint (model._backbone, or the
-# `backbone` checkpoint item), or the classifier's first weighted layer.
-_BACKBONE_ROOTS = ("model/_backbone", "backbone", "model/layer_with_weights-0")
-_BLOCK_RE = re.compile(r"^stage(\d)_block(\d+)_")
-
-
-def under(roots: Sequence[str], suffix: str) -> Tuple[str, ...]:
-  """`suffix` under each of `roots` (candidate object paths)."""
-  return tuple(f"{root}/{suffix}" for root in roots)
-
-
-def layer_variables(ours: str, theirs_roots: Sequence[str], names: Sequence[str]) -> NameMap:
-  """{ours/name: Source(theirs_root/name ...)} for each variable name."""
-  return NameMap({f"{ours}/{name}": Source(under(theirs_roots, name)) for name in names})
-
-
-def resnet_backbone_name_map(our_paths: Sequence[str], prefix: str = "",
-                             roots: Sequence[str] = _BACKBONE_ROOTS) -> NameMap:
-  """Our ResNet backbone variables -> Model Garden's ResNet backbone (by object path).
-
-  Args:
-    our_paths: our model's variable paths (the blocks are read from them).
-    prefix: our backbone's path prefix ("" for the classifier, "backbone/" in RetinaNet).
-    roots: candidate object paths of Model Garden's backbone in the checkpoint.
-
-  Returns:
-    {our variable path: Source}, with the ResNet-18/34 shortcut hint.
-  """
-  name_map = NameMap()
-  name_map.update(layer_variables(f"{prefix}conv1", under(roots, "layer_with_weights-0"),
-                                  ["kernel"]))
-  name_map.update(layer_variables(f"{prefix}bn1", under(roots, "layer_with_weights-1"),
-                                  BN_VARIABLES))
-  blocks = sorted({(int(m.group(1)), int(m.group(2))) for path in our_paths
-                   for m in [_BLOCK_RE.match(path[len(prefix):])]
-                   if path.startswith(prefix) and m})
-  for index, (stage, block) in enumerate(blocks, start=2):
-    block_roots = under(roots, f"layer_with_weights-{index}")
-    for ours, theirs in _RESNET_BLOCK_LAYERS.items():
-      names = ["kernel"] if "conv" in ours else BN_VARIABLES
-      name_map.update(layer_variables(f"{prefix}stage{stage}_block{block}_{ours}",
-                                      under(block_roots, theirs), names))
-  name_map.hints.append((
-      lambda mismatch: any("_shortcut" in u for u in mismatch.unused),
-      "Model Garden's ResNet-18/34 project the first shortcut of every stage; build ours "
-      "with project_first_shortcut: true (RetinaNet: backbone_project_first_shortcut: true)."))
-  return name_map
+__all__ = ["BASIC_BLOCK_DEPTHS", "BN_VARIABLES", "check_resnet_options", "layer_variables",
+           "model_params", "resnet_backbone_name_map", "resnet_name_map", "under"]
 
 
 @register_importer("model_garden", "resnet", models=("resnet*",), store_format="object_graph",
@@ -109,18 +50,6 @@ def resnet_name_map(model, store=None) -> NameMap:
 # Garden's outputs: tests/helpers/model_garden_parity.py).
 
 
-def check_resnet_options(resnet: Mapping[str, Any]) -> None:
-  """Model Garden ResNet options our ResNet does not have (exact parity impossible)."""
-  unsupported = {
-      "stem_type": ("v0",), "se_ratio": (0.0, None), "resnetd_shortcut": (False,),
-      "replace_stem_max_pool": (False,),
-  }
-  for key, allowed in unsupported.items():
-    if key in resnet and resnet[key] not in allowed:
-      raise ConfigError(f"Model Garden ResNet option {key}={resnet[key]!r} has no equivalent in "
-                        f"tpu_models' ResNet (supported: {allowed[0]!r}).")
-
-
 def model_params(mg: Mapping[str, Any]) -> Tuple[str, Dict[str, Any]]:
   """(registered model name, builder kwargs) of our ResNet equal to a Model Garden one.
 
@@ -138,6 +67,6 @@ def model_params(mg: Mapping[str, Any]) -> Tuple[str, Dict[str, Any]]:
       "width": int(round(64 * float(resnet.get("depth_multiplier", 1.0)))),
       "bn_epsilon": float(mg["norm_activation"]["norm_epsilon"]),
       "bn_momentum": float(mg["norm_activation"]["norm_momentum"]),
-      "project_first_shortcut": depth in _BASIC_BLOCK_DEPTHS,
+      "project_first_shortcut": depth in BASIC_BLOCK_DEPTHS,
       "dropout_rate": float(mg.get("dropout_rate", 0.0)),
   }

@@ -5,7 +5,7 @@
     load_weights(model, "/ckpts/retinanet/ckpt-33264", "model_garden")   # tpu_models.weights
 
 The backbone maps as Model Garden's ResNet classifier does
-(tpu_models.vision.classification.model_garden); the FPN is found by its
+(tpu_models.vision.backbones.resnet_model_garden); the FPN is found by its
 variables' own names (its object paths are an artefact of Keras's graph
 traversal); the head by object path. Model Garden predicts K + 1 classes per
 anchor with background at 0: the importer drops that column (our K real
@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Mapping, Sequence, Tuple
 import numpy as np
 
 from tpu_models.errors import ConfigError
-from tpu_models.vision.classification import model_garden as resnet_mg
+from tpu_models.vision.backbones import resnet_model_garden as resnet_mg
 from tpu_models.weights.catalogue import register_importer
 from tpu_models.weights.mapping import NameMap, Source, WeightsMismatchError
 
@@ -135,7 +135,7 @@ def model_params(mg: Mapping[str, Any]) -> Tuple[str, Dict[str, Any]]:
       "bn_epsilon": float(mg["norm_activation"]["norm_epsilon"]),
       "bn_momentum": float(mg["norm_activation"]["norm_momentum"]),
       "backbone_width": int(round(64 * float(resnet.get("depth_multiplier", 1.0)))),
-      "backbone_project_first_shortcut": depth in (18, 34),
+      "backbone_project_first_shortcut": depth in resnet_mg.BASIC_BLOCK_DEPTHS,
   }
 
 
@@ -308,5 +308,5 @@ def maskrcnn_model_params(mg: Mapping[str, Any]) -> Tuple[str, Dict[str, Any]]:
       "bn_epsilon": float(mg["norm_activation"]["norm_epsilon"]),
       "bn_momentum": float(mg["norm_activation"]["norm_momentum"]),
       "backbone_width": int(round(64 * float(resnet.get("depth_multiplier", 1.0)))),
-      "backbone_project_first_shortcut": depth in (18, 34),
+      "backbone_project_first_shortcut": depth in resnet_mg.BASIC_BLOCK_DEPTHS,
   }
