@@ -34,7 +34,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tpu_models.config import DataConfig, ModelConfig, TaskConfig
+from tpu_models.config import DataConfig, ModelConfig
 from tpu_models.data import pipeline
 from tpu_models.text import inputs as text_lib
 from tpu_models.errors import ConfigError
@@ -47,29 +47,14 @@ SAMPLE_METHODS = ("greedy", "top_k")
 
 
 @dataclasses.dataclass
-class LanguageModelingConfig(TaskConfig):
+class LanguageModelingConfig(text_task.TextTaskConfig):
   name: str = "language_modeling"
-  # vocab_size may be left out: it is read from the vocabulary at vocab_path.
   model: ModelConfig = dataclasses.field(
       default_factory=lambda: ModelConfig("transformer_lm_tiny"))
-  train_data: DataConfig = dataclasses.field(
-      default_factory=lambda: DataConfig(source="de_en_dictionary", split="train",
-                                         global_batch_size=64))
-  eval_data: DataConfig = dataclasses.field(
-      default_factory=lambda: DataConfig(source="de_en_dictionary", split="validation",
-                                         global_batch_size=64, shuffle_buffer=0))
-  # Evaluated once after training (`tpu-models train`), never for model selection.
-  test_data: Optional[DataConfig] = None
-  vocab_path: str = ""  # SentencePiece .model written by `tpu-models vocab`.
   # The string feature modelled: "targets" / "inputs" of a parallel source, "text" of text_lines.
   text_feature: str = "targets"
   max_length: int = 64  # Tokens per row, EOS included. Longer training texts are dropped.
-  packing: bool = True
-  pack_window: int = 256
   label_smoothing: float = 0.0
-  # Share of training texts drawn from `sentences_split` of the same source (0 = off).
-  oversample_sentences: float = 0.0
-  sentences_split: str = "train_sentences"
   unigram_baseline: bool = False  # Also report a unigram model's perplexity (see docstring).
   # Sampling defaults (`tpu-models sample`, exported signatures).
   prompt_max_length: int = 32  # Prompt tokens kept (the last ones).
@@ -136,15 +121,8 @@ class LanguageModelingTask(TextTask, Servable, Sampler):
     def decode(element):
       return {"targets": vocab.encode(self._text(element))}
 
-    def transform(dataset):
-      if training:
-        return self.training_rows(dataset, lengths)
-      dataset = text_lib.pad_to_length(dataset, lengths, truncate=True)
-      return dataset.map(lambda f: (f, {"targets": f["targets"]}))
-
-    source = self.training_source(data, input_context) if training else None
-    return pipeline.build_dataset(data, decode, training=training, input_context=input_context,
-                                  dataset=source, transform=transform)
+    return self.token_dataset(data, decode, lengths, training,
+                              lambda f: (f, {"targets": f["targets"]}), input_context)
 
   def synthetic_inputs(self, split: str,
                        input_context: Optional[tf.distribute.InputContext] = None

@@ -16,7 +16,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tpu_models.config import DataConfig, ModelConfig
+from tpu_models.config import DataConfig, ModelConfig, TaskConfig
 from tpu_models.data import pipeline
 from tpu_models.text import inputs as text_lib
 from tpu_models.errors import ConfigError
@@ -25,6 +25,32 @@ from tpu_models.registry import DATASETS, model_signature
 from tpu_models.task import HIGHER, LOWER, LossResult, Task
 
 VOCAB_COMMAND = "tpu-models vocab SOURCE --output PREFIX --vocab-size N"
+
+
+def _dictionary_data(split: str, shuffle_buffer: Optional[int] = None) -> DataConfig:
+  extra = {} if shuffle_buffer is None else {"shuffle_buffer": shuffle_buffer}
+  return DataConfig(source="de_en_dictionary", split=split, global_batch_size=64, **extra)
+
+
+@dataclasses.dataclass
+class TextTaskConfig(TaskConfig):
+  """The keys both text tasks read (`TextTask`): data, vocabulary, packing, oversampling.
+
+  The defaults train on the German-English dictionary's splits (64 rows a batch).
+  """
+  # vocab_size may be left out: it is read from the vocabulary at vocab_path.
+  train_data: DataConfig = dataclasses.field(default_factory=lambda: _dictionary_data("train"))
+  eval_data: DataConfig = dataclasses.field(
+      default_factory=lambda: _dictionary_data("validation", shuffle_buffer=0))
+  # Evaluated once after training (`tpu-models train`), never for model selection.
+  test_data: Optional[DataConfig] = None
+  vocab_path: str = ""  # SentencePiece .model written by `tpu-models vocab`.
+  packing: bool = True  # Several training rows per packed row (segment ids, positions).
+  pack_window: int = 256  # Rows considered together by the first-fit packer.
+  # Share of training rows drawn from `sentences_split` of the same source (0 = off),
+  # the rest from train_data.split: oversamples the whole sentences of the dictionary.
+  oversample_sentences: float = 0.0
+  sentences_split: str = "train_sentences"
 
 
 _VOCABS: Dict[str, text_lib.SentencePieceVocab] = {}
@@ -242,6 +268,22 @@ class TextTask(Task):
     else:
       dataset = text_lib.pad_to_length(dataset, lengths)
     return dataset.map(lambda f: (f, {"targets": f["targets"]}))
+
+  def token_dataset(self, data: DataConfig, decode, lengths: Dict[str, int], training: bool,
+                    eval_row, input_context) -> tf.data.Dataset:
+    """The batched rows of `data`: each element decoded to id sequences by `decode`, then
+    training rows (`training_rows`, with `oversample_sentences` mixed in) or, for
+    evaluation, every sequence padded or cut to `lengths` and made a row by `eval_row`
+    (features dict -> (features, labels))."""
+    def transform(dataset):
+      if training:
+        return self.training_rows(dataset, lengths)
+      # Evaluation: every row, truncated if it must be (counted in the log).
+      return text_lib.pad_to_length(dataset, lengths, truncate=True).map(eval_row)
+
+    source = self.training_source(data, input_context) if training else None
+    return pipeline.build_dataset(data, decode, training=training, input_context=input_context,
+                                  dataset=source, transform=transform)
 
   def synthetic_ids(self, length: int, seed: int, real: int) -> tf.Tensor:
     """int32 [length]: `real` random ids ending in EOS, then padding."""

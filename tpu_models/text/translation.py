@@ -53,41 +53,25 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tpu_models.config import SIZE, DataConfig, ModelConfig, TaskConfig
+from tpu_models.config import SIZE, ModelConfig
 from tpu_models.data import pipeline
 from tpu_models.text import inputs as text_lib
 from tpu_models.errors import ConfigError
 from tpu_models.registry import register_task
 from tpu_models.errors import DataError
 from tpu_models.task import HIGHER, Agreement, Deployable, DeployFunction, Sampler, Servable
-from tpu_models.text.task import TextTask, model_param, token_sums
+from tpu_models.text.task import TextTask, TextTaskConfig, model_param, token_sums
 
 
 @dataclasses.dataclass
-class TranslationConfig(TaskConfig):
+class TranslationConfig(TextTaskConfig):
   name: str = "translation"
-  # vocab_size may be left out: it is read from the vocabulary at vocab_path.
   model: ModelConfig = dataclasses.field(default_factory=lambda: ModelConfig("transformer_tiny"))
-  train_data: DataConfig = dataclasses.field(
-      default_factory=lambda: DataConfig(source="de_en_dictionary", split="train",
-                                         global_batch_size=64))
-  eval_data: DataConfig = dataclasses.field(
-      default_factory=lambda: DataConfig(source="de_en_dictionary", split="validation",
-                                         global_batch_size=64, shuffle_buffer=0))
-  # Evaluated once after training (`tpu-models train`), never for model selection.
-  test_data: Optional[DataConfig] = None
-  vocab_path: str = ""  # SentencePiece .model written by `tpu-models vocab`.
   max_input_length: int = 64  # Tokens, EOS included. Longer training pairs are dropped.
   max_target_length: int = 64
   # Evaluation rows (inputs and targets); longer pairs are cut, counted. 0 = the lengths above.
   eval_max_length: int = 0
-  packing: bool = True  # Several training pairs per row (segment ids, positions).
-  pack_window: int = 256  # Pairs considered together by the first-fit packer.
   label_smoothing: float = 0.1
-  # Share of training pairs drawn from `sentences_split` of the same source (0 = off),
-  # the rest from train_data.split: oversamples the whole sentences of the dictionary.
-  oversample_sentences: float = 0.0
-  sentences_split: str = "train_sentences"
   eval_bleu: bool = True  # Beam search + BLEU/chrF in every evaluation.
   beam_size: Annotated[int, SIZE] = 4  # 1 = greedy.
   alpha: float = 0.6  # GNMT length penalty.
@@ -189,17 +173,11 @@ class TranslationTask(TextTask, Servable, Sampler, Deployable):
         out["reference"] = text_to_bytes(element["targets"], cfg.reference_max_bytes)
       return out
 
-    def transform(dataset):
-      if training:
-        return self.training_rows(dataset, lengths)
-      # Evaluation: every pair, truncated if it must be (counted in the log).
-      dataset = text_lib.pad_to_length(dataset, lengths, truncate=True)
-      return dataset.map(lambda f: ({"inputs": f["inputs"], "targets": f["targets"]},
-                                    {"targets": f["targets"], "reference": f["reference"]}))
+    def eval_row(f):
+      return ({"inputs": f["inputs"], "targets": f["targets"]},
+              {"targets": f["targets"], "reference": f["reference"]})
 
-    source = self.training_source(data, input_context) if training else None
-    return pipeline.build_dataset(data, decode, training=training, input_context=input_context,
-                                  dataset=source, transform=transform)
+    return self.token_dataset(data, decode, lengths, training, eval_row, input_context)
 
   def synthetic_inputs(self, split: str,
                        input_context: Optional[tf.distribute.InputContext] = None
