@@ -151,8 +151,6 @@ def test_base_cycles_and_lists_are_one_line_errors(tmp_path):
 
 SIZE_NAMES = re.compile(r"^(size|width|depth|channels|num_\w+|\w+_(size|width|depth|channels|"
                         r"heads|layers))$")
-# The core's own lower bounds (config._AT_LEAST, beside its dataclasses) declare these.
-NOT_SIZES = {name for _, name in config_lib._AT_LEAST}  # pylint: disable=protected-access
 
 
 def _numeric_unbounded(hints, name, default):
@@ -176,7 +174,7 @@ def test_every_registered_setting_named_as_a_size_declares_its_range():
     seen.add(cls)
     hints = typing.get_type_hints(cls, include_extras=True)
     for field in dataclasses.fields(cls):
-      if (SIZE_NAMES.match(field.name) and field.name not in NOT_SIZES
+      if (SIZE_NAMES.match(field.name)
           and _numeric_unbounded(hints, field.name, field.default)):
         missing.append(f"{where}.{field.name}")
       for arg in (hints[field.name],) + typing.get_args(hints[field.name]):
@@ -194,7 +192,7 @@ def test_every_registered_setting_named_as_a_size_declares_its_range():
       continue
     hints = typing.get_type_hints(builder, include_extras=True)
     for parameter in inspect.signature(builder).parameters.values():
-      if (SIZE_NAMES.match(parameter.name) and parameter.name not in NOT_SIZES
+      if (SIZE_NAMES.match(parameter.name)
           and _numeric_unbounded(hints, parameter.name, parameter.default)):
         missing.append(f"model {name}: {parameter.name}")
   for name in registry.list_tasks():

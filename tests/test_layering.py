@@ -29,6 +29,7 @@ LAYERS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("base", ("tpu_models.errors", "tpu_models.paths", "tpu_models.startup",
               "tpu_models.onednn")),
     ("names", ("tpu_models.registry", "tpu_models.restore", "tpu_models.config",
+               "tpu_models.config.",
                "tpu_models.distribute", "tpu_models.builders",
                "tpu_models.training.model_dir", "tpu_models.training.precision",
                "tpu_models.training.host_memory", "tpu_models.weights.mapping",
