@@ -419,7 +419,8 @@ class ModelServer:
       models.append({"name": name, "version": snapshot.default,
                      "task": _task_name(servable) if servable else None,
                      "input": _input_kind(servable) if servable else None,
-                     "signatures": sorted(servable.signatures) if servable else []})
+                     "signatures": sorted(servable.signatures) if servable else [],
+                     "picture": _picture_input(servable) if servable else None})
     return JSONResponse({"models": models})
 
   async def _metrics(self, request):
@@ -538,6 +539,28 @@ def _input_kind(servable) -> str:
   upload), else "text" (a text box)."""
   keys = [key for signature in servable.signatures.values() for key in signature.inputs]
   return "image" if any("image" in key for key in keys) else "text"
+
+
+def _picture_input(servable) -> Optional[Dict[str, Any]]:
+  """How the page sends a picture: its encoded bytes ({"b64": ...}, `"as": "b64"`) to a
+  signature whose image input takes strings, serving_default first; else uint8 pixels
+  [1, H, W, 3] (`"as": "pixels"`) to one whose image input takes them, with `height` and
+  `width` the export's fixed size (None where any size runs: a LiteRT export without a bytes
+  signature, e.g.). None when no signature takes pictures."""
+  names = sorted(servable.signatures, key=lambda name: (name != "serving_default", name))
+  for kind in ("b64", "pixels"):
+    for name in names:
+      for key, spec in servable.signatures[name].inputs.items():
+        if "image" not in key:
+          continue
+        if kind == "b64" and spec.dtype == np.dtype(object):
+          return {"signature": name, "input": key, "as": "b64"}
+        if (kind == "pixels" and spec.dtype == np.uint8 and spec.shape is not None and
+            len(spec.shape) == 4 and spec.shape[3] == 3):
+          height, width = (size if size > 0 else None for size in spec.shape[1:3])
+          return {"signature": name, "input": key, "as": "pixels", "height": height,
+                  "width": width}
+  return None
 
 
 def _task_name(servable: Servable) -> Optional[str]:

@@ -1,7 +1,9 @@
 """`GET /`: one static page to try the served models by hand.
 
-Pick a model; for a model whose serving_default takes images choose a JPEG/PNG (shown at
-once) and press Run (sent as {"b64": ...}) to see its answer drawn by structure: boxes
+Pick a model; for a model that takes images choose a JPEG/PNG (shown at once) and press
+Run (sent as `/ui/models` says: {"b64": ...} to the signature taking encoded pictures, else
+the browser's decoded uint8 pixels, resized to the export's fixed size if it has one, to
+the one taking pixels: a LiteRT export, e.g.) to see its answer drawn by structure: boxes
 (and masks) over the picture where the row has `<kind>_boxes`, else the five largest
 `probabilities`; for a model that takes text type a sentence, press Run and see the
 strings it answers. Pictures smaller than 256 pixels wide are shown scaled up (pixels
@@ -37,6 +39,22 @@ function headers() {
   const h = {"Content-Type": "application/json"};
   if ($("token").value) h["Authorization"] = "Bearer " + $("token").value;
   return h;
+}
+function pixels(img, height, width) {  // uint8 rows [H][W][3], resized to H x W when given.
+  const h = height || img.naturalHeight, w = width || img.naturalWidth;
+  const c = document.createElement("canvas"); c.width = w; c.height = h;
+  const g = c.getContext("2d"); g.drawImage(img, 0, 0, w, h);
+  const d = g.getImageData(0, 0, w, h).data, rows = [];
+  for (let y = 0; y < h; y++) {
+    const row = [];
+    for (let x = 0; x < w; x++) { const i = 4 * (y * w + x); row.push([d[i], d[i + 1], d[i + 2]]); }
+    rows.push(row);
+  }
+  return rows;
+}
+function pictureBody(send, url, img) {  // The :predict body of one picture, as /ui/models says.
+  const value = send.as === "b64" ? {b64: url.split(",")[1]} : pixels(img, send.height, send.width);
+  return {signature_name: send.signature, instances: [{[send.input]: value}]};
 }
 async function predict(name, body) {
   const r = await fetch("/v1/models/" + encodeURIComponent(name) + ":predict",
@@ -103,8 +121,9 @@ async function onImage() {
   try {
     const chosenFile = await picture();
     if (!chosenFile) throw new Error("choose a picture first");
-    const [url, img] = chosenFile;
-    const [row] = await predict(chosen().name, {instances: [{b64: url.split(",")[1]}]});
+    const [url, img] = chosenFile, send = chosen().picture;
+    if (!send) throw new Error("this model takes no pictures");
+    const [row] = await predict(chosen().name, pictureBody(send, url, img));
     if (!row.valid && row.reason) throw new Error(row.reason);
     if (boxesKey(row)) { $("out").textContent = draw(img, row); document.body.dataset.done = "boxes"; return; }
     show(img);
