@@ -1,4 +1,4 @@
-"""Detection converters (COCO JSON, VOC XML, CSV) -> records -> detection.parse_example."""
+"""Detection converters (COCO JSON, VOC XML, CSV) -> records -> example_lib.parse_example."""
 
 import json
 import os
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tpu_models.vision.detection import inputs as detection
+from tpu_models.vision.detection import example as example_lib
 from tpu_models.vision.detection import convert as detection_convert
 from tpu_models.errors import DataError
 
@@ -46,9 +46,9 @@ def _records(paths):
   result = {}
   for path in paths:
     for serialized in tf.data.TFRecordDataset(path):
-      parsed = detection.parse_example(serialized)
+      parsed = example_lib.parse_example(serialized)
       name = tf.train.Example.FromString(serialized.numpy()).features.feature[
-          detection.FILENAME].bytes_list.value[0].decode()
+          example_lib.FILENAME].bytes_list.value[0].decode()
       result[name] = {k: v.numpy() for k, v in parsed.items()}
   return result
 

@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from tpu_models.vision.detection import anchor_coverage as coverage
 from tpu_models.vision.detection import inputs as detection
+from tpu_models.vision.detection import example as example_lib
 from tpu_models.vision.detection import anchors as anchors_lib
 from tpu_models.vision.detection import boxes as box_ops
 
@@ -31,7 +32,7 @@ def _bright_box(image):
 
 
 def _record(boxes, classes, crowd=None, encoded=None, source_id="42"):
-  return detection.detection_example(
+  return example_lib.detection_example(
       (encoded if encoded is not None else _image_with_object()).numpy(), height=HEIGHT,
       width=WIDTH, boxes=boxes, classes=classes, is_crowd=crowd, source_id=source_id,
       image_format="PNG").SerializeToString()
@@ -165,10 +166,10 @@ def test_pad_instances_directly():
 
 def test_parse_example_rejects_lists_of_different_lengths():
   example = tf.train.Example.FromString(_record(_normalised([OBJECT]), [1]))
-  example.features.feature[detection.XMIN].float_list.value.append(0.5)
+  example.features.feature[example_lib.XMIN].float_list.value.append(0.5)
   with pytest.raises(tf.errors.InvalidArgumentError, match="one value per object"):
-    detection.parse_example(tf.constant(example.SerializeToString()))
-  parsed = detection.parse_example(tf.constant(_record(_normalised([OBJECT]), [1])))
+    example_lib.parse_example(tf.constant(example.SerializeToString()))
+  parsed = example_lib.parse_example(tf.constant(_record(_normalised([OBJECT]), [1])))
   np.testing.assert_allclose(parsed["boxes"], _normalised([OBJECT]), atol=1e-6)
   assert parsed["is_crowd"].numpy().tolist() == [False]
   assert parsed["source_id"] == 42
@@ -205,7 +206,7 @@ def _write_box_records(path, boxes_per_image, side=256):
   with tf.io.TFRecordWriter(str(path)) as writer:
     for i, boxes in enumerate(boxes_per_image):
       boxes = np.asarray(boxes, np.float32) / side
-      writer.write(detection.detection_example(
+      writer.write(example_lib.detection_example(
           pixels, height=side, width=side, boxes=boxes, classes=[i % 2] * len(boxes),
           source_id=str(i)).SerializeToString())
 

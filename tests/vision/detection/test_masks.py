@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from tpu_models.vision.detection import convert as detection_convert
 from tpu_models.vision.detection import inputs as detection
+from tpu_models.vision.detection import example as example_lib
 from tpu_models.vision.detection import masks as mask_ops
 
 coco_mask = pytest.importorskip("pycocotools.mask")
@@ -115,7 +116,7 @@ def _coco_fixture(tmp_path):
 
 
 def _parsed_records(paths):
-  return {int(r["source_id"]): r for r in (detection.parse_example(s)
+  return {int(r["source_id"]): r for r in (example_lib.parse_example(s)
                                            for s in tf.data.TFRecordDataset(paths))}
 
 
@@ -155,7 +156,7 @@ def _record_with_l_mask(with_masks=True):
   """A PNG whose white pixels are exactly the L mask, its box and (optionally) mask."""
   l_mask, (x0, y0, x1, y1) = _l_shape()
   pixels = np.repeat(l_mask[..., None] * 255, 3, axis=-1).astype(np.uint8)
-  return detection.detection_example(
+  return example_lib.detection_example(
       tf.io.encode_png(pixels).numpy(), height=HEIGHT, width=WIDTH,
       boxes=[[y0 / HEIGHT, x0 / WIDTH, y1 / HEIGHT, x1 / WIDTH]], classes=[0], source_id="7",
       image_format="PNG",
@@ -171,9 +172,9 @@ def _record_with_l_mask(with_masks=True):
 ])
 def test_mask_crop_follows_its_box_through_scale_crop_and_flip(scale, offset, flip):
   serialized = _record_with_l_mask()
-  record = detection.parse_example(serialized)
+  record = example_lib.parse_example(serialized)
   image, boxes, visible, info = detection.resize_and_pad(
-      record[detection.ENCODED], record["boxes"], 64, scale_factor=scale, offset_fraction=offset,
+      record[example_lib.ENCODED], record["boxes"], 64, scale_factor=scale, offset_fraction=offset,
       flip=flip, mean=(0, 0, 0), std=(1, 1, 1))
   assert bool(visible[0])
   masks = mask_ops.decode_mask_pngs(record["mask_pngs"])
@@ -210,7 +211,7 @@ def test_images_without_visible_boxes_decode_with_masks_without_error():
   anchors = np.array([[0, 0, 32, 32]], np.float32)
   decode = detection.build_decode_fn(64, anchors, training=True, max_instances=2,
                                      with_masks=True, mask_crop_size=8)
-  empty = detection.detection_example(
+  empty = example_lib.detection_example(
       tf.io.encode_png(np.zeros([HEIGHT, WIDTH, 3], np.uint8)).numpy(), height=HEIGHT,
       width=WIDTH, boxes=np.zeros([0, 4]), classes=[], source_id="8", image_format="PNG",
       masks=[]).SerializeToString()
@@ -218,9 +219,9 @@ def test_images_without_visible_boxes_decode_with_masks_without_error():
   assert int(labels["num_instances"]) == 0 and labels["masks"].shape == (2, 8, 8)
   assert not labels["masks"].numpy().any()
   # A zoomed-in window at the top-left corner cuts the L (rows 10-30, columns 12-36) away.
-  record = detection.parse_example(tf.constant(_record_with_l_mask()))
+  record = example_lib.parse_example(tf.constant(_record_with_l_mask()))
   _, boxes, visible, info = detection.resize_and_pad(
-      record[detection.ENCODED], record["boxes"], 64, scale_factor=8.0,
+      record[example_lib.ENCODED], record["boxes"], 64, scale_factor=8.0,
       offset_fraction=(0.0, 0.0))
   assert not bool(visible[0])
   crops = detection._visible_mask_crops(record, boxes, visible, info, False, 8)
@@ -229,9 +230,9 @@ def test_images_without_visible_boxes_decode_with_masks_without_error():
 
 def test_record_with_a_mask_count_unlike_its_boxes_is_refused():
   with pytest.raises(ValueError, match="1 boxes but 1 classes, 2 masks"):
-    detection.detection_example(b"x", height=2, width=2, boxes=[[0, 0, 1, 1]], classes=[0],
+    example_lib.detection_example(b"x", height=2, width=2, boxes=[[0, 0, 1, 1]], classes=[0],
                                 source_id="1", masks=[b"a", b"b"])
   example = tf.train.Example.FromString(_record_with_l_mask())
-  example.features.feature[detection.MASK].bytes_list.value.append(b"extra")
+  example.features.feature[example_lib.MASK].bytes_list.value.append(b"extra")
   with pytest.raises(tf.errors.InvalidArgumentError, match="one PNG per object"):
-    detection.parse_example(tf.constant(example.SerializeToString()))
+    example_lib.parse_example(tf.constant(example.SerializeToString()))

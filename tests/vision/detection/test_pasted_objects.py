@@ -95,7 +95,8 @@ def test_build_is_deterministic_and_coco_json_is_valid(fashion_mnist, tmp_path, 
   assert [e["category_id"] for e in label_map] == list(range(1, 11))
   import tensorflow as tf
   from tpu_models.vision.detection import inputs as detection
-  records = [detection.parse_example(r) for r in tf.data.TFRecordDataset(
+  from tpu_models.vision.detection import example as example_lib
+  records = [example_lib.parse_example(r) for r in tf.data.TFRecordDataset(
       first["splits"]["train"]["paths"])]
   assert len(records) == 8
   assert sum(int(tf.size(r["classes"])) for r in records) == len(data["annotations"])

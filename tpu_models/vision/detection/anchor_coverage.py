@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from tpu_models.vision.detection import anchors as anchors_lib
-from tpu_models.vision.detection import inputs as detection_data
+from tpu_models.vision.detection import example as example_lib
 
 SIZE_BUCKETS = ("small", "medium", "large")  # COCO: area < 32^2, < 96^2, larger.
 
@@ -274,8 +274,8 @@ def anchor_coverage(records_pattern: str,
         class_names = [entry["name"] for entry in json.load(f)]
 
   def boxes_in_input_pixels(serialized):
-    record = detection_data.parse_example(serialized)
-    image_bytes = record[detection_data.ENCODED]
+    record = example_lib.parse_example(serialized)
+    image_bytes = record[example_lib.ENCODED]
     hw = tf.cond(tf.logical_and(record["height"] > 0, record["width"] > 0),
                  lambda: tf.stack([record["height"], record["width"]]),
                  lambda: tf.cond(tf.io.is_jpeg(image_bytes),

@@ -56,6 +56,7 @@ from tpu_models.vision import records as records_lib
 from tpu_models.vision import image as image_lib
 from tpu_models.vision.detection import coco as coco_lib
 from tpu_models.vision.detection import inputs as detection
+from tpu_models.vision.detection import example as example_lib
 from tpu_models.vision.detection import masks as mask_ops
 from tpu_models.data import records
 from tpu_models.errors import DataError
@@ -351,7 +352,7 @@ def _write_records(images: List[_Image],
           crowd_written += sum(crowd)
           empty += not labels
           class_counts.update(names[label] for label in labels)
-          writer.write(detection.detection_example(
+          writer.write(example_lib.detection_example(
               encoded, height=height, width=width, boxes=boxes, classes=labels,
               is_crowd=crowd, class_texts=[names[label] for label in labels],
               source_id=image.source_id, filename=image.filename,

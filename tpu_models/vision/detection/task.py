@@ -56,6 +56,7 @@ from tpu_models.task import (HIGHER, DataReporter, Deployable, FilePredictor, Lo
                              Servable, Task)
 from tpu_models.vision.detection import anchors as anchors_lib
 from tpu_models.vision.detection import inputs as detection_data
+from tpu_models.vision.detection import example as example_lib
 from tpu_models.vision.detection import mask_rcnn
 from tpu_models.vision.detection import retinanet
 from tpu_models.vision.detection.detector import DetectionConfig, Detector
@@ -530,8 +531,8 @@ def _encoded_images(files: List[str], source_ids) -> Dict[int, bytes]:
   wanted, found = set(source_ids), {}
 
   def parse(serialized):
-    record = detection_data.parse_example(serialized)  # The eval pipeline's source ids.
-    return record["source_id"], record[detection_data.ENCODED]
+    record = example_lib.parse_example(serialized)  # The eval pipeline's source ids.
+    return record["source_id"], record[example_lib.ENCODED]
 
   records = tf.data.TFRecordDataset(files).map(parse).ignore_errors()
   for source_id, encoded in records.as_numpy_iterator():
