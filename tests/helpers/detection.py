@@ -34,9 +34,20 @@ def tiny_pasted_objects(tmp_path_factory, num_train: int, num_validation: int) -
 
 def train_tiny_detector(tmp_path_factory, data_dir: str, steps: int):
   """(config, model_dir) of TINY_RETINANET trained `steps` steps on `data_dir`'s records."""
-  from tpu_models import config as config_lib
   from tpu_models.training.trainer import Trainer
-  config = config_lib.experiment_from_dict({
+  config = retinanet_config(data_dir, steps)
+  model_dir = str(tmp_path_factory.mktemp("detector"))
+  trainer = Trainer(config, model_dir)
+  trainer.train()
+  trainer.close()
+  return config, model_dir
+
+
+def retinanet_config(data_dir, steps: int):
+  """The TINY_RETINANET experiment on `data_dir`'s records: `steps` steps in one loop, batch 2,
+  detection scores down to 0.001."""
+  from tpu_models import config as config_lib
+  return config_lib.experiment_from_dict({
       "task": {"name": "detection", "model": dict(TINY_RETINANET),
                "train_data": {"path": f"{data_dir}/train-*", "global_batch_size": 2},
                "eval_data": {"path": f"{data_dir}/validation-*", "global_batch_size": 2},
@@ -45,11 +56,6 @@ def train_tiny_detector(tmp_path_factory, data_dir: str, steps: int):
                   "optimizer": {"name": "adamw"},
                   "schedule": {"name": "constant", "base_lr": 0.003}, "tensorboard": False},
       "runtime": {"strategy": "cpu"}})
-  model_dir = str(tmp_path_factory.mktemp("detector"))
-  trainer = Trainer(config, model_dir)
-  trainer.train()
-  trainer.close()
-  return config, model_dir
 
 
 def train_and_write_config(config, folder):

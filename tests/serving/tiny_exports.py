@@ -1,8 +1,11 @@
 """Tiny exports for the serving tests: a 16x16 classifier trained a few steps (seconds), its
-SavedModel written as numbered versions of a MODEL_BASE, and helpers for the pictures
-the tests send."""
+SavedModel written as numbered versions of a MODEL_BASE, tiny detectors (a Mask R-CNN and a
+RetinaNet on pasted-objects records), a SavedModel that runs only at static batch sizes,
+and helpers for the pictures the tests send."""
 
+import json
 import os
+from typing import Any, Optional
 
 import keras
 import numpy as np
@@ -18,6 +21,7 @@ from tpu_models.vision.classification import example as example_lib
 
 IMAGE_SIZE = 16
 CLASSES = 4
+CLASS_LOGITS_SCALE = 30.0  # untrained_detectors'
 
 
 @register_model("serving_tiny_cnn", overwrite=True)
@@ -124,3 +128,82 @@ def publish_saved_model(config, model_dir: str, model_base: str) -> int:
       model_base, lambda output: export.export_saved_model(config, model_dir, output))
   return version
 
+
+
+def untrained_detectors(root: str) -> dict:
+  """{"maskrcnn" | "retinanet": (config, model_dir)}: helpers.detection's tiny Mask R-CNN and
+  RetinaNet (64 px input, 10 classes, 8 detections), each with a checkpoint of its seeded
+  initial weights (no training: serving answers need an export, not a good one), their
+  class logits' kernels scaled by CLASS_LOGITS_SCALE (an untrained head's scores all sit
+  within 1e-6 of its prior, and a difference in float rounding, e.g. another thread
+  count, would reorder tied detections), and detection scores down to 0.001 so every
+  answer holds detections. The configs' records are never read."""
+  from helpers.detection import maskrcnn_config, retinanet_config  # pylint: disable=g-import-not-at-top
+  from tpu_models.task import create_task  # pylint: disable=g-import-not-at-top
+  data_dir = os.path.join(root, "no-records")
+  configs = {"maskrcnn": maskrcnn_config(data_dir, ["task.model.detection_score_threshold=0.001"]),
+             "retinanet": config_lib.override(retinanet_config(data_dir, 1),
+                                              ["task.max_detections=8"])}
+  made = {}
+  for name, config in configs.items():
+    keras.utils.set_random_seed(0)
+    task = create_task(config.task)
+    model = task.build_model()
+    model(tf.zeros([1, task.image_size, task.image_size, 3]), training=False)  # Its variables.
+    for variable in model.variables:  # Scores spread apart: float rounding reorders none.
+      if variable.path.endswith("class_logits/kernel"):
+        variable.assign(variable * CLASS_LOGITS_SCALE)
+    model_dir = os.path.join(root, f"{name}_run")
+    tf.train.Checkpoint(model=model, step=tf.Variable(0, dtype=tf.int64)).save(
+        os.path.join(model_dir, "ckpt"))  # ckpt-1, as the Trainer names them.
+    made[name] = (config, model_dir)
+  return made
+
+
+def detection_pictures(seed: int = 0) -> list:
+  """Two encoded pictures for the detectors: a 64x80 JPEG and a 72x64 PNG of a few bright
+  rectangles on noise (encoded bytes)."""
+  rng = np.random.default_rng(seed)
+  pictures = []
+  for height, width in ((64, 80), (72, 64)):
+    pixels = rng.integers(0, 60, (height, width, 3), dtype=np.uint8)
+    for _ in range(3):
+      top, left = rng.integers(0, height - 16), rng.integers(0, width - 16)
+      pixels[top:top + rng.integers(12, 24), left:left + rng.integers(12, 24)] = \
+          rng.integers(120, 255, 3, dtype=np.uint8)
+    pictures.append(pixels)
+  return [jpeg(pictures[0]), png(pictures[1])]
+
+
+def write_batch_export(output: str, batch: Optional[int] = 4,
+                       declared: Any = None, seed: int = 0) -> None:
+  """A SavedModel whose signature runs only at batch `batch` (None: any batch), as a graph
+  compiled for static shapes (XLA, a TPU) does, and its export.json (with "batch_sizes":
+  `declared` when given):
+
+      serving_default(images: uint8 [batch, 16, 16, 3]) -> {"logits": float32 [batch, 4],
+          "classes": int64 [batch]}
+
+  Each row's answer depends on that row only (row means of the pixels, a seeded dense
+  layer), so padded and unpadded calls give the same answers."""
+  rng = np.random.default_rng(seed)
+  module = tf.Module()
+  module.kernel = tf.Variable(rng.normal(size=[IMAGE_SIZE * 3, CLASSES]).astype(np.float32))
+  module.bias = tf.Variable(rng.normal(size=[CLASSES]).astype(np.float32))
+
+  @tf.function(input_signature=[tf.TensorSpec([batch, IMAGE_SIZE, IMAGE_SIZE, 3], tf.uint8,
+                                               name="images")])
+  def serve(images):
+    rows = tf.reshape(tf.reduce_mean(tf.cast(images, tf.float32) / 255.0, axis=2),
+                      [-1, IMAGE_SIZE * 3])
+    logits = tf.matmul(rows, module.kernel) + module.bias
+    return {"logits": logits, "classes": tf.argmax(logits, axis=1)}
+
+  module.serve = serve
+  tf.saved_model.save(module, output, signatures={"serving_default": serve})
+  record = {"format": "saved_model", "signatures": ["serving_default"]}
+  if declared is not None:
+    record["batch_sizes"] = declared
+  os.makedirs(os.path.join(output, "assets.extra"), exist_ok=True)
+  with open(os.path.join(output, "assets.extra", "export.json"), "w") as f:
+    json.dump(record, f)

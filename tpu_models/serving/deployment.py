@@ -11,8 +11,10 @@ is one logged line, and is looked at again only when its files change.
 
 Concurrent requests are batched with `@serve.batch` (`max_batch_size`,
 `batch_wait_timeout_s`): the rows of the requests for one version, signature and row
-shape are concatenated into one call. Model calls run one at a time on a thread of
-their own, so the event loop keeps reading requests (the next batch fills meanwhile).
+shape are concatenated into one call; a signature of static batch sizes gets them
+padded to the nearest size it runs at (`Servable.run`), its answers sliced back. Model
+calls run one at a time on a thread of their own, so the event loop keeps reading
+requests (the next batch fills meanwhile).
 TensorFlow's threads are the replica's CPU share (`ray_actor_options["num_cpus"]`),
 set through `tf.config.threading` before anything runs.
 """
@@ -475,9 +477,9 @@ class ModelServer:
     first = members[0]
     inputs = (first.inputs if len(members) == 1 else
               {key: np.concatenate([m.inputs[key] for m in members]) for key in first.inputs})
-    rows = sum(m.rows() for m in members)
-    self.metrics.batch_size(model=first.model).observe(rows)
-    outputs = first.servable.run(first.signature, inputs)
+    outputs = first.servable.run(
+        first.signature, inputs,
+        on_call=lambda rows, batch: self.metrics.model_call(first.model, rows, batch))
     split, at = [], 0
     for member in members:
       n = member.rows()

@@ -3,7 +3,9 @@
     tpu_models_requests_total{route, code}          requests answered, by route and status
     tpu_models_request_errors_total{route, code}    those answered with a status >= 400
     tpu_models_request_seconds{route}               latency histogram (inside the replica)
-    tpu_models_batch_size{model}                    rows per model call (histogram)
+    tpu_models_batch_size{model}                    requests' rows per model call (histogram)
+    tpu_models_model_calls_total{model}             calls of the model's runtime
+    tpu_models_padding_rows_total{model}            rows added to reach a static batch size
     tpu_models_version_served{model}                the version unnamed requests get
     tpu_models_versions_refused_total{model}        versions refused (damaged, incomplete)
 
@@ -35,9 +37,14 @@ class ServingMetrics:
     self.latency = Histogram("tpu_models_request_seconds", "Seconds from request to answer "
                              "inside the replica, by route.", ["route"],
                              buckets=_LATENCY_BUCKETS, registry=self.registry).labels
-    self.batch_size = Histogram("tpu_models_batch_size", "Rows per model call (batched "
-                                "requests together).", ["model"], buckets=_BATCH_BUCKETS,
-                                registry=self.registry).labels
+    self.batch_size = Histogram("tpu_models_batch_size", "Requests' rows per model call "
+                                "(batched requests together, padding not counted).", ["model"],
+                                buckets=_BATCH_BUCKETS, registry=self.registry).labels
+    self.model_calls = Counter("tpu_models_model_calls", "Calls of the model's runtime.",
+                               ["model"], registry=self.registry).labels
+    self.padding_rows = Counter("tpu_models_padding_rows", "Rows added (the last row repeated) "
+                                "to reach a batch size a static-shape export runs at.",
+                                ["model"], registry=self.registry).labels
     self.version_served = Gauge("tpu_models_version_served", "The version a request naming no "
                                 "version gets.", ["model"], registry=self.registry).labels
     self.refused = Counter("tpu_models_versions_refused", "Versions refused (damaged or "
@@ -52,6 +59,13 @@ class ServingMetrics:
     if code >= 400:
       self.errors(route=route, code=str(code)).inc()
     self.latency(route=route).observe(seconds)
+
+  def model_call(self, model: str, rows: int, batch: int) -> None:
+    """Counts one call of a model's runtime: `rows` of requests run as a batch of `batch`."""
+    self.model_calls(model=model).inc()
+    self.batch_size(model=model).observe(rows)
+    if batch > rows:
+      self.padding_rows(model=model).inc(batch - rows)
 
   def text(self) -> bytes:
     return generate_latest(self.registry)

@@ -6,7 +6,8 @@
        "outputs": [{"name", "parameters": {"binary_data": true}}]}     (optional)
       -> {"model_name", "model_version", "id", "outputs": [{"name", "shape", "datatype",
          "data"}]}
-    GET  /v2/models/NAME[/versions/V]        metadata (the default signature's tensors)
+    GET  /v2/models/NAME[/versions/V]        metadata (the default signature's tensors; its
+                                             static batch sizes in parameters.batch_sizes)
     GET  /v2/models/NAME[/versions/V]/ready  200 when that version serves
     GET  /v2/health/live, /v2/health/ready
 
@@ -226,12 +227,14 @@ def metadata_response(name: str, versions: List[int], servable: Servable) -> Dic
     return {"name": spec.name, "datatype": tensors.v2_dtype_name(spec.dtype),
             "shape": list(spec.shape) if spec.shape is not None else [-1]}
 
+  parameters = {"signature_name": signature_name, "signatures": sorted(servable.signatures)}
+  if signature.batch_sizes:  # The graph's static batch sizes: requests are padded to them.
+    parameters["batch_sizes"] = list(signature.batch_sizes)
   return {"name": name, "versions": [str(v) for v in sorted(versions)],
           "platform": _PLATFORMS.get(servable.format, servable.format),
           "inputs": [tensor(s) for s in signature.inputs.values()],
           "outputs": [tensor(s) for s in signature.outputs.values()],
-          "parameters": {"signature_name": signature_name,
-                         "signatures": sorted(servable.signatures)}}
+          "parameters": parameters}
 
 
 def _one_line(value: Any) -> str:

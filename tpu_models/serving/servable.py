@@ -5,12 +5,20 @@ LiteRT and ONNX exports through `export.ExportRunner` (their own runtimes). Ever
 signature is called once at load (`warm_up`), so the first request does not pay for
 graph building, and a version whose signatures do not run, or are not the ones its
 export.json records, is refused before it serves anything.
+
+Static batch sizes: a signature whose inputs all have the same static first dimension
+(a SavedModel or LiteRT/ONNX graph built for batch 4), or an export whose export.json
+declares `"batch_sizes": [1, 4, 8]` (for every signature) or `{"signature": [...]}`,
+runs only at those sizes. `Servable.run` then pads the N rows it is given up to the
+smallest allowed size >= N by repeating the last row, calls the graph once, and
+slices the first N rows of every output back (more rows than the largest size: in
+chunks of the largest size, the last chunk padded).
 """
 
 import dataclasses
 import os
 import time
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -36,15 +44,24 @@ class TensorSpec:
 
 @dataclasses.dataclass(frozen=True)
 class Signature:
-  """A signature's inputs and outputs by name, and the batch its runtime accepts.
+  """A signature's inputs and outputs by name, and the batches its runtime accepts.
 
   Attributes:
-    fixed_batch: the batch size the graph is built for (LiteRT/ONNX exports of fixed
-      shapes, e.g. 1), None when any batch runs in one call.
+    batch_sizes: the batch sizes the graph runs at, ascending (a static batch
+      dimension, e.g. (1,) or (4,), or the sizes export.json declares), None when any
+      batch runs in one call.
   """
   inputs: Dict[str, TensorSpec]
   outputs: Dict[str, TensorSpec]
-  fixed_batch: Optional[int] = None
+  batch_sizes: Optional[Tuple[int, ...]] = None
+
+  def any_batch(self) -> "Signature":
+    """This signature with the first dimension of its inputs and outputs open (-1): what a
+    request may send when `batch_sizes` pads it (`Servable.run`)."""
+    def opened(specs):
+      return {key: (dataclasses.replace(spec, shape=(-1,) + spec.shape[1:])
+                    if spec.shape else spec) for key, spec in specs.items()}
+    return dataclasses.replace(self, inputs=opened(self.inputs), outputs=opened(self.outputs))
 
 
 class Servable:
@@ -86,6 +103,7 @@ class Servable:
       raise repository.DamagedVersion(f"{path} does not load ({type(e).__name__}: "
                                       f"{_one_line(e)})") from None
     self._check_recorded_signatures()
+    self._apply_batch_sizes()
     self.warm_up()
     self.load_seconds = time.monotonic() - started
 
@@ -100,9 +118,11 @@ class Servable:
     for name, function in self._model.signatures.items():
       _, kwargs = function.structured_input_signature
       outputs = function.structured_outputs
+      inputs = {key: _from_tf_spec(key, spec) for key, spec in sorted(kwargs.items())}
       self.signatures[name] = Signature(
-          inputs={key: _from_tf_spec(key, spec) for key, spec in sorted(kwargs.items())},
-          outputs={key: _from_tf_spec(key, spec) for key, spec in sorted(outputs.items())})
+          inputs=inputs,
+          outputs={key: _from_tf_spec(key, spec) for key, spec in sorted(outputs.items())},
+          batch_sizes=_static_batch(inputs))
 
   def _load_runner(self, threads: Optional[int]) -> None:
     from tpu_models import export  # pylint: disable=g-import-not-at-top
@@ -124,10 +144,9 @@ class Servable:
                   for key, detail in runner.get_input_details().items()}
         outputs = {key: _from_litert(key, detail)
                    for key, detail in runner.get_output_details().items()}
-      batches = {spec.shape[0] for spec in inputs.values() if spec.shape}
-      fixed = next(iter(batches)) if len(batches) == 1 and -1 not in batches else None
       self.signatures[name] = Signature(inputs=dict(sorted(inputs.items())),
-                                        outputs=dict(sorted(outputs.items())), fixed_batch=fixed)
+                                        outputs=dict(sorted(outputs.items())),
+                                        batch_sizes=_static_batch(inputs))
 
   def _check_recorded_signatures(self) -> None:
     """A DamagedVersion when the loaded signatures are not the ones export.json records."""
@@ -140,20 +159,79 @@ class Servable:
           f"{self.path}: its signatures ({', '.join(sorted(self.signatures))}) are not the ones "
           f"export.json records ({', '.join(recorded)})")
 
-  def run(self, signature: str, inputs: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
+  def _apply_batch_sizes(self) -> None:
+    """The batch sizes export.json declares ("batch_sizes"), over the graphs' own; a
+    DamagedVersion when malformed or at odds with a graph's static batch dimension."""
+    declared = self.record.get("batch_sizes")
+    if declared is None:
+      declared = {}
+    elif not isinstance(declared, dict):
+      declared = {name: declared for name in self.signatures}
+    for name, sizes in sorted(declared.items()):
+      if name not in self.signatures:
+        raise repository.DamagedVersion(f"{self.path}: export.json's batch_sizes names "
+                                        f"signature {name!r}, which the export does not have")
+      if (not isinstance(sizes, list) or not sizes or
+          not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes)):
+        raise repository.DamagedVersion(f"{self.path}: export.json's batch_sizes for {name!r} "
+                                        f"must be a non-empty list of sizes >= 1; got "
+                                        f"{_one_line(sizes)}")
+      sizes = tuple(sorted(set(sizes)))
+      spec = self.signatures[name]
+      if spec.batch_sizes is not None and sizes != spec.batch_sizes:
+        raise repository.DamagedVersion(f"{self.path}: export.json's batch_sizes for {name!r} "
+                                        f"{list(sizes)} differ from the graph's static batch "
+                                        f"{list(spec.batch_sizes)}")
+      self.signatures[name] = dataclasses.replace(spec, batch_sizes=sizes)
+    # Requests send any number of rows; `run` pads them to the sizes.
+    self.signatures = {name: spec.any_batch() if spec.batch_sizes else spec
+                       for name, spec in self.signatures.items()}
+
+  def run(self, signature: str, inputs: Mapping[str, np.ndarray],
+          on_call: Optional[Callable[[int, int], None]] = None) -> Dict[str, np.ndarray]:
     """Calls `signature` on a batch: {input name: array [N, ...]} -> {output: array [N, ...]}.
 
-    A graph built for a fixed batch (LiteRT/ONNX) is called once per row of N and the
-    rows stacked. Raises what the runtime raises for a wrong shape or dtype.
+    A signature of static batch sizes (`Signature.batch_sizes`) is called on the rows
+    padded to the smallest allowed size >= N (the last row repeated), in chunks of the
+    largest size when N is larger, and the outputs sliced back to N rows (module
+    docstring). Raises what the runtime raises for a wrong shape or dtype.
+
+    Args:
+      signature: the signature's name.
+      inputs: its inputs, one batch of N rows each.
+      on_call: called once per runtime call with (rows of the request in it, batch run),
+        e.g. (3, 4) for three rows padded to 4.
     """
-    spec = self.signatures[signature]
-    if spec.fixed_batch is not None:
-      rows = len(next(iter(inputs.values())))
-      if rows != spec.fixed_batch:
-        step = spec.fixed_batch
-        parts = [self.run(signature, {k: v[i:i + step] for k, v in inputs.items()})
-                 for i in range(0, rows, step)]
-        return {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
+    sizes = self.signatures[signature].batch_sizes
+    rows = len(next(iter(inputs.values())))
+    if sizes is None:
+      outputs = self._call(signature, inputs)
+      if on_call:
+        on_call(rows, rows)
+      return outputs
+    parts = []
+    for start in range(0, rows, sizes[-1]):
+      chunk = {key: value[start:start + sizes[-1]] for key, value in inputs.items()}
+      count = len(next(iter(chunk.values())))
+      size = min(n for n in sizes if n >= count)
+      if size > count:
+        chunk = {key: np.concatenate([value, np.repeat(value[-1:], size - count, axis=0)])
+                 for key, value in chunk.items()}
+      outputs = self._call(signature, chunk)
+      for key, value in outputs.items():
+        if np.ndim(value) == 0 or len(value) != size:
+          raise RuntimeError(f"signature {signature!r} of {self.path}: output {key!r} of shape "
+                             f"{list(np.shape(value))} has no batch of {size} first: its rows "
+                             f"cannot be given back per request")
+      if on_call:
+        on_call(count, size)
+      parts.append({key: value[:count] for key, value in outputs.items()})
+    if len(parts) == 1:
+      return parts[0]
+    return {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
+
+  def _call(self, signature: str, inputs: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    """One call of the runtime on `inputs` as they are."""
     if self.format != "saved_model":
       return self._runner(signature, inputs)
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -162,22 +240,23 @@ class Servable:
     return {key: value.numpy() for key, value in outputs.items()}
 
   def warm_up(self) -> None:
-    """Calls every signature once on one made-up row; a DamagedVersion naming it if one fails.
+    """Calls every signature once per batch size it runs at (one row when any batch runs)
+    on made-up rows; a DamagedVersion naming it if one fails.
 
-    The row: zeros (empty strings) of each input's shape, open dimensions of size 32;
+    The rows: zeros (empty strings) of each input's shape, open dimensions of size 32;
     a signature taking inputs of any rank is not called.
     """
     for name, spec in sorted(self.signatures.items()):
       if any(tensor.shape is None for tensor in spec.inputs.values()):
         continue  # Any rank (e.g. a serve_images of pixels): no row to make up.
-      batch = spec.fixed_batch or 1
-      inputs = {}
-      for key, tensor in spec.inputs.items():
-        shape = [batch] + [(_WARM_UP_SIZE if d < 0 else d) for d in tensor.shape[1:]]
-        inputs[key] = (np.full(shape, b"", dtype=object) if tensor.dtype == np.object_
-                       else np.zeros(shape, tensor.dtype))
       try:
-        self.run(name, inputs)
+        for batch in spec.batch_sizes or (1,):
+          inputs = {}
+          for key, tensor in spec.inputs.items():
+            shape = [batch] + [(_WARM_UP_SIZE if d < 0 else d) for d in tensor.shape[1:]]
+            inputs[key] = (np.full(shape, b"", dtype=object) if tensor.dtype == np.object_
+                           else np.zeros(shape, tensor.dtype))
+          self.run(name, inputs)
       except Exception as e:  # pylint: disable=broad-except
         raise repository.DamagedVersion(f"{self.path}: signature {name!r} fails its warm-up "
                                         f"call ({type(e).__name__}: {_one_line(e)})") from None
@@ -185,6 +264,14 @@ class Servable:
   def describe(self) -> str:
     """E.g. "saved_model on TensorFlow 2.21.0, signatures serve_images, serving_default"."""
     return (f"{self.format} on {self.runtime}, signatures {', '.join(sorted(self.signatures))}")
+
+
+def _static_batch(inputs: Mapping[str, TensorSpec]) -> Optional[Tuple[int, ...]]:
+  """(B,) when every input has the same static first dimension B, else None."""
+  batches = {spec.shape[0] if spec.shape else -1 for spec in inputs.values()}
+  if len(batches) == 1 and min(batches) > 0:
+    return (batches.pop(),)
+  return None
 
 
 def _from_tf_spec(name: str, spec) -> TensorSpec:
