@@ -89,7 +89,7 @@ def test_a_sigkilled_replica_is_replaced_and_costs_at_most_its_requests(tmp_path
                                       if i not in replicas], 60, "the replacement replica")
       replaced_s = time.monotonic() - killed_at
       still_there = os.path.exists(f"/proc/{victim_pid}")
-      time.sleep(2)  # Load on both replicas again.
+      time.sleep(1)  # Load on both replicas again.
     records = load.snapshot()
   assert not still_there, f"replica pid {victim_pid} still exists after SIGKILL"
   assert replacement[0][1] != victim_pid
