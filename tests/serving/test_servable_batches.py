@@ -58,6 +58,21 @@ def test_a_static_batch_signature_pads_runs_once_and_slices_back(static4):
   np.testing.assert_allclose(six["logits"][:3], outputs["logits"], rtol=1e-6, atol=1e-6)
 
 
+def test_a_litert_export_of_batch_4_is_padded_too(tmp_path, static4):
+  path = str(tmp_path / "1")
+  tiny_exports.write_batch_export(path, batch=4, format_name="litert")
+  servable = Servable(1, path)
+  assert servable.format == "litert"
+  assert servable.signatures["serving_default"].batch_sizes == (4,)
+  pixels = _pictures(3)
+  outputs, calls = _run(servable, pixels)
+  assert calls == [(3, 4)]
+  reference, _ = _run(Servable(1, static4), pixels)  # The SavedModel it was converted from.
+  np.testing.assert_allclose(outputs["logits"], reference["logits"], rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(outputs["classes"], reference["classes"])
+  assert _run(servable, _pictures(5))[1] == [(4, 4), (1, 4)]
+
+
 def test_declared_batch_sizes_pad_to_the_nearest(tmp_path):
   path = str(tmp_path / "1")
   tiny_exports.write_batch_export(path, batch=None, declared=[4, 1, 2])

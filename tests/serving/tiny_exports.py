@@ -175,11 +175,12 @@ def detection_pictures(seed: int = 0) -> list:
   return [jpeg(pictures[0]), png(pictures[1])]
 
 
-def write_batch_export(output: str, batch: Optional[int] = 4,
-                       declared: Any = None, seed: int = 0) -> None:
-  """A SavedModel whose signature runs only at batch `batch` (None: any batch), as a graph
-  compiled for static shapes (XLA, a TPU) does, and its export.json (with "batch_sizes":
-  `declared` when given):
+def write_batch_export(output: str, batch: Optional[int] = 4, declared: Any = None,
+                       seed: int = 0, format_name: str = "saved_model") -> None:
+  """A SavedModel (or, `format_name` "litert", that SavedModel converted to model.tflite)
+  whose signature runs only at batch `batch` (None: any batch), as a graph compiled for
+  static shapes (XLA, a TPU) does, and its export.json (with "batch_sizes": `declared`
+  when given):
 
       serving_default(images: uint8 [batch, 16, 16, 3]) -> {"logits": float32 [batch, 4],
           "classes": int64 [batch]}
@@ -200,8 +201,15 @@ def write_batch_export(output: str, batch: Optional[int] = 4,
     return {"logits": logits, "classes": tf.argmax(logits, axis=1)}
 
   module.serve = serve
-  tf.saved_model.save(module, output, signatures={"serving_default": serve})
+  saved_model = output if format_name == "saved_model" else output + ".saved_model"
+  tf.saved_model.save(module, saved_model, signatures={"serving_default": serve})
   record = {"format": "saved_model", "signatures": ["serving_default"]}
+  if format_name == "litert":
+    os.makedirs(output)
+    with open(os.path.join(output, "model.tflite"), "wb") as f:
+      f.write(tf.lite.TFLiteConverter.from_saved_model(saved_model).convert())
+    record = {"format": "litert", "file": "model.tflite",
+              "signatures": {"serving_default": {}}}
   if declared is not None:
     record["batch_sizes"] = declared
   os.makedirs(os.path.join(output, "assets.extra"), exist_ok=True)
