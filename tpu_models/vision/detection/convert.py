@@ -55,7 +55,6 @@ import tensorflow as tf
 from tpu_models.vision import records as records_lib
 from tpu_models.vision import image as image_lib
 from tpu_models.vision.detection import coco as coco_lib
-from tpu_models.vision.detection import inputs as detection
 from tpu_models.vision.detection import example as example_lib
 from tpu_models.vision.detection import masks as mask_ops
 from tpu_models.data import records

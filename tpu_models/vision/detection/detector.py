@@ -7,7 +7,7 @@ pictures, serving and deployment (`serving.DetectorServing`). A detector is a
 `DetectionConfig` with only the keys it reads):
 
     RetinaNet    retinanet.RetinaNetConfig (task.name "detection"), retinanet.RetinaNetDetector
-    Mask R-CNN   mask_rcnn.MaskRCNNConfig (task.name "maskrcnn"), mask_rcnn.MaskRCNNDetector
+    Mask R-CNN   mask_rcnn_detector.MaskRCNNConfig (task.name "maskrcnn"), .MaskRCNNDetector
 
 The component answers, for its model: the anchor layout the labeler reads, what
 a decoded example looks like on the device (`arrange`), the loss and its
@@ -34,7 +34,7 @@ from tpu_models.vision import image as image_lib
 class DetectionConfig(TaskConfig):
   """The keys every detector's config has: data, augmentation, matcher, evaluation, serving.
 
-  A detector's config (`retinanet.RetinaNetConfig`, `mask_rcnn.MaskRCNNConfig`) adds
+  A detector's config (`retinanet.RetinaNetConfig`, `mask_rcnn_detector.MaskRCNNConfig`) adds
   only the keys its loss and post-processing read; any other key is unknown.
   """
   name: str = "detection"

@@ -2,7 +2,7 @@
 
     task.name    detector (its config and component)
     detection    RetinaNet   (retinanet.py: RetinaNetConfig, RetinaNetDetector)
-    maskrcnn     Mask R-CNN  (mask_rcnn.py: MaskRCNNConfig, MaskRCNNDetector)
+    maskrcnn     Mask R-CNN  (mask_rcnn_detector.py: MaskRCNNConfig, MaskRCNNDetector)
 
 The task owns what every detector shares; the detector (`detector.Detector`)
 owns what differs. One example leaves the input pipeline with static shapes
@@ -57,7 +57,7 @@ from tpu_models.task import (HIGHER, DataReporter, Deployable, FilePredictor, Lo
 from tpu_models.vision.detection import anchors as anchors_lib
 from tpu_models.vision.detection import inputs as detection_data
 from tpu_models.vision.detection import example as example_lib
-from tpu_models.vision.detection import mask_rcnn
+from tpu_models.vision.detection import mask_rcnn_detector
 from tpu_models.vision.detection import retinanet
 from tpu_models.vision.detection.detector import DetectionConfig, Detector
 from tpu_models.vision.detection.serving import DetectorServing
@@ -523,7 +523,7 @@ class DetectionTask(Task, DataReporter, Servable, FilePredictor, Deployable):
 
 
 register_task("detection")(DetectionTask.for_detector(retinanet.RetinaNetDetector))
-register_task("maskrcnn")(DetectionTask.for_detector(mask_rcnn.MaskRCNNDetector))
+register_task("maskrcnn")(DetectionTask.for_detector(mask_rcnn_detector.MaskRCNNDetector))
 
 
 def _encoded_images(files: List[str], source_ids) -> Dict[int, bytes]:
