@@ -7,6 +7,7 @@ flags on every side. This module is standard library only at import time (it
 imports TensorFlow inside the functions that need it): the Model Garden
 workers import it too, inside benchmarks/.venv-model-garden.
 
+  scripts   script_parser
   drivers   driver_parser, add_pipeline_flags, parse_driver_args, comma_list;
             peer_versions, peers_and_machine, machine_description, cpu_description,
             ours_versions, onednn_setting; measure (a fresh
@@ -15,8 +16,10 @@ workers import it too, inside benchmarks/.venv-model-garden.
             parameter_counts; run_comparison, write_report
   workers   worker_parser, add_input_pipeline_flags, parse_worker_args,
             require_keras_hub; time_calls, timed_steps, time_iterator, host_loop;
-            trainable_parameters; our_experiment, our_train_throughput, our_train_row;
-            recipe_train_step, set_flags; print_result
+            trainable_parameters; our_experiment, our_train_throughput, our_train_row,
+            our_train_step; recipe_train_step, set_flags; print_result, run_mode
+  recipes   add_recipe_flags, recipe_worker_command (drivers timing recipes' train steps in
+            fresh processes: benchmarks/onednn.py, recipe_variants.py)
 """
 
 import argparse
@@ -50,6 +53,12 @@ def log(message: str) -> None:
 
 # ----------------------------------------------------------------------------
 # Drivers: flags.
+
+
+def script_parser(doc: str) -> argparse.ArgumentParser:
+  """A benchmark script's parser: `doc`, its module docstring, is the help, shown as written."""
+  return argparse.ArgumentParser(description=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def driver_parser(doc: str, sides, *, batch: int, steps: int, warmup: int, timeout: float,
@@ -544,6 +553,24 @@ def recipe_train_step(config_path: str, overrides, steps: int, warmup: int) -> d
           "precision": result["precision"]}
 
 
+def add_recipe_flags(parser: argparse.ArgumentParser, *, steps: int, warmup: int,
+                     set_help: str) -> None:
+  """--rounds --steps --warmup --timeout --set: the flags of a driver timing recipes' train
+  steps (recipe_train_step) in fresh worker processes, with its defaults."""
+  parser.add_argument("--rounds", type=int, default=2)
+  parser.add_argument("--steps", type=int, default=steps)
+  parser.add_argument("--warmup", type=int, default=warmup)
+  parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per measurement")
+  parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
+
+
+def recipe_worker_command(script: str, config: str, args, *flags: str) -> list:
+  """A recipe driver's worker: `script` (the driver's own file) run again on `config` with
+  --worker, the driver's --steps and --warmup, then `flags`."""
+  return [sys.executable, os.path.abspath(script), os.path.abspath(config), "--worker",
+          "--steps", str(args.steps), "--warmup", str(args.warmup), *flags]
+
+
 def set_flags(overrides) -> list:
   """`--set KEY=VALUE` for each override, to pass them on to a worker's command line."""
   return [item for value in overrides for item in ("--set", value)]
@@ -559,6 +586,16 @@ def our_train_row(result: dict) -> dict:
   return row
 
 
+def our_train_step(experiment: dict, args) -> dict:
+  """A worker's train-step row (`our_train_row`) of `experiment` through our Trainer
+  (`our_train_throughput`, the peak measured), plus "params": the trainable parameter count
+  of its task's model."""
+  from tpu_models.task import create_task  # pylint: disable=g-import-not-at-top
+  config, result = our_train_throughput(experiment, args, peak=True)
+  params = trainable_parameters(create_task(config.task).build_model())
+  return {**our_train_row(result), "params": params}
+
+
 def print_result(result: dict, args, start: float, packages=("tensorflow", "keras"),
                  **fields) -> None:
   """Prints a worker's ONE JSON line: `result` plus the run's settings (mode, batch,
@@ -568,3 +605,10 @@ def print_result(result: dict, args, start: float, packages=("tensorflow", "kera
                 warmup=args.warmup, **fields, **package_versions(*packages),
                 process_seconds=time.perf_counter() - start)
   print(json.dumps(result), flush=True)
+
+
+def run_mode(args, modes, **fields) -> None:
+  """A worker's one measurement: `modes[args.mode](args)`, printed as its ONE JSON line by
+  `print_result` (`fields`: its packages and extra fields), timed from this call."""
+  start = time.perf_counter()
+  print_result(modes[args.mode](args), args, start, **fields)

@@ -26,7 +26,6 @@ the tiny test-fixture sizes. Prints a table; exits 1 on any mismatch.
     python benchmarks/migration_parity.py --families retinanet --retinanet-image-size 640
 """
 
-import argparse
 import json
 import os
 import subprocess
@@ -155,8 +154,7 @@ def describe(row: dict) -> str:
 
 
 def main() -> int:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = harness.script_parser(__doc__)
   parser.add_argument("--families", default="resnet,retinanet,maskrcnn,transformer")
   parser.add_argument("--small", action="store_true", help="tiny test-fixture sizes")
   parser.add_argument("--retinanet-image-size", type=int, default=None,

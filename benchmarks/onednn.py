@@ -33,15 +33,10 @@ def measure(config: str, overrides, steps: int, warmup: int) -> dict:
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = harness.script_parser(__doc__)
   parser.add_argument("configs", nargs="+")
-  parser.add_argument("--rounds", type=int, default=2)
-  parser.add_argument("--steps", type=int, default=10)
-  parser.add_argument("--warmup", type=int, default=3)
-  parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per measurement")
-  parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                      help="override for every config (repeatable)")
+  harness.add_recipe_flags(parser, steps=10, warmup=3,
+                           set_help="override for every config (repeatable)")
   parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.worker:
@@ -53,9 +48,8 @@ def main():
   for config in args.configs:
     def command(side, config=config):
       env = ["env", f"{harness.ONEDNN_ENV}={1 if side == 'on' else 0}"]
-      return (env + [sys.executable, os.path.abspath(__file__), os.path.abspath(config),
-                     "--worker", "--steps", str(args.steps), "--warmup", str(args.warmup)] +
-              harness.set_flags(args.set))
+      return env + harness.recipe_worker_command(__file__, config, args,
+                                                 *harness.set_flags(args.set))
 
     results = harness.measure(os.path.basename(config), SIDES, args.rounds, command,
                               args.timeout, rate="steps_per_second", unit="steps/s")

@@ -37,17 +37,12 @@ def parse_variant(text: str):
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = harness.script_parser(__doc__)
   parser.add_argument("config")
   parser.add_argument("--variant", type=parse_variant, action="append", default=[],
                       help="NAME:KEY=VALUE,... (repeatable; the first is the baseline)")
-  parser.add_argument("--rounds", type=int, default=2)
-  parser.add_argument("--steps", type=int, default=12)
-  parser.add_argument("--warmup", type=int, default=4)
-  parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per measurement")
-  parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                      help="override for every variant (repeatable)")
+  harness.add_recipe_flags(parser, steps=12, warmup=4,
+                           set_help="override for every variant (repeatable)")
   parser.add_argument("--import", dest="imports", action="append", default=[],
                       help="module registering the recipe's task or model (as the CLI's)")
   parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -67,10 +62,10 @@ def main(argv=None) -> int:
   onednn.default_on()  # As the `tpu-models` CLI: every worker inherits it.
 
   def command(name):
-    return ([sys.executable, os.path.abspath(__file__), os.path.abspath(args.config), "--worker",
-             "--steps", str(args.steps), "--warmup", str(args.warmup)] +
-            [flag for module in args.imports for flag in ("--import", module)] +
-            harness.set_flags(args.set + overrides[name]))
+    return harness.recipe_worker_command(
+        __file__, args.config, args,
+        *[flag for module in args.imports for flag in ("--import", module)],
+        *harness.set_flags(args.set + overrides[name]))
 
   print(f"{harness.cpu_description()}; {harness.ours_versions()}; {harness.onednn_setting()}")
   results = harness.measure(os.path.basename(args.config), names, args.rounds, command,

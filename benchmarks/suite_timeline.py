@@ -63,12 +63,14 @@ class Span(NamedTuple):
   child_cpu: Optional[float]  # CPU seconds of the child processes it waited for.
 
 
-def _is_number(text: str) -> bool:
+def _cpu_fields(rest: str) -> Tuple[Optional[float], Optional[float], str]:
+  """(cpu, child_cpu, nodeid) of a line's text after its kind; (None, None, rest) in a log
+  written without CPU figures."""
+  fields = rest.split(" ", 2)
   try:
-    float(text)
-    return True
-  except ValueError:
-    return False
+    return float(fields[0]), float(fields[1]), fields[2]
+  except (ValueError, IndexError):
+    return None, None, rest
 
 
 def read_spans(path: str) -> List[Span]:
@@ -78,12 +80,7 @@ def read_spans(path: str) -> List[Span]:
   with open(path) as log:
     for line in log:
       stamp, worker, kind, rest = line.rstrip("\n").split(" ", 3)
-      fields = rest.split(" ", 2)
-      if len(fields) == 3 and _is_number(fields[0]) and _is_number(fields[1]):
-        cpu, child_cpu, nodeid = float(fields[0]), float(fields[1]), fields[2]
-      else:  # A log without CPU figures.
-        cpu = child_cpu = None
-        nodeid = rest
+      cpu, child_cpu, nodeid = _cpu_fields(rest)
       if kind == "START":
         started[(worker, nodeid)] = (float(stamp), cpu, child_cpu)
       elif (worker, nodeid) in started:

@@ -11,12 +11,14 @@ alternately in one process, and the median time of a forward+backward step
     python benchmarks/classification/pointwise_conv.py --precisions bfloat16 --repeats 9
 """
 
-import argparse
 import os
 import statistics
+import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import harness  # pylint: disable=g-import-not-at-top
 
 import keras  # pylint: disable=g-import-not-at-top
 import tensorflow as tf
@@ -60,8 +62,7 @@ def measure(size: int, c_in: int, c_out: int, batch: int, precision: str, repeat
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = harness.script_parser(__doc__)
   parser.add_argument("--precisions", default="bfloat16,float32")
   parser.add_argument("--batch", type=int, default=32)
   parser.add_argument("--repeats", type=int, default=5)

@@ -71,18 +71,16 @@ def main(argv=None):
   parser.add_argument("--image-size", type=int, default=384,
                       help=f"Square model input side (a multiple of {2**ex.MAX_LEVEL}).")
   args = harness.parse_driver_args(parser, argv, SIDES)
-  if args.image_size % 2**ex.MAX_LEVEL:
-    parser.error(f"--image-size must be a multiple of {2**ex.MAX_LEVEL}, got {args.image_size}.")
+  compare_retinanet.check_image_size(parser, args, ex.MAX_LEVEL)
   return harness.run_comparison(args, SIDES, False, lambda machine: sections(args, machine))
 
 
 def sections(args, machine: str):
   """(The report's sections, whether a measurement failed)."""
-  report = [f"# Mask R-CNN ResNet-50-FPN train step\n\n{machine}. {args.image_size}x"
-            f"{args.image_size}, batch {args.batch}, {ex.NUM_CLASSES} classes, "
-            f"{ex.TRAIN_PROPOSALS} proposals, {ex.NUM_SAMPLED_ROIS} sampled RoIs, "
-            f"{ex.MASK_ROIS} mask RoIs; {args.warmup} warm-up + {args.steps} timed steps per "
-            f"measurement, {args.rounds} rounds, sides alternating."]
+  report = [compare_retinanet.report_title(
+      "Mask R-CNN ResNet-50-FPN train step", args, machine, ex.NUM_CLASSES,
+      f"{ex.TRAIN_PROPOSALS} proposals, {ex.NUM_SAMPLED_ROIS} sampled RoIs, "
+      f"{ex.MASK_ROIS} mask RoIs")]
   results = {p: harness.measure(f"{p} train step", args.sides, args.rounds,
                                 lambda side, p=p: worker_command(side, args, p), args.timeout)
              for p in args.precisions}

@@ -116,6 +116,20 @@ def pipeline_table(results) -> str:
   return "\n".join(lines)
 
 
+def report_title(title: str, args, machine: str, num_classes: int, details: str) -> str:
+  """A detection report's first section: `title`, then the machine and the run (input size,
+  batch, classes, `details`, steps per measurement, rounds)."""
+  return (f"# {title}\n\n{machine}. {args.image_size}x{args.image_size}, batch {args.batch}, "
+          f"{num_classes} classes, {details}; {args.warmup} warm-up + {args.steps} timed steps "
+          f"per measurement, {args.rounds} rounds, sides alternating.")
+
+
+def check_image_size(parser, args, max_level: int) -> None:
+  """--image-size must be a multiple of the coarsest level's stride (else a usage error)."""
+  if args.image_size % 2**max_level:
+    parser.error(f"--image-size must be a multiple of {2**max_level}, got {args.image_size}.")
+
+
 def write_records(directory: str, num_images: int) -> str:
   """The pasted-objects generator's train split (real photos, COCO schema); returns the glob."""
   code = (
@@ -147,8 +161,7 @@ def main(argv=None):
   parser.add_argument("--data", default="",
                       help="Existing COCO-schema TFRecords (glob) instead of temporary ones.")
   args = harness.parse_driver_args(parser, argv, SIDES)
-  if args.image_size % 2**ex.MAX_LEVEL:
-    parser.error(f"--image-size must be a multiple of {2**ex.MAX_LEVEL}, got {args.image_size}.")
+  check_image_size(parser, args, ex.MAX_LEVEL)
 
   return harness.run_comparison(args, SIDES, not args.pipeline_only,
                                 lambda machine: sections(args, machine))
@@ -156,11 +169,8 @@ def main(argv=None):
 
 def sections(args, machine: str):
   """(The report's sections, whether a measurement failed): train step, input pipeline."""
-  report = [f"# RetinaNet ResNet-50-FPN comparison\n\n"
-              f"{machine}. {args.image_size}x"
-              f"{args.image_size}, batch {args.batch}, {ex.NUM_CLASSES} classes, "
-              f"{ex.num_anchors(args.image_size):,} anchors; {args.warmup} warm-up + "
-              f"{args.steps} timed steps per measurement, {args.rounds} rounds, sides alternating."]
+  report = [report_title("RetinaNet ResNet-50-FPN comparison", args, machine, ex.NUM_CLASSES,
+                         f"{ex.num_anchors(args.image_size):,} anchors")]
   failed = False
   if not args.pipeline_only:
     results = {p: measure(f"{p} train step", args.sides, args, "train_step", p)

@@ -14,7 +14,6 @@ peak of this process, for MFU.
 
 import os
 import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -58,10 +57,7 @@ def our_experiment(args) -> dict:
 
 
 def train_step(args) -> dict:
-  from tpu_models.task import create_task
-  config, result = harness.our_train_throughput(our_experiment(args), args, peak=True)
-  params = harness.trainable_parameters(create_task(config.task).build_model())
-  return {**harness.our_train_row(result), "params": params}
+  return harness.our_train_step(our_experiment(args), args)
 
 
 MODES = {"train_step": train_step}
@@ -69,9 +65,7 @@ MODES = {"train_step": train_step}
 
 def main(argv=None):
   args = ex.parse_args("One measurement of our Mask R-CNN; prints one JSON line.", MODES, argv)
-  start = time.perf_counter()
-  result = MODES[args.mode](args)
-  harness.print_result(result, args, start, side="ours", image_size=args.image_size)
+  harness.run_mode(args, MODES, side="ours", image_size=args.image_size)
 
 
 if __name__ == "__main__":

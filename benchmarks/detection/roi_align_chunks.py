@@ -39,8 +39,7 @@ def measure(config: str, overrides, steps: int, warmup: int, whole: bool) -> dic
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = harness.script_parser(__doc__)
   parser.add_argument("config")
   parser.add_argument("--rounds", type=int, default=2)
   parser.add_argument("--steps", type=int, default=12)

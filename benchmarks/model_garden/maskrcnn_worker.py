@@ -18,13 +18,10 @@ anchors per image, <= 50% positive), as their parser would. XLA off.
 
 import os
 import sys
-import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "detection"))
 import experiment_maskrcnn as ex  # pylint: disable=g-import-not-at-top
-import harness
 import task_steps
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -34,33 +31,23 @@ from official.vision.ops import anchor
 
 def experiment(args):
   """`maskrcnn_resnetfpn_coco` overridden to the comparison's experiment."""
-  return task_steps.experiment("maskrcnn_resnetfpn_coco", args, {
-      "init_checkpoint": "",  # From scratch (the recipe loads an ImageNet backbone).
-      "model": {
-          "num_classes": ex.NUM_CLASSES + 1,
-          "input_size": [args.image_size, args.image_size, 3],
-          "min_level": ex.MIN_LEVEL, "max_level": ex.MAX_LEVEL,
-          "anchor": {"num_scales": ex.NUM_SCALES, "aspect_ratios": list(ex.ASPECT_RATIOS),
-                     "anchor_size": ex.ANCHOR_SIZE},
-          "decoder": {"fpn": {"num_filters": ex.FPN_CHANNELS}},
-          "rpn_head": {"num_filters": ex.FPN_CHANNELS},
-          "detection_head": {"num_convs": ex.BOX_HEAD_CONVS, "num_fcs": ex.BOX_HEAD_FCS,
-                             "fc_dims": ex.FC_DIMS},
-          "mask_head": {"num_convs": ex.MASK_HEAD_CONVS, "num_filters": ex.MASK_HEAD_CHANNELS},
-          "roi_generator": {"pre_nms_top_k": ex.RPN_PRE_NMS_TOP_K,
-                            "nms_iou_threshold": ex.RPN_NMS_IOU,
-                            "num_proposals": ex.TRAIN_PROPOSALS},
-          "roi_sampler": {"num_sampled_rois": ex.NUM_SAMPLED_ROIS,
-                          "foreground_fraction": ex.POSITIVE_FRACTION,
-                          "foreground_iou_threshold": ex.POSITIVE_IOU,
-                          "background_iou_high_threshold": ex.POSITIVE_IOU},
-          "mask_sampler": {"num_sampled_masks": ex.MASK_ROIS},
-          "norm_activation": {"norm_momentum": ex.BN_MOMENTUM, "norm_epsilon": ex.BN_EPSILON,
-                              "use_sync_bn": False},
-      },
-      "losses": {"l2_weight_decay": 0.0},
-      "train_data": {"global_batch_size": args.batch, "dtype": "float32"},
-  }, momentum=ex.MOMENTUM, learning_rate=ex.LEARNING_RATE)
+  return task_steps.detection_experiment("maskrcnn_resnetfpn_coco", ex, args, ex.NUM_CLASSES + 1, {
+      "rpn_head": {"num_filters": ex.FPN_CHANNELS},
+      "detection_head": {"num_convs": ex.BOX_HEAD_CONVS, "num_fcs": ex.BOX_HEAD_FCS,
+                         "fc_dims": ex.FC_DIMS},
+      "mask_head": {"num_convs": ex.MASK_HEAD_CONVS, "num_filters": ex.MASK_HEAD_CHANNELS},
+      "roi_generator": {"pre_nms_top_k": ex.RPN_PRE_NMS_TOP_K,
+                        "nms_iou_threshold": ex.RPN_NMS_IOU,
+                        "num_proposals": ex.TRAIN_PROPOSALS},
+      "roi_sampler": {"num_sampled_rois": ex.NUM_SAMPLED_ROIS,
+                      "foreground_fraction": ex.POSITIVE_FRACTION,
+                      "foreground_iou_threshold": ex.POSITIVE_IOU,
+                      "background_iou_high_threshold": ex.POSITIVE_IOU},
+      "mask_sampler": {"num_sampled_masks": ex.MASK_ROIS},
+      "norm_activation": {"norm_momentum": ex.BN_MOMENTUM, "norm_epsilon": ex.BN_EPSILON,
+                          "use_sync_bn": False},
+  }, losses={"l2_weight_decay": 0.0},
+      train_data={"global_batch_size": args.batch, "dtype": "float32"})
 
 
 def synthetic_dataset(args) -> tf.data.Dataset:
@@ -98,12 +85,7 @@ MODES = {"train_step": train_step}
 
 
 def main(argv=None):
-  args = ex.parse_args("One measurement of Model Garden's Mask R-CNN; prints one JSON line.",
-                       MODES, argv)
-  start = time.perf_counter()
-  result = MODES[args.mode](args)
-  harness.print_result(result, args, start, packages=harness.MODEL_GARDEN_PACKAGES,
-                       side="model_garden", image_size=args.image_size)
+  task_steps.detection_main(ex, "Mask R-CNN", MODES, argv)
 
 
 if __name__ == "__main__":

@@ -26,14 +26,11 @@ main environment. The setup mirrors `official/vision/train.py` for the
 
 import os
 import sys
-import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # The shared flags and settings live in benchmarks/detection (standard library only).
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "detection"))
 import experiment as ex  # pylint: disable=g-import-not-at-top
-import harness
 import task_steps
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -43,21 +40,12 @@ from official.vision.ops import anchor
 
 def experiment(args):
   """`retinanet_resnetfpn_coco` overridden to the comparison's experiment."""
-  return task_steps.experiment("retinanet_resnetfpn_coco", args, {
-      "init_checkpoint": "",  # From scratch (the recipe loads an ImageNet backbone).
-      "model": {
-          "num_classes": ex.NUM_CLASSES,
-          "input_size": [args.image_size, args.image_size, 3],
-          "min_level": ex.MIN_LEVEL, "max_level": ex.MAX_LEVEL,
-          "anchor": {"num_scales": ex.NUM_SCALES, "aspect_ratios": list(ex.ASPECT_RATIOS),
-                     "anchor_size": ex.ANCHOR_SIZE},
-          "head": {"num_convs": ex.HEAD_CONVS, "num_filters": ex.FPN_CHANNELS},
-          "decoder": {"fpn": {"num_filters": ex.FPN_CHANNELS}},
-      },
-      "losses": {"l2_weight_decay": 0.0, "focal_loss_alpha": ex.FOCAL_ALPHA,
-                 "focal_loss_gamma": ex.FOCAL_GAMMA, "huber_loss_delta": ex.HUBER_DELTA,
-                 "box_loss_weight": int(ex.BOX_LOSS_WEIGHT)},
-      "train_data": {
+  return task_steps.detection_experiment("retinanet_resnetfpn_coco", ex, args, ex.NUM_CLASSES, {
+      "head": {"num_convs": ex.HEAD_CONVS, "num_filters": ex.FPN_CHANNELS},
+  }, losses={"l2_weight_decay": 0.0, "focal_loss_alpha": ex.FOCAL_ALPHA,
+             "focal_loss_gamma": ex.FOCAL_GAMMA, "huber_loss_delta": ex.HUBER_DELTA,
+             "box_loss_weight": int(ex.BOX_LOSS_WEIGHT)},
+      train_data={
           "input_path": args.data or "", "global_batch_size": args.batch,
           "shuffle_buffer_size": ex.SHUFFLE_BUFFER, "cycle_length": 8, "dtype": "float32",
           "parser": {"aug_rand_hflip": True, "aug_scale_min": ex.SCALE_MIN,
@@ -65,8 +53,7 @@ def experiment(args):
                      "match_threshold": ex.MATCHED_THRESHOLD,
                      "unmatched_threshold": ex.UNMATCHED_THRESHOLD,
                      "max_num_instances": ex.MAX_INSTANCES},
-      },
-  }, momentum=ex.MOMENTUM, learning_rate=ex.LEARNING_RATE)
+      })
 
 
 def synthetic_dataset(args) -> tf.data.Dataset:
@@ -105,12 +92,7 @@ MODES = {"train_step": train_step, "input_pipeline": input_pipeline}
 
 
 def main(argv=None):
-  args = ex.parse_args("One measurement of Model Garden's RetinaNet; prints one JSON line.",
-                       MODES, argv)
-  start = time.perf_counter()
-  result = MODES[args.mode](args)
-  harness.print_result(result, args, start, packages=harness.MODEL_GARDEN_PACKAGES,
-                       side="model_garden", image_size=args.image_size)
+  task_steps.detection_main(ex, "RetinaNet", MODES, argv)
 
 
 if __name__ == "__main__":

@@ -2,14 +2,19 @@
 steps through their `base_trainer.Trainer`, and the timed input pipeline.
 
 Runs INSIDE benchmarks/.venv-model-garden (tf-models-official, Keras 2 `tf_keras`),
-imported by resnet_worker.py and retinanet_worker.py. Each follows
+imported by resnet_worker.py, retinanet_worker.py and maskrcnn_worker.py. Each follows
 `official/vision/train.py` for one registered experiment, overridden to the
-comparison's settings; the steps and the pipeline are run here, once for both.
+comparison's settings; the steps and the pipeline are run here, once for all. The detection
+workers also share their experiment's common overrides (detection_experiment) and their
+main (detection_main).
 """
 
 import os
 import sys
 
+# TensorFlow's C++ INFO and WARNING lines off, unless the caller chose: set before it loads
+# (each worker imports this module before tensorflow).
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import harness  # pylint: disable=g-import-not-at-top
 
@@ -43,6 +48,34 @@ def experiment(name: str, args, task: dict, momentum: float, learning_rate: floa
       },
   }, is_strict=False)
   return params
+
+
+def detection_experiment(name: str, ex, args, num_classes: int, model: dict, **task):
+  """The registered detection experiment `name` from scratch, overridden to the comparison's
+  settings in `ex` (benchmarks/detection/experiment*.py): `num_classes` (as Model Garden
+  counts them), an `args.image_size` square input, ex's levels, anchors and FPN width, plus
+  `model`'s and `task`'s own overrides; SGD momentum ex.MOMENTUM at ex.LEARNING_RATE."""
+  return experiment(name, args, {
+      "init_checkpoint": "",  # From scratch (the recipe loads an ImageNet backbone).
+      "model": {
+          "num_classes": num_classes,
+          "input_size": [args.image_size, args.image_size, 3],
+          "min_level": ex.MIN_LEVEL, "max_level": ex.MAX_LEVEL,
+          "anchor": {"num_scales": ex.NUM_SCALES, "aspect_ratios": list(ex.ASPECT_RATIOS),
+                     "anchor_size": ex.ANCHOR_SIZE},
+          "decoder": {"fpn": {"num_filters": ex.FPN_CHANNELS}},
+          **model,
+      },
+      **task,
+  }, momentum=ex.MOMENTUM, learning_rate=ex.LEARNING_RATE)
+
+
+def detection_main(ex, model_name: str, modes, argv=None) -> None:
+  """A detection worker's main: ex's flags, then `modes[--mode]`'s ONE JSON line."""
+  args = ex.parse_args(f"One measurement of Model Garden's {model_name}; prints one JSON line.",
+                       modes, argv)
+  harness.run_mode(args, modes, packages=harness.MODEL_GARDEN_PACKAGES, side="model_garden",
+                   image_size=args.image_size)
 
 
 def train_step(params, dataset_fn, args) -> dict:

@@ -10,10 +10,12 @@ this script (our Python) writes them, centre-cropped to squares and resized:
 Output: uint8 [count, size, size, 3].
 """
 
-import argparse
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import harness  # pylint: disable=g-import-not-at-top
 
 import numpy as np  # pylint: disable=g-import-not-at-top
 
@@ -37,8 +39,7 @@ def square_photos(size: int, count: int) -> np.ndarray:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = harness.script_parser(__doc__)
   parser.add_argument("output", help=".npy path")
   parser.add_argument("--size", type=int, default=256)
   parser.add_argument("--count", type=int, default=2)

@@ -105,23 +105,34 @@ def _imported_at_each_photo(fixtures: str, stem: str, entry_name: str):
   return photos()
 
 
+def _parity_rows(fixtures: str, stem: str, entry_name: str, check):
+  """(rows, whether all pass) of `check(model, arrays, photo, params)` -> (result, ok) at
+  each photo (`_imported_at_each_photo`); a row: (photo, padded, result, seconds, ok).
+  None when the files are absent."""
+  photos = _imported_at_each_photo(fixtures, stem, entry_name)
+  if photos is None:
+    return None
+  rows = []
+  for photo, padded, model, params, arrays, start in photos:
+    result, ok = check(model, arrays, photo, params)
+    rows.append((photo, padded, result, time.time() - start, ok))
+  return rows, all(row[-1] for row in rows)
+
+
 def detector_parity(fixtures: str, rtol: float):
   """Rows of the RetinaNet table and whether all pass; None when the files are absent."""
   from helpers import torchvision_retinanet_parity as tv_retinanet
-  photos = _imported_at_each_photo(fixtures, DETECTOR, "torchvision_retinanet_resnet50_fpn_coco")
-  if photos is None:
-    return None
-  rows, ok_all = [], True
-  for photo, padded, model, params, arrays, start in photos:
+
+  def check(model, arrays, photo, params):
     result = tv_retinanet.compare_outputs(model, arrays, photo, params)
     raw_ok = all(result[f"max_abs_diff_{kind}/{level}"] <=
                  rtol * max(1.0, result[f"max_abs_{kind}/{level}"])
                  for kind in ("cls", "box") for level in tv_retinanet.TORCHVISION_LEVELS)
     ok = raw_ok and result["detections"]["equal"] and all(
         result[f"max_abs_diff_anchors/{level}"] == 0.0 for level in tv_retinanet.TORCHVISION_LEVELS)
-    ok_all &= ok
-    rows.append((photo, padded, result, time.time() - start, ok))
-  return rows, ok_all
+    return result, ok
+
+  return _parity_rows(fixtures, DETECTOR, "torchvision_retinanet_resnet50_fpn_coco", check)
 
 
 def maskrcnn_parity(fixtures: str, rtol: float):
@@ -137,13 +148,10 @@ def maskrcnn_parity(fixtures: str, rtol: float):
   own masks (IoU >= 0.99 each).
   """
   from helpers import torchvision_maskrcnn_parity as tv_maskrcnn
-  photos = _imported_at_each_photo(fixtures, MASKRCNN, "torchvision_maskrcnn_resnet50_fpn_coco")
-  if photos is None:
-    return None
-  rows, ok_all = [], True
-  for photo, padded, model, params, arrays, start in photos:
+  levels = tv_maskrcnn.TORCHVISION_LEVELS
+
+  def check(model, arrays, photo, params):
     r = tv_maskrcnn.compare_outputs(model, arrays, photo, params)
-    levels = tv_maskrcnn.TORCHVISION_LEVELS
     raw_ok = all(r[f"max_abs_diff_{kind}/{level}"] <= rtol * max(1.0, r[f"max_abs_{kind}/{level}"])
                  for kind in ("objectness", "rpn_deltas") for level in levels)
     heads_ok = all(r[f"max_abs_diff_{kind}"] <= rtol * max(1.0, r[f"max_abs_{kind}"])
@@ -154,9 +162,30 @@ def maskrcnn_parity(fixtures: str, rtol: float):
           and r["detections_on_their_proposals"]["equal"] and r["detections"]["equal"]
           and r["mask_iou_torchvision_paste"]["mean"] >= 0.99
           and r["mask_iou_mask_head"]["min"] >= 0.99 and r["paste_reproduced"]["min"] >= 0.99)
-    ok_all &= ok
-    rows.append((photo, padded, r, time.time() - start, ok))
-  return rows, ok_all
+    return r, ok
+
+  return _parity_rows(fixtures, MASKRCNN, "torchvision_maskrcnn_resnet50_fpn_coco", check)
+
+
+def print_detector_rows(rows) -> None:
+  levels = ("0", "1", "2", "p6", "p7")
+  print()
+  print(f"| {DETECTOR}.safetensors photo | padded | max |d| FPN P3..P7 (max |value|) | max |d| class logits "
+        f"P3..P7 (max |logit|) | max |d| box deltas P3..P7 | anchors equal | detections "
+        f"(ours / torch) | detections equal | max box d px | max score d | s | result |")
+  print("|---|---|---|---|---|---|---|---|---:|---:|---:|---|")
+  for photo, padded, r, secs, ok in rows:
+    d = r["detections"]
+    fpn = ", ".join(f"{r.get(f'max_abs_diff_fpn/{l}', float('nan')):.1e}" for l in levels)
+    fpn_max = max(r.get(f"max_abs_fpn/{l}", float("nan")) for l in levels)
+    cls = ", ".join(f"{r[f'max_abs_diff_cls/{l}']:.1e}" for l in levels)
+    cls_max = max(r[f"max_abs_cls/{l}"] for l in levels)
+    box = ", ".join(f"{r[f'max_abs_diff_box/{l}']:.1e}" for l in levels)
+    anchors = all(r[f"max_abs_diff_anchors/{l}"] == 0.0 for l in levels)
+    print(f"| {photo} | {padded[0]}x{padded[1]} | {fpn} ({fpn_max:.1f}) | {cls} ({cls_max:.1f}) | {box} | "
+          f"{'yes' if anchors else 'NO'} | {d['count_ours']} / {d['count_theirs']} | "
+          f"{'yes' if d['equal'] else 'NO'} ({d['matched']} matched) | {d['max_box_diff']:.1e} | "
+          f"{d['max_score_diff']:.1e} | {secs:.0f} | {'PASS' if ok else 'FAIL'} |")
 
 
 def print_maskrcnn_rows(rows) -> None:
@@ -247,41 +276,18 @@ def main(argv=None) -> int:
   for stem, source, name, n, d32, d64, noise, mx, top5, secs, ok in rows:
     print(f"| {stem} | {source} | {name} | {n} | {d32:.2e} | {d64:.2e} | {noise:.2e} "
           f"| {mx:.2f} | {'yes' if top5 else 'NO'} | {secs:.0f} | {'PASS' if ok else 'FAIL'} |")
-  if not args.only or DETECTOR in args.only.split(","):
-    found = detector_parity(args.fixtures, args.detector_rtol)
+  for name, parity, print_rows in ((DETECTOR, detector_parity, print_detector_rows),
+                                   (MASKRCNN, maskrcnn_parity, print_maskrcnn_rows)):
+    if args.only and name not in args.only.split(","):
+      continue
+    found = parity(args.fixtures, args.detector_rtol)
     if found is None:
-      print(f"{DETECTOR}: no files in {args.fixtures}; write them with benchmarks/torch/"
+      print(f"{name}: no files in {args.fixtures}; write them with benchmarks/torch/"
             f"write_fixtures.py in the torch venv", file=sys.stderr)
       return 2
-    detector_rows, detector_ok = found
-    failed |= not detector_ok
-    levels = ("0", "1", "2", "p6", "p7")
-    print()
-    print(f"| {DETECTOR}.safetensors photo | padded | max |d| FPN P3..P7 (max |value|) | max |d| class logits "
-          f"P3..P7 (max |logit|) | max |d| box deltas P3..P7 | anchors equal | detections "
-          f"(ours / torch) | detections equal | max box d px | max score d | s | result |")
-    print("|---|---|---|---|---|---|---|---|---:|---:|---:|---|")
-    for photo, padded, r, secs, ok in detector_rows:
-      d = r["detections"]
-      fpn = ", ".join(f"{r.get(f'max_abs_diff_fpn/{l}', float('nan')):.1e}" for l in levels)
-      fpn_max = max(r.get(f"max_abs_fpn/{l}", float("nan")) for l in levels)
-      cls = ", ".join(f"{r[f'max_abs_diff_cls/{l}']:.1e}" for l in levels)
-      cls_max = max(r[f"max_abs_cls/{l}"] for l in levels)
-      box = ", ".join(f"{r[f'max_abs_diff_box/{l}']:.1e}" for l in levels)
-      anchors = all(r[f"max_abs_diff_anchors/{l}"] == 0.0 for l in levels)
-      print(f"| {photo} | {padded[0]}x{padded[1]} | {fpn} ({fpn_max:.1f}) | {cls} ({cls_max:.1f}) | {box} | "
-            f"{'yes' if anchors else 'NO'} | {d['count_ours']} / {d['count_theirs']} | "
-            f"{'yes' if d['equal'] else 'NO'} ({d['matched']} matched) | {d['max_box_diff']:.1e} | "
-            f"{d['max_score_diff']:.1e} | {secs:.0f} | {'PASS' if ok else 'FAIL'} |")
-  if not args.only or MASKRCNN in args.only.split(","):
-    found = maskrcnn_parity(args.fixtures, args.detector_rtol)
-    if found is None:
-      print(f"{MASKRCNN}: no files in {args.fixtures}; write them with benchmarks/torch/"
-            f"write_fixtures.py in the torch venv", file=sys.stderr)
-      return 2
-    maskrcnn_rows, maskrcnn_ok = found
-    failed |= not maskrcnn_ok
-    print_maskrcnn_rows(maskrcnn_rows)
+    rows, ok = found
+    failed |= not ok
+    print_rows(rows)
   print(json.dumps({"atol": args.atol, "failed": failed}))
   return 1 if failed else 0
 

@@ -188,6 +188,17 @@ def batch_norm_eps(model):
   return found[0] if len(found) == 1 else (found or None)
 
 
+def saved_record(state_dict, model, files, npz_path, arrays):
+  """A record's fields on what was written: the state dict's key and parameter counts, the
+  weight files (save_state_dict's) and the reference .npz (path, bytes, what `arrays` hold)."""
+  return {
+      'num_state_dict_keys': len(state_dict),
+      'num_parameters': sum(p.numel() for p in model.parameters()),
+      'files': files,
+      'reference': {'path': npz_path, 'bytes': os.path.getsize(npz_path), 'arrays': arrays},
+  }
+
+
 def save_state_dict(state_dict, output_dir, name, formats=('safetensors', 'pth')):
   """Writes {name}.safetensors and/or {name}.pth; returns their descriptions.
 
@@ -304,21 +315,14 @@ def write_classifier(name, images, output_dir, seed):
       },
       'preprocessing': preprocessing,
       'mode': 'eval',
-      'num_state_dict_keys': len(state_dict),
-      'num_parameters': sum(p.numel() for p in model.parameters()),
-      'files': files,
-      'reference': {
-          'path': npz_path,
-          'bytes': os.path.getsize(npz_path),
-          'arrays': {
-              'image_names': f'[{len(PHOTO_NAMES)}] str, skimage.data names',
-              'inputs_nchw': f'{list(inputs.shape)} float32, the preprocessed photos',
-              'inputs_nhwc': 'the same, NHWC',
-              'logits': f'{list(logits.shape)} float32, eval-mode forward in float32',
-              'logits_float64': 'the same model and inputs in float64 (torch float32 '
-                                'error = |logits - logits_float64|)',
-          },
-      },
+      **saved_record(state_dict, model, files, npz_path, {
+          'image_names': f'[{len(PHOTO_NAMES)}] str, skimage.data names',
+          'inputs_nchw': f'{list(inputs.shape)} float32, the preprocessed photos',
+          'inputs_nhwc': 'the same, NHWC',
+          'logits': f'{list(logits.shape)} float32, eval-mode forward in float32',
+          'logits_float64': 'the same model and inputs in float64 (torch float32 '
+                            'error = |logits - logits_float64|)',
+      }),
       'logits_abs_max': float(np.abs(logits_np).max()),
       'logits_std': float(logits_np.std()),
       'torch_float32_vs_float64_max_abs': float(
@@ -394,6 +398,41 @@ def freeze_batch_norm(module, eps):
 
 
 @torch.no_grad()
+def library_detector(builder_name, seed):
+  """(builder text, model in eval mode, generator): the library's own
+  torchvision.models.detection.<builder_name>(weights=None, weights_backbone=None), its init
+  drawn after torch.manual_seed(seed); the generator (seed + 1) for the redrawn weights."""
+  torch.manual_seed(seed)
+  generator = torch.Generator().manual_seed(seed + 1)
+  builder = (f'torchvision.models.detection.{builder_name}(weights=None, '
+             'weights_backbone=None)')
+  model = getattr(torchvision.models.detection, builder_name)(
+      weights=None, weights_backbone=None)
+  model.eval()
+  return builder, model, generator
+
+
+def calibrate_and_freeze_backbone(model, inputs, generator):
+  """A torchvision detector's backbone BNs as a trained one runs them: affine redrawn
+  (redraw_batch_norm_affine), statistics measured on `inputs` (float [3, H, W] tensors, each
+  its own batch through model.transform) and their flips, then FrozenBatchNorm2d with eps
+  0.0; the model left in eval mode. Returns the counts (redrawn, clamped, frozen)."""
+  redrawn, clamped, frozen = calibrate_and_freeze_backbone(model, inputs, generator)
+  return redrawn, clamped, frozen
+
+
+def detection_sizes(out):
+  """A detector fixture's sizes on one photo (`out` from maskrcnn_outputs or the tiny
+  RetinaNet's detector_outputs): original, resized and padded (h, w), and each feature map's."""
+  batch = out['batch']
+  return {
+      'original_size_hw': list(out['original_size']),
+      'resized_size_hw': list(batch.image_sizes[0]),
+      'padded_size_hw': list(batch.tensors.shape[-2:]),
+      'feature_sizes_hw': [list(f.shape[-2:]) for f in out['features']],
+  }
+
+
 def rescale_head(model, images_list, generator, logit_mean, logit_std, delta_std):
   """Redraws RetinaNet's head so its outputs have the given spreads.
 
@@ -479,27 +518,15 @@ def write_detector(name, images, output_dir, seed):
   if name != 'tv_retinanet_resnet50_fpn':
     raise ValueError(f'unknown detector {name!r}; use one of {DETECTORS}')
   weights_enum = torchvision.models.detection.RetinaNet_ResNet50_FPN_Weights.COCO_V1
-  torch.manual_seed(seed)
-  generator = torch.Generator().manual_seed(seed + 1)
-  builder = ('torchvision.models.detection.retinanet_resnet50_fpn(weights=None, '
-             'weights_backbone=None)')
-  model = torchvision.models.detection.retinanet_resnet50_fpn(
-      weights=None, weights_backbone=None)
-  model.eval()
+  builder, model, generator = library_detector('retinanet_resnet50_fpn', seed)
   to_input = weights_enum.transforms()  # ObjectDetection: uint8 -> float 0..1
   inputs = {n: to_input(torch.from_numpy(images[n]).permute(2, 0, 1))
             for n in PHOTO_NAMES}
   # Each photo is its own batch of one (padded to its own multiple of 32).
   images_list = [[inputs[n]] for n in PHOTO_NAMES]
 
-  redrawn = redraw_batch_norm_affine(model.backbone.body, generator)
-  calibration = []
-  with torch.no_grad():
-    for images in images_list + [[x.flip(-1) for x in il] for il in images_list]:
-      calibration.append(model.transform(images)[0].tensors)
-  clamped = calibrate_batch_norm(model.backbone.body, calibration)
-  frozen = freeze_batch_norm(model.backbone.body, eps=0.0)
-  model.eval()
+  redrawn, clamped, frozen = calibrate_and_freeze_backbone(
+      model, [inputs[n] for n in PHOTO_NAMES], generator)
   # Sparse, unsaturated scores: ~0.1% of the 91 x 180k entries pass 0.05 (so
   # topk_candidates binds on P3/P4), the best are ~0.2, where float32 sigmoids
   # are far apart; a wider spread saturates at 1.0 and ties scores.
@@ -625,26 +652,19 @@ def write_detector(name, images, output_dir, seed):
           'cell_anchors_p3': model.anchor_generator.cell_anchors[0].tolist(),
       },
       'per_image': per_image,
-      'num_state_dict_keys': len(state_dict),
-      'num_parameters': sum(p.numel() for p in model.parameters()),
-      'files': files,
-      'reference': {
-          'path': npz_path,
-          'bytes': os.path.getsize(npz_path),
-          'arrays': {
-              '{image}/input_chw, input_hwc': 'float32 0..1 photo, the model input',
-              '{image}/transformed_nchw, transformed_nhwc': '[1, 3|.., Hp, Wp] float32 after '
-                                                            'normalise, resize and pad',
-              '{image}/image_size, original_size': '(h, w) int64 after resize; before',
-              '{image}/fpn_nhwc/{level}': '[1, h, w, 256] float32 FPN output, levels '
-                                          "'0', '1', '2' (P3-P5), 'p6', 'p7'",
-              '{image}/cls_logits/{level}': '[1, h*w*9, 91] float32 raw class logits',
-              '{image}/bbox_regression/{level}': '[1, h*w*9, 4] float32 (dx, dy, dw, dh)',
-              '{image}/anchors/{level}': '[h*w*9, 4] float32 x1, y1, x2, y2',
-              '{image}/detections/{boxes,scores,labels}': 'model(images) output',
-              '{image}/detections_resized/{boxes,scores,labels}': 'before transform.postprocess',
-          },
-      },
+      **saved_record(state_dict, model, files, npz_path, {
+          '{image}/input_chw, input_hwc': 'float32 0..1 photo, the model input',
+          '{image}/transformed_nchw, transformed_nhwc': '[1, 3|.., Hp, Wp] float32 after '
+                                                        'normalise, resize and pad',
+          '{image}/image_size, original_size': '(h, w) int64 after resize; before',
+          '{image}/fpn_nhwc/{level}': '[1, h, w, 256] float32 FPN output, levels '
+                                      "'0', '1', '2' (P3-P5), 'p6', 'p7'",
+          '{image}/cls_logits/{level}': '[1, h*w*9, 91] float32 raw class logits',
+          '{image}/bbox_regression/{level}': '[1, h*w*9, 4] float32 (dx, dy, dw, dh)',
+          '{image}/anchors/{level}': '[h*w*9, 4] float32 x1, y1, x2, y2',
+          '{image}/detections/{boxes,scores,labels}': 'model(images) output',
+          '{image}/detections_resized/{boxes,scores,labels}': 'before transform.postprocess',
+      }),
   }
   return record
 
@@ -884,22 +904,10 @@ def maskrcnn_postprocessing(model):
 def write_maskrcnn(name, images, output_dir, seed):
   """Writes torchvision Mask R-CNN ResNet-50-FPN v1's files; returns its record."""
   weights_enum = torchvision.models.detection.MaskRCNN_ResNet50_FPN_Weights.COCO_V1
-  torch.manual_seed(seed)
-  generator = torch.Generator().manual_seed(seed + 1)
-  builder = ('torchvision.models.detection.maskrcnn_resnet50_fpn(weights=None, '
-             'weights_backbone=None)')
-  model = torchvision.models.detection.maskrcnn_resnet50_fpn(
-      weights=None, weights_backbone=None)
-  model.eval()
+  builder, model, generator = library_detector('maskrcnn_resnet50_fpn', seed)
   to_input = weights_enum.transforms()
   inputs = [to_input(torch.from_numpy(images[n]).permute(2, 0, 1)) for n in PHOTO_NAMES]
-  redrawn = redraw_batch_norm_affine(model.backbone.body, generator)
-  with torch.no_grad():
-    calibration = [model.transform([x])[0].tensors for x in inputs]
-    calibration += [model.transform([x.flip(-1)])[0].tensors for x in inputs]
-  clamped = calibrate_batch_norm(model.backbone.body, calibration)
-  frozen = freeze_batch_norm(model.backbone.body, eps=0.0)
-  model.eval()
+  redrawn, clamped, frozen = calibrate_and_freeze_backbone(model, inputs, generator)
   spreads = dict(objectness_std=1.5, rpn_delta_std=0.2, class_logit_std=1.5,
                  box_delta_std=0.5, pairs_above_thresh=0.004, mask_logit_std=2.0)
   rescaled = rescale_maskrcnn_heads(model, inputs, generator, **spreads)
@@ -909,12 +917,8 @@ def write_maskrcnn(name, images, output_dir, seed):
     out = maskrcnn_outputs(model, image)
     arrays.update(maskrcnn_arrays(out, photo + '/'))
     arrays[photo + '/photo_uint8'] = images[photo]
-    batch = out['batch']
     per_image[photo] = {
-        'original_size_hw': list(out['original_size']),
-        'resized_size_hw': list(batch.image_sizes[0]),
-        'padded_size_hw': list(batch.tensors.shape[-2:]),
-        'feature_sizes_hw': [list(f.shape[-2:]) for f in out['features']],
+        **detection_sizes(out),
         'anchors_per_level': out['counts'],
         'num_detections': int(out['final']['scores'].numel()),
         'margins': maskrcnn_margins(model, out),
@@ -951,11 +955,7 @@ def write_maskrcnn(name, images, output_dir, seed):
       'anchors': {'sizes': [list(s) for s in model.rpn.anchor_generator.sizes],
                   'aspect_ratios': [list(a) for a in model.rpn.anchor_generator.aspect_ratios]},
       'per_image': per_image,
-      'num_state_dict_keys': len(state_dict),
-      'num_parameters': sum(p.numel() for p in model.parameters()),
-      'files': files,
-      'reference': {'path': npz_path, 'bytes': os.path.getsize(npz_path),
-                    'arrays': MASKRCNN_ARRAYS},
+      **saved_record(state_dict, model, files, npz_path, MASKRCNN_ARRAYS),
   }
 
 

@@ -241,25 +241,25 @@ def timm_pretrained_transform(crop, crop_pct, mean, std, of_weights):
 # depth_coefficient=0.5)`); the ViT is `create_model('vit_small_patch16_224',
 # ...)` with its size arguments overridden (our `vit(patch_size=8,
 # hidden_size=32, num_layers=2, num_heads=4, mlp_dim=64)` at 32 px).
+def _tiny_efficientnet(arch, pretrained_tag, options_text='', **options):
+  """A TIMM_TINY entry: timm's `arch` at width 0.25, depth 0.5, 10 classes (`options`: more
+  _gen_efficientnet arguments, `options_text` as the builder text writes them), its
+  preprocessing that of the pretrained `pretrained_tag` at CROP."""
+  return (
+      f"timm.models.efficientnet._gen_efficientnet('{arch}', "
+      f"channel_multiplier=0.25, depth_multiplier=0.5, {options_text}num_classes=10)",
+      lambda: timm.models.efficientnet._gen_efficientnet(
+          arch, channel_multiplier=0.25, depth_multiplier=0.5, num_classes=NUM_CLASSES,
+          **options),
+      (CROP, 0.875, timm.data.IMAGENET_DEFAULT_MEAN, timm.data.IMAGENET_DEFAULT_STD,
+       pretrained_tag))
+
+
 TIMM_TINY = {
-    'timm_tf_efficientnet_tiny': (
-        "timm.models.efficientnet._gen_efficientnet('tf_efficientnet_b0', "
-        "channel_multiplier=0.25, depth_multiplier=0.5, bn_eps=1e-3, pad_type='same', "
-        "num_classes=10)",
-        lambda: timm.models.efficientnet._gen_efficientnet(
-            'tf_efficientnet_b0', channel_multiplier=0.25, depth_multiplier=0.5,
-            bn_eps=timm.models._efficientnet_builder.BN_EPS_TF_DEFAULT, pad_type='same',
-            num_classes=NUM_CLASSES),
-        (CROP, 0.875, timm.data.IMAGENET_DEFAULT_MEAN, timm.data.IMAGENET_DEFAULT_STD,
-         'tf_efficientnet_b0.aa_in1k')),
-    'timm_efficientnet_tiny': (
-        "timm.models.efficientnet._gen_efficientnet('efficientnet_b0', "
-        "channel_multiplier=0.25, depth_multiplier=0.5, num_classes=10)",
-        lambda: timm.models.efficientnet._gen_efficientnet(
-            'efficientnet_b0', channel_multiplier=0.25, depth_multiplier=0.5,
-            num_classes=NUM_CLASSES),
-        (CROP, 0.875, timm.data.IMAGENET_DEFAULT_MEAN, timm.data.IMAGENET_DEFAULT_STD,
-         'efficientnet_b0.ra_in1k')),
+    'timm_tf_efficientnet_tiny': _tiny_efficientnet(
+        'tf_efficientnet_b0', 'tf_efficientnet_b0.aa_in1k', "bn_eps=1e-3, pad_type='same', ",
+        bn_eps=timm.models._efficientnet_builder.BN_EPS_TF_DEFAULT, pad_type='same'),
+    'timm_efficientnet_tiny': _tiny_efficientnet('efficientnet_b0', 'efficientnet_b0.ra_in1k'),
     'timm_vit_tiny': (
         "timm.create_model('vit_small_patch16_224', pretrained=False, img_size=32, "
         "patch_size=8, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0, num_classes=10)",
@@ -287,6 +287,19 @@ def write_timm_tiny(name, images, output_dir, seed):
 
 def narrow_tv(block, layers, num_classes, norm_layer=None):
   return NarrowResNet(block, layers, STEM_WIDTH, STAGE_WIDTHS, num_classes, norm_layer)
+
+
+def write_narrow_tv(name, block, layers, full_builder, transform, preprocessing, images,
+                    output_dir, seed, **kwargs):
+  """A narrow torchvision ResNet of tv_resnet.`block` and stage depths `layers` (init drawn
+  after torch.manual_seed(seed)), its layout checked against `full_builder`'s (e.g.
+  torchvision.models.resnet18), written by write_classifier; returns its record."""
+  torch.manual_seed(seed)
+  model = narrow_tv(getattr(tv_resnet, block), layers, NUM_CLASSES)
+  check_layout(model, full_builder(weights=None))
+  builder = f'NarrowResNet({block}, {layers}, stem 4, widths 4/8/16/32, 10 classes)'
+  return write_classifier(name, model, builder, transform, preprocessing, images, output_dir,
+                          seed, **kwargs)
 
 
 def legacy_keys(state_dict):
@@ -341,36 +354,47 @@ def detector_outputs(model, image):
   }
 
 
-def write_detector(images, output_dir, seed):
-  name = 'tv_retinanet_narrow'
+def calibrated_detector(build, seed, weights_enum, images):
+  """The narrow detector `build(seed)` on the DETECTOR_PHOTOS (reduced by PIL, then
+  `weights_enum`'s own transforms: uint8 -> float 0..1 [3, H, W]), its backbone's BNs redrawn,
+  calibrated on them and frozen (write_fixtures.calibrate_and_freeze_backbone) with a
+  generator seeded seed + 1, left for the heads. Returns (model, generator, {photo: uint8
+  HWC}, {photo: input}, (redrawn, clamped, frozen))."""
   generator = torch.Generator().manual_seed(seed + 1)
-  model = build_detector(seed)
-  photos = {}
-  for photo_name, factor in DETECTOR_PHOTOS.items():
-    photos[photo_name] = np.asarray(PIL.Image.fromarray(images[photo_name]).reduce(factor))
-  weights_enum = torchvision.models.detection.RetinaNet_ResNet50_FPN_Weights.COCO_V1
+  model = build(seed)
+  photos = {n: np.asarray(PIL.Image.fromarray(images[n]).reduce(f))
+            for n, f in DETECTOR_PHOTOS.items()}
   to_input = weights_enum.transforms()
   inputs = {n: to_input(torch.from_numpy(p.copy()).permute(2, 0, 1)) for n, p in photos.items()}
-  redrawn = write_fixtures.redraw_batch_norm_affine(model.backbone.body, generator)
-  calibration = [model.transform([x])[0].tensors for x in inputs.values()]
-  calibration += [model.transform([x.flip(-1)])[0].tensors for x in inputs.values()]
-  clamped = write_fixtures.calibrate_batch_norm(model.backbone.body, calibration)
-  frozen = write_fixtures.freeze_batch_norm(model.backbone.body, eps=0.0)
-  model.eval()
-  write_fixtures.rescale_head(model, [[x] for x in inputs.values()], generator,
-                              logit_mean=-4.0, logit_std=1.0, delta_std=0.2)
+  counts = write_fixtures.calibrate_and_freeze_backbone(model, list(inputs.values()), generator)
+  return model, generator, photos, inputs, counts
+
+
+def save_with_legacy_keys(model, build, seed, legacy_keys_of, output_dir, name):
+  """Saves `model`'s state dict as name.safetensors and, renamed by `legacy_keys_of`, as
+  name_legacy_keys.safetensors; torchvision itself must read the legacy layout back (strict)
+  into a fresh `build(seed + 100)` with frozen BNs. Returns (state_dict, files, legacy_files,
+  the reloaded model in eval mode)."""
   state_dict = model.state_dict()
   files = write_fixtures.save_state_dict(state_dict, output_dir, name, ('safetensors',))
-  legacy = legacy_keys(state_dict)
-  legacy_files = write_fixtures.save_state_dict(legacy, output_dir, name + '_legacy_keys',
-                                                ('safetensors',))
-  # torchvision itself must read the legacy layout back into the same model.
-  reloaded = build_detector(seed + 100)
+  legacy_files = write_fixtures.save_state_dict(legacy_keys_of(state_dict), output_dir,
+                                                name + '_legacy_keys', ('safetensors',))
+  reloaded = build(seed + 100)
   write_fixtures.freeze_batch_norm(reloaded.backbone.body, eps=0.0)
-  reloaded.load_state_dict(
-      safetensors.torch.load_file(legacy_files['safetensors']['path']),
-      strict=True)
+  reloaded.load_state_dict(safetensors.torch.load_file(legacy_files['safetensors']['path']),
+                           strict=True)
   reloaded.eval()
+  return state_dict, files, legacy_files, reloaded
+
+
+def write_detector(images, output_dir, seed):
+  name = 'tv_retinanet_narrow'
+  model, generator, photos, inputs, (redrawn, clamped, frozen) = calibrated_detector(
+      build_detector, seed, torchvision.models.detection.RetinaNet_ResNet50_FPN_Weights.COCO_V1, images)
+  write_fixtures.rescale_head(model, [[x] for x in inputs.values()], generator,
+                              logit_mean=-4.0, logit_std=1.0, delta_std=0.2)
+  state_dict, files, legacy_files, reloaded = save_with_legacy_keys(
+      model, build_detector, seed, legacy_keys, output_dir, name)
 
   arrays = {'image_names': np.array(list(photos))}
   per_image = {}
@@ -397,10 +421,7 @@ def write_detector(images, output_dir, seed):
     batch = out['batch']
     per_image[photo_name] = {
         'photo': f'skimage.data.{photo_name}() reduced {DETECTOR_PHOTOS[photo_name]}x by PIL',
-        'original_size_hw': list(out['original_size']),
-        'resized_size_hw': list(batch.image_sizes[0]),
-        'padded_size_hw': list(batch.tensors.shape[-2:]),
-        'feature_sizes_hw': [list(f.shape[-2:]) for f in out['features']],
+        **write_fixtures.detection_sizes(out),
         'strides_hw': [[batch.tensors.shape[-2] // f.shape[-2],
                         batch.tensors.shape[-1] // f.shape[-1]] for f in out['features']],
         'anchors_per_level': out['counts'],
@@ -496,31 +517,14 @@ def maskrcnn_legacy_keys(state_dict):
 
 def write_maskrcnn(images, output_dir, seed):
   name = 'tv_maskrcnn_narrow'
-  generator = torch.Generator().manual_seed(seed + 1)
-  model = build_maskrcnn(seed)
-  photos = {n: np.asarray(PIL.Image.fromarray(images[n]).reduce(f))
-            for n, f in DETECTOR_PHOTOS.items()}
-  to_input = torchvision.models.detection.MaskRCNN_ResNet50_FPN_Weights.COCO_V1.transforms()
-  inputs = {n: to_input(torch.from_numpy(p.copy()).permute(2, 0, 1)) for n, p in photos.items()}
-  redrawn = write_fixtures.redraw_batch_norm_affine(model.backbone.body, generator)
-  calibration = [model.transform([x])[0].tensors for x in inputs.values()]
-  calibration += [model.transform([x.flip(-1)])[0].tensors for x in inputs.values()]
-  clamped = write_fixtures.calibrate_batch_norm(model.backbone.body, calibration)
-  frozen = write_fixtures.freeze_batch_norm(model.backbone.body, eps=0.0)
-  model.eval()
+  model, generator, photos, inputs, (redrawn, clamped, frozen) = calibrated_detector(
+      build_maskrcnn, seed, torchvision.models.detection.MaskRCNN_ResNet50_FPN_Weights.COCO_V1, images)
   spreads = dict(objectness_std=1.5, rpn_delta_std=0.2, class_logit_std=1.5,
                  box_delta_std=0.5, pairs_above_thresh=0.03, mask_logit_std=2.0)
   rescaled = write_fixtures.rescale_maskrcnn_heads(model, list(inputs.values()), generator,
                                                    **spreads)
-  state_dict = model.state_dict()
-  files = write_fixtures.save_state_dict(state_dict, output_dir, name, ('safetensors',))
-  legacy_files = write_fixtures.save_state_dict(maskrcnn_legacy_keys(state_dict), output_dir,
-                                                name + '_legacy_keys', ('safetensors',))
-  reloaded = build_maskrcnn(seed + 100)
-  write_fixtures.freeze_batch_norm(reloaded.backbone.body, eps=0.0)
-  reloaded.load_state_dict(safetensors.torch.load_file(legacy_files['safetensors']['path']),
-                           strict=True)
-  reloaded.eval()
+  state_dict, files, legacy_files, reloaded = save_with_legacy_keys(
+      model, build_maskrcnn, seed, maskrcnn_legacy_keys, output_dir, name)
   arrays = {'image_names': np.array(list(photos))}
   per_image = {}
   for photo, image in inputs.items():
@@ -531,13 +535,9 @@ def write_maskrcnn(images, output_dir, seed):
         raise AssertionError(f'legacy-key file gives other {key} on {photo}')
     arrays.update(write_fixtures.maskrcnn_arrays(out, photo + '/'))
     arrays[photo + '/photo_uint8'] = photos[photo]
-    batch = out['batch']
     per_image[photo] = {
         'photo': f'skimage.data.{photo}() reduced {DETECTOR_PHOTOS[photo]}x by PIL',
-        'original_size_hw': list(out['original_size']),
-        'resized_size_hw': list(batch.image_sizes[0]),
-        'padded_size_hw': list(batch.tensors.shape[-2:]),
-        'feature_sizes_hw': [list(f.shape[-2:]) for f in out['features']],
+        **write_fixtures.detection_sizes(out),
         'anchors_per_level': out['counts'],
         'num_detections': int(out['final']['scores'].numel()),
         'margins': write_fixtures.maskrcnn_margins(model, out),
@@ -591,22 +591,14 @@ def main(argv=None):
     if wanted('tv_resnet18_narrow') or wanted('tv_resnet50_narrow'):
       transform, preprocessing = tv_transform()
     if wanted('tv_resnet18_narrow'):
-      torch.manual_seed(args.seed)
-      model = narrow_tv(tv_resnet.BasicBlock, [2, 2, 2, 2], NUM_CLASSES)
-      check_layout(model, torchvision.models.resnet18(weights=None))
-      records['tv_resnet18_narrow'] = write_classifier(
-          'tv_resnet18_narrow', model,
-          'NarrowResNet(BasicBlock, [2, 2, 2, 2], stem 4, widths 4/8/16/32, 10 classes)',
+      records['tv_resnet18_narrow'] = write_narrow_tv(
+          'tv_resnet18_narrow', 'BasicBlock', [2, 2, 2, 2], torchvision.models.resnet18,
           transform, preprocessing, images, output_dir, args.seed,
           formats=('safetensors', 'pth'))  # one .pth, for the torch-installed path
 
     if wanted('tv_resnet50_narrow'):
-      torch.manual_seed(args.seed)
-      model = narrow_tv(tv_resnet.Bottleneck, [3, 4, 6, 3], NUM_CLASSES)
-      check_layout(model, torchvision.models.resnet50(weights=None))
-      records['tv_resnet50_narrow'] = write_classifier(
-          'tv_resnet50_narrow', model,
-          'NarrowResNet(Bottleneck, [3, 4, 6, 3], stem 4, widths 4/8/16/32, 10 classes)',
+      records['tv_resnet50_narrow'] = write_narrow_tv(
+          'tv_resnet50_narrow', 'Bottleneck', [3, 4, 6, 3], torchvision.models.resnet50,
           transform, preprocessing, images, output_dir, args.seed)
 
     if wanted('timm_resnet50_narrow'):
