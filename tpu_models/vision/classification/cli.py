@@ -6,6 +6,8 @@ argparse here; the converters are imported inside the run functions.
 
 import argparse
 
+from tpu_models.vision.cli_options import add_image_limit_argument, image_limit
+
 
 def add_convert_sources(sources) -> None:
   """Adds this family's `convert` sources to the CLI's `convert` subparsers."""
@@ -24,22 +26,6 @@ def add_convert_sources(sources) -> None:
   c.add_argument("--validation-size", type=int, default=5000,
                  help="last N training images written as validation-* (0: none)")
   c.set_defaults(run=_convert_fashion_mnist)
-
-
-def add_image_limit_argument(parser) -> None:
-  """`--max-image-pixels` of the image converters (this family's and detection's)."""
-  parser.add_argument("--max-image-pixels", type=int, metavar="N",
-                      help="skip (and count) images whose header says more pixels (height x "
-                           "width), without decoding them; 0 = no limit (default 178956970)")
-
-
-def image_limit(args: argparse.Namespace) -> dict:
-  """{"max_image_pixels": N} when --max-image-pixels was given (else the converter's default)."""
-  if args.max_image_pixels is None:
-    return {}
-  from tpu_models.vision import image
-  return {"max_image_pixels": image.check_max_image_pixels(args.max_image_pixels,
-                                                           "--max-image-pixels")}
 
 
 def _convert_image_folder(args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ argparse and os here; the converters are imported inside the run functions.
 import argparse
 import os
 
-from tpu_models.vision.classification.cli import add_image_limit_argument, image_limit
+from tpu_models.vision.cli_options import add_image_limit_argument, image_limit
 
 
 def add_options(command: str, parser) -> None:
