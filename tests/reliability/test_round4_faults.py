@@ -477,7 +477,7 @@ def test_a_gzip_bomb_idx_file_is_refused_after_reading_only_what_its_header_anno
   announced bytes (plus one) are streamed."""
   import gzip
   from tpu_models.errors import DataError
-  from tpu_models.vision.classification import fashion_mnist
+  from tpu_models.vision import fashion_mnist_files as fashion_mnist
   data = tmp_path / "fashion"
   data.mkdir()
   _gzip_bomb_idx(data / "train-images-idx3-ubyte.gz", [2051, 60000, 28, 28], 2048)

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from tpu_models.config import DataConfig
 from tpu_models.data import sources as data_sources
+from tpu_models.vision import fashion_mnist_files
 from tpu_models.vision.classification import fashion_mnist as sources
 
 DEBIAN_DIR = "/usr/share/datasets/fashion-mnist"
@@ -29,7 +30,7 @@ def _fake_fashion_mnist(directory):
   """Valid idx files of the real sizes; image i of a split is filled with i % 251."""
   os.makedirs(directory, exist_ok=True)
   for split, n in sources.FASHION_MNIST_SIZES.items():
-    images_name, labels_name = sources._FILES[split]
+    images_name, labels_name = fashion_mnist_files._FILES[split]
     images = np.broadcast_to((np.arange(n) % 251).astype(np.uint8)[:, None, None], (n, 28, 28))
     _write_idx(os.path.join(directory, images_name), 2051, images)
     _write_idx(os.path.join(directory, labels_name), 2049, np.arange(n) % 10)
@@ -116,7 +117,7 @@ def test_search_order_and_env(fake_dir, monkeypatch, environ, tmp_path):
 
 def test_missing_files_error_names_places_and_fix(monkeypatch, environ, tmp_path):
   monkeypatch.setenv("TPU_MODELS_DATA", str(tmp_path / "data"))
-  monkeypatch.setattr(sources, "DEBIAN_FASHION_MNIST", str(tmp_path / "debian"))
+  monkeypatch.setattr(fashion_mnist_files, "DEBIAN_FASHION_MNIST", str(tmp_path / "debian"))
   with pytest.raises(FileNotFoundError) as info:
     sources.load_fashion_mnist("train", str(tmp_path / "given"))
   message = str(info.value)

@@ -280,7 +280,7 @@ def build_pasted_objects(output_dir: str,
   """
   from PIL import Image
 
-  from tpu_models.vision.classification import fashion_mnist as sources
+  from tpu_models.vision import fashion_mnist_files as sources
 
   sizes = {"train": num_train, "validation": num_validation, "test": num_test}
   if any(n < 0 for n in sizes.values()) or not any(sizes.values()):
