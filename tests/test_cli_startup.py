@@ -95,6 +95,31 @@ def test_start_up_notices_are_dropped_and_everything_else_kept(tmp_path):
   assert bad.returncode == 2 and "trainer.trian_steps" in bad.stderr
 
 
+LIBRARY_USE = r"""
+import sys
+from tpu_models import config, create_model
+config.load_config(sys.argv[1], ["task.model.name=resnet18"])
+print("built", create_model("resnet18", num_classes=3).count_params() > 0)
+"""
+
+
+@pytest.mark.skipif(startup.has_nvidia_device(), reason="the CUDA notices are kept where a GPU is")
+def test_library_use_is_quiet_too():
+  """`load_config` / `create_model` import the families (so TensorFlow) without its notices."""
+  recipe = os.path.join(REPO, "official", "resnet", "fashion_mnist_resnet.yaml")
+  shown = subprocess.run([sys.executable, "-c", LIBRARY_USE, recipe], cwd=TESTS,
+                         env=_environment(TPU_MODELS_TF_STARTUP_LOGS="1"), capture_output=True,
+                         text=True, timeout=300)
+  quiet = subprocess.run([sys.executable, "-c", LIBRARY_USE, recipe], cwd=TESTS,
+                         env=_environment(), capture_output=True, text=True, timeout=300)
+  assert shown.returncode == quiet.returncode == 0, (shown.stderr[-2000:], quiet.stderr[-2000:])
+  assert quiet.stdout == shown.stdout == "built True\n"
+  notices = startup.STARTUP_NOTICES + startup.NO_GPU_NOTICES
+  shown_notices = [n for n in notices if n in shown.stderr]
+  assert shown_notices, shown.stderr  # This machine's TensorFlow prints some of them.
+  assert not [n for n in notices if n in quiet.stderr], quiet.stderr
+
+
 def test_benchmark_writes_to_the_given_model_dir(tmp_path, capsys):
   model_dir = tmp_path / "bench"
   assert cli.main(["benchmark", os.path.join(TESTS, "toy.yaml"), "--import", "toy_task",

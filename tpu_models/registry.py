@@ -45,6 +45,7 @@ import os
 import sys
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
+from tpu_models import startup
 from tpu_models.errors import ConfigError, MissingExtraError, UnknownNameError
 
 ENTRY_POINT_GROUP = "tpu_models.families"
@@ -345,6 +346,9 @@ def _import_module(family: Family, module: Module, *, strict: bool, wanted: str 
   if spec is None:
     raise FamilyError(f"Family {family.name!r} declares module {name!r}, which does not exist; "
                       f"fix the family's declaration (its family.py or entry point).")
+  # A family module imports TensorFlow: without its C++ start-up notices in a library
+  # user's process too (`load_config`, `create_model`), as the CLI does.
+  startup.import_tensorflow_quietly()
   try:
     importlib.import_module(name)
   except ImportError as e:
