@@ -53,8 +53,12 @@ class Server:
 
 
 @contextlib.contextmanager
-def serve(*args, timeout: float = 120):
-  """Starts `tpu-models serve ARGS --port P`; yields a Server once /v2/health/ready says so."""
+def serve(*args, timeout: float = 120, while_starting=None):
+  """Starts `tpu-models serve ARGS --port P`; yields a Server once /v2/health/ready says so.
+
+  `while_starting()`, when given, runs in this process once the server's process is started
+  and before its readiness is awaited (e.g. writing the versions it will load: Ray's start
+  and the exports overlap). `timeout` counts from when it returns."""
   ray_tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")  # Ray's socket paths must stay short.
   port = free_port()
   log_path = os.path.join(ray_tmp, "serve.log")
@@ -67,6 +71,8 @@ def serve(*args, timeout: float = 120):
                                start_new_session=True)
   server = Server(process, f"http://127.0.0.1:{port}", log_path)
   try:
+    if while_starting is not None:
+      while_starting()
     def ready():
       if process.poll() is not None:
         raise AssertionError(f"tpu-models serve exited {process.returncode}:\n"

@@ -1,9 +1,10 @@
 """`tpu-models serve` on detectors and on a static-batch export: one shared server (a child
-process) of a tiny Mask R-CNN's SavedModel (boxes, scores, classes and masks), a tiny
-RetinaNet's, and a SavedModel that runs only at batch 4. Requests go through TF Serving's
-REST API (b64 JPEG/PNG rows to serving_default, uint8 pixels to serve_images) and
-tritonclient.http (v2); the answers equal the same export called in this process on the
-same inputs. The batch-4 export answers three concurrent requests in one model call."""
+process, started while the exports are written) of a tiny Mask R-CNN's SavedModel (boxes,
+scores, classes and masks), a tiny RetinaNet's, and a SavedModel that runs only at batch 4.
+Requests go through TF Serving's REST API (b64 JPEG/PNG rows to serving_default, uint8
+pixels to serve_images) and tritonclient.http (v2); the answers equal the same export
+called in this process on the same inputs. The batch-4 export answers three concurrent
+requests in one model call."""
 
 import base64
 import concurrent.futures
@@ -32,25 +33,37 @@ BATCH_TIMEOUT_MS = 500  # Long enough for three concurrent requests to meet in o
 
 
 @pytest.fixture(scope="module")
-def exports(tmp_path_factory):
-  """(root, {model name: MODEL_BASE}, [a JPEG, a PNG]): the Mask R-CNN and the RetinaNet of
-  tiny_exports.untrained_detectors and the batch-4 SavedModel, each version 1."""
+def started(tmp_path_factory):
+  """(Server, {model name: MODEL_BASE}, [a JPEG, a PNG]): the server started on three empty
+  MODEL_BASEs while the Mask R-CNN and the RetinaNet of tiny_exports.untrained_detectors and
+  the batch-4 SavedModel are written as their version 1 (Ray starts meanwhile); yielded
+  once it serves all three."""
   root = str(tmp_path_factory.mktemp("detectors"))
-  made = tiny_exports.untrained_detectors(root)
   bases = {name: os.path.join(root, name) for name in (SEGMENTER, RETINANET, STATIC)}
-  for name, kind in ((SEGMENTER, "maskrcnn"), (RETINANET, "retinanet")):
-    config, model_dir = made[kind]
-    assert tiny_exports.publish_saved_model(config, model_dir, bases[name]) == 1
-  repository.publish(bases[STATIC], lambda output: tiny_exports.write_batch_export(output, 4))
-  return root, bases, tiny_exports.detection_pictures()
+  for base in bases.values():
+    os.makedirs(base)
+
+  def publish():
+    repository.publish(bases[STATIC], lambda output: tiny_exports.write_batch_export(output, 4))
+    made = tiny_exports.untrained_detectors(root)
+    for name, kind in ((SEGMENTER, "maskrcnn"), (RETINANET, "retinanet")):
+      config, model_dir = made[kind]
+      assert tiny_exports.publish_saved_model(config, model_dir, bases[name]) == 1
+
+  with serve(*(f"{name}={base}" for name, base in bases.items()), "--batch-timeout-ms",
+             str(BATCH_TIMEOUT_MS), while_starting=publish) as server:
+    yield server, bases, tiny_exports.detection_pictures()
 
 
 @pytest.fixture(scope="module")
-def served(exports):  # pylint: disable=redefined-outer-name
-  _, bases, _ = exports
-  with serve(*(f"{name}={base}" for name, base in bases.items()), "--batch-timeout-ms",
-             str(BATCH_TIMEOUT_MS)) as server:
-    yield server
+def served(started):  # pylint: disable=redefined-outer-name
+  return started[0]
+
+
+@pytest.fixture(scope="module")
+def exports(started):  # pylint: disable=redefined-outer-name
+  """(the server, {model name: MODEL_BASE}, [a JPEG, a PNG])."""
+  return started
 
 
 @pytest.fixture(scope="module")
@@ -184,8 +197,9 @@ def test_a_static_batch_export_answers_concurrent_requests_in_one_padded_call(se
   url = f"{served.url}/v1/models/{STATIC}:predict"
   metadata = requests.get(f"{served.url}/v2/models/{STATIC}", timeout=10).json()
   assert metadata["parameters"]["batch_sizes"] == [4]  # The graph's; requests send any batch.
+  size = tiny_exports.IMAGE_SIZE
   assert metadata["inputs"] == [{"name": "images", "datatype": "UINT8",
-                                 "shape": [-1, tiny_exports.IMAGE_SIZE, tiny_exports.IMAGE_SIZE, 3]}]
+                                 "shape": [-1, size, size, 3]}]
   calls = _counter(served, "tpu_models_model_calls_total", STATIC)
   padding = _counter(served, "tpu_models_padding_rows_total", STATIC)
   start = threading.Barrier(3)

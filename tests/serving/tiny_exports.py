@@ -138,7 +138,8 @@ def untrained_detectors(root: str) -> dict:
   within 1e-6 of its prior, and a difference in float rounding, e.g. another thread
   count, would reorder tied detections), and detection scores down to 0.001 so every
   answer holds detections. The configs' records are never read."""
-  from helpers.detection import maskrcnn_config, retinanet_config  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from helpers.detection import maskrcnn_config, retinanet_config
   from tpu_models.task import create_task  # pylint: disable=g-import-not-at-top
   data_dir = os.path.join(root, "no-records")
   configs = {"maskrcnn": maskrcnn_config(data_dir, ["task.model.detection_score_threshold=0.001"]),
