@@ -1,16 +1,15 @@
 """Shared test setup: quiet TensorFlow, XLA unoptimised, the toy task on the path, float32 by
 default, no writes to the process environment once TensorFlow runs, stacks on demand."""
 
-import faulthandler
 import os
 import random
-import signal
 import subprocess
 import sys
 
 # Every thread's Python stack on SIGUSR1: scripts/bounded_run.py sends it to the whole run
-# (controller and xdist workers) before it ends a run that outlived its bound.
-faulthandler.register(signal.SIGUSR1, all_threads=True)
+# (controller and xdist workers) before it ends a run that outlived its bound, and prints
+# the files it is written to (helpers/stack_dump.py).
+from helpers import stack_dump  # noqa: E402,F401  pylint: disable=g-import-not-at-top,unused-import
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # XLA's LLVM back end unoptimised (-O0), here and in the processes tests start: the tests ask

@@ -180,3 +180,24 @@ def test_a_run_past_its_bound_prints_its_stacks_and_ends(tmp_path):
       [sys.executable, os.path.join(REPO, "scripts", "bounded_run.py"), "30", "--",
        sys.executable, "-c", "import sys; sys.exit(3)"], capture_output=True, timeout=60)
   assert finished.returncode == 3  # Within its bound: the command's own exit code.
+
+
+def test_a_bounded_pytest_run_prints_the_stack_of_the_test_a_worker_hangs_in(tmp_path):
+  """The real case: the hang is inside a test in an xdist worker, whose stderr pytest's capture
+  holds; the stacks reach the output through the files bounded_run names."""
+  (tmp_path / "test_planted_hang.py").write_text(_HANGS)
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PYTHONPATH"))}
+  env["PYTHONPATH"] = os.path.join(REPO, "tests")  # For -p helpers.stack_dump.
+  started = time.monotonic()
+  done = subprocess.run(
+      [sys.executable, os.path.join(REPO, "scripts", "bounded_run.py"), "20", "--",
+       sys.executable, "-m", "pytest", "-c", os.path.join(REPO, "pytest.ini"), "--rootdir",
+       str(tmp_path), "-p", "no:cacheprovider", "-p", "helpers.stack_dump", "-q", "-n", "1",
+       "-o", "timeout=0", "-o", "faulthandler_timeout=0", str(tmp_path)],
+      cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+  assert done.returncode == 124, (done.stdout, done.stderr)
+  assert "still running after 20 s" in done.stderr, done.stderr
+  stacks = done.stderr.split("still running after 20 s", 1)[1]
+  assert "(gw0)" in stacks and "(controller)" in stacks, stacks
+  assert "in test_waits_forever" in stacks, stacks  # The worker's stack, down to the test.
+  assert time.monotonic() - started < 90
