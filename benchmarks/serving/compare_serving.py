@@ -1,8 +1,9 @@
 """Requests/s and latency of one export: in-process (the ceiling) vs `tpu-models serve` with
-and without batching, on 127.0.0.1, in one run.
+and without batching vs a peer server (KServe's ModelServer), on 127.0.0.1, in one run.
 
     python benchmarks/serving/compare_serving.py official/resnet/fashion_mnist_quick.yaml \
         --work-dir runs/serve_bench [--train-steps 20] [--concurrency 1,8,32,128] [--seconds 10]
+        [--picture FILE] [--protocol rest|v2] [--kserve-python benchmarks/.venv-kserve/bin/python]
 
 1. Unless WORK_DIR/base/1 exists: `tpu-models train` a few steps and `tpu-models export
    --to WORK_DIR/base` (the weights do not change the cost).
@@ -13,6 +14,16 @@ and without batching, on 127.0.0.1, in one run.
    5 ms) and (c) the same with `--max-batch-size 1`, each loaded by a bounded load
    generator: C client threads, each sending TF Serving REST requests (one b64 PNG each) back
    to back for `--seconds`, every request with a 60 s timeout; requests/s, p50 and p99.
+   The request is one encoded picture for `serving_default`: `--picture FILE`, else a seeded
+   noise PNG of `--image-size` x `--image-size` x `--channels`. `--protocol rest`: TF Serving
+   REST (`{"instances": [{"b64": ...}]}`); `--protocol v2`: the v2 protocol's infer with the
+   binary tensor extension (one BYTES element after the JSON header).
+4. (d) with `--kserve-python PYTHON` (the venv of benchmarks/serving/setup_kserve_venv.sh):
+   KServe's `ModelServer` serving the same SavedModel through benchmarks/serving/kserve_peer.py
+   (a `kserve.Model` calling `tf.saved_model.load(...).signatures["serving_default"]` on each
+   request's rows: KServe's Python server has no batcher of its own), loaded at the same
+   concurrencies with v2 JSON, the picture as base64 text in the BYTES input (kserve 0.21's
+   REST parser cannot take a binary BYTES element that is not UTF-8: kserve_peer.py).
 
 The client threads run on the same machine as the server (Python, requests): on a small
 machine they take CPU from it, which the in-process ceiling does not pay. Prints a markdown
@@ -26,6 +37,7 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -56,23 +68,33 @@ def _prepare(args) -> str:
   return base
 
 
-def _payload(size: int, channels: int) -> bytes:
+def payload(size: int, channels: int) -> bytes:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(0)
   return tf.io.encode_png(rng.integers(0, 255, (size, size, channels), np.uint8)).numpy()
 
 
-def _in_process(base: str, png: bytes, seconds: float) -> dict:
+def input_name(base: str) -> str:
+  """The name of serving_default's one input (image_bytes for the image exports)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   fn = tf.saved_model.load(os.path.join(base, "1")).signatures["serving_default"]
+  (name,) = fn.structured_input_signature[1]
+  return name
+
+
+def _in_process(base: str, png: bytes, seconds: float) -> dict:
+  """{batch: images/s, p50 ms} of serving_default called on `batch` copies of `png`."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  fn = tf.saved_model.load(os.path.join(base, "1")).signatures["serving_default"]
+  name = input_name(base)
   result = {}
   for batch in (1, 8, 32):
-    images = tf.constant([png] * batch)
-    fn(image_bytes=images)  # Warm.
+    images = {name: tf.constant([png] * batch)}
+    fn(**images)  # Warm.
     calls, started, latencies = 0, time.perf_counter(), []
     while time.perf_counter() - started < seconds:
       t = time.perf_counter()
-      fn(image_bytes=images)["classes"].numpy()
+      [v.numpy() for v in fn(**images).values()]  # pylint: disable=expression-not-assigned
       latencies.append(time.perf_counter() - t)
       calls += 1
     elapsed = time.perf_counter() - started
@@ -87,15 +109,32 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _serve(base: str, extra) -> tuple:
+def serve(base: str, extra) -> tuple:
+  """`tpu-models serve` of `base` as "bench" (one replica of all the CPUs): (process, port,
+  its temporary directory), once /v2/health/ready answers."""
   ray_tmp = tempfile.mkdtemp(prefix="rb", dir="/tmp")
   port = _free_port()
-  log = open(os.path.join(ray_tmp, "serve.log"), "w")
-  process = subprocess.Popen(
-      [sys.executable, "-m", "tpu_models.cli", "serve", base, "--name", "bench", "--port",
-       str(port), "--replica-cpus", str(os.cpu_count()), *extra], stdout=log,
-      stderr=subprocess.STDOUT, start_new_session=True,
-      env={**os.environ, "RAY_TMPDIR": ray_tmp, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  command = [sys.executable, "-m", "tpu_models.cli", "serve", base, "--name", "bench", "--port",
+             str(port), "--replica-cpus", str(os.cpu_count()), *extra]
+  return _start(command, port, ray_tmp, {"RAY_TMPDIR": ray_tmp})
+
+
+def _serve_kserve(python: str, base: str) -> tuple:
+  """KServe's ModelServer (benchmarks/serving/kserve_peer.py in `python`'s venv) serving
+  `base`/1 as "bench"; as `serve`."""
+  tmp = tempfile.mkdtemp(prefix="kb", dir="/tmp")
+  port = _free_port()
+  command = [python, os.path.join(REPO, "benchmarks", "serving", "kserve_peer.py"),
+             os.path.join(base, "1"), "--name", "bench", "--port", str(port)]
+  return _start(command, port, tmp, {})
+
+
+def _start(command, port: int, tmp: str, env: dict) -> tuple:
+  log = open(os.path.join(tmp, "serve.log"), "w")
+  print("$", " ".join(command), flush=True)
+  process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                             start_new_session=True, cwd=REPO,
+                             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **env})
   import requests  # pylint: disable=g-import-not-at-top
   deadline = time.monotonic() + 180
   while time.monotonic() < deadline:
@@ -103,14 +142,15 @@ def _serve(base: str, extra) -> tuple:
       raise RuntimeError(open(log.name).read()[-3000:])
     try:
       if requests.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2).ok:
-        return process, port, ray_tmp
+        return process, port, tmp
     except requests.RequestException:
       pass
     time.sleep(0.25)
+  stop(process, tmp)
   raise RuntimeError("the server did not get ready in 180 s")
 
 
-def _stop(process, ray_tmp: str) -> None:
+def stop(process, ray_tmp: str) -> None:
   process.send_signal(signal.SIGTERM)
   try:
     process.wait(30)
@@ -123,11 +163,35 @@ def _stop(process, ray_tmp: str) -> None:
   shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
-def _load(port: int, png: bytes, concurrency: int, seconds: float) -> dict:
-  """C threads sending back to back for `seconds`: requests/s, p50/p99 ms, errors."""
+def request(port: int, png: bytes, protocol: str, input_name: str) -> tuple:
+  """(url, body, headers) of one request with the encoded picture `png` to model "bench":
+  TF Serving REST (`rest`), v2 infer with the binary tensor extension (`v2`: the JSON
+  header, then the BYTES element as a 4-byte little-endian length and the bytes), or v2 JSON
+  with the picture as base64 text (`v2-json`: what kserve_peer.py takes)."""
+  b64 = base64.b64encode(png).decode()
+  if protocol == "rest":
+    body = json.dumps({"instances": [{"b64": b64}]}).encode()
+    return (f"http://127.0.0.1:{port}/v1/models/bench:predict", body,
+            {"Content-Type": "application/json"})
+  if protocol == "v2-json":
+    body = json.dumps({"inputs": [{"name": input_name, "shape": [1], "datatype": "BYTES",
+                                   "data": [b64]}]}).encode()
+    return (f"http://127.0.0.1:{port}/v2/models/bench/infer", body,
+            {"Content-Type": "application/json"})
+  header = json.dumps({"inputs": [{"name": input_name, "shape": [1], "datatype": "BYTES",
+                                   "parameters": {"binary_data_size": len(png) + 4}}]}).encode()
+  return (f"http://127.0.0.1:{port}/v2/models/bench/infer",
+          header + struct.pack("<I", len(png)) + png,
+          {"Content-Type": "application/octet-stream",
+           "Inference-Header-Content-Length": str(len(header))})
+
+
+def _load(target: tuple, concurrency: int, seconds: float) -> dict:
+  """C threads sending `target` (url, body, headers) back to back for `seconds`:
+  requests/s, p50/p99 ms, errors (the first error's text in `first_error`)."""
   import requests  # pylint: disable=g-import-not-at-top
-  body = json.dumps({"instances": [{"b64": base64.b64encode(png).decode()}]}).encode()
-  url = f"http://127.0.0.1:{port}/v1/models/bench:predict"
+  url, body, headers = target
+  first_error = []
   latencies, errors, lock = [], [0], threading.Lock()
   end = time.perf_counter() + seconds
 
@@ -136,10 +200,14 @@ def _load(port: int, png: bytes, concurrency: int, seconds: float) -> dict:
     while time.perf_counter() < end:
       t = time.perf_counter()
       try:
-        ok = session.post(url, data=body, timeout=60).ok
-      except requests.RequestException:
-        ok = False
+        answer = session.post(url, data=body, headers=headers, timeout=60)
+        ok = answer.ok
+        error = None if ok else f"{answer.status_code} {answer.text[:300]}"
+      except requests.RequestException as e:
+        ok, error = False, repr(e)[:300]
       with lock:
+        if error and not first_error:
+          first_error.append(error)
         if ok:
           latencies.append(time.perf_counter() - t)
         else:
@@ -153,6 +221,7 @@ def _load(port: int, png: bytes, concurrency: int, seconds: float) -> dict:
     thread.join()
   elapsed = time.perf_counter() - started
   return {"requests_per_s": len(latencies) / elapsed, "errors": errors[0],
+          "first_error": first_error[0] if first_error else None,
           "p50_ms": 1000 * float(np.percentile(latencies, 50)) if latencies else None,
           "p99_ms": 1000 * float(np.percentile(latencies, 99)) if latencies else None}
 
@@ -167,39 +236,71 @@ def main() -> int:
   parser.add_argument("--seconds", type=float, default=10.0)
   parser.add_argument("--image-size", type=int, default=28)
   parser.add_argument("--channels", type=int, default=1)
+  parser.add_argument("--picture", help="an encoded picture (JPEG/PNG) sent in every request "
+                      "(default: a noise PNG of --image-size and --channels)")
+  parser.add_argument("--protocol", choices=("rest", "v2"), default="rest",
+                      help="what our server is sent (the peer always gets v2)")
+  parser.add_argument("--kserve-python", help="the Python of the KServe venv "
+                      "(benchmarks/serving/setup_kserve_venv.sh): measures the peer too")
   args = parser.parse_args()
   base = _prepare(args)
-  png = _payload(args.image_size, args.channels)
+  if args.picture:
+    with open(args.picture, "rb") as f:
+      png = f.read()
+  else:
+    png = payload(args.image_size, args.channels)
   levels = [int(c) for c in args.concurrency.split(",")]
-  report = {"cpu": _cpu(), "in_process": _in_process(base, png, args.seconds)}
-  for side, extra in (("batched", ["--max-batch-size", "32", "--batch-timeout-ms", "5"]),
-                      ("unbatched", ["--max-batch-size", "1"])):
-    process, port, ray_tmp = _serve(base, extra)
+  signature_input = input_name(base)
+  report = {"cpu": cpu(), "config": args.config, "picture": args.picture,
+            "picture_bytes": len(png), "protocol": args.protocol,
+            "in_process": _in_process(base, png, args.seconds)}
+  sides = [("batched", lambda: serve(base, ["--max-batch-size", "32",
+                                             "--batch-timeout-ms", "5"]), args.protocol),
+           ("unbatched", lambda: serve(base, ["--max-batch-size", "1"]), args.protocol)]
+  if args.kserve_python:
+    sides.append(("kserve", lambda: _serve_kserve(args.kserve_python, base), "v2-json"))
+  for side, start, protocol in sides:
+    process, port, tmp = start()
     try:
-      _load(port, png, 4, 2.0)  # Warm the proxy and the replica.
-      report[side] = {c: _load(port, png, c, args.seconds) for c in levels}
+      target = request(port, png, protocol, signature_input)
+      _load(target, 4, 2.0)  # Warm the proxy and the replica.
+      report[side] = {c: _load(target, c, args.seconds) for c in levels}
     finally:
-      _stop(process, ray_tmp)
+      stop(process, tmp)
   with open(os.path.join(args.work_dir, "serving_bench.json"), "w") as f:
     json.dump(report, f, indent=1)
-  ceiling = max(v["images_per_s"] for v in report["in_process"].values())
-  best = max(report["in_process"], key=lambda b: report["in_process"][b]["images_per_s"])
-  print(f"\n{report['cpu']}\n")
-  print(f"In-process ceiling: {ceiling:.0f} images/s at batch {best}; batch-1 latency "
-        f"{report['in_process'][1]['p50_ms']:.1f} ms.\n")
-  print("| concurrency | batched req/s | p50 ms | p99 ms | unbatched req/s | p50 ms | p99 ms "
-        "| batched / unbatched | batched / ceiling | errors |")
-  print("|---|---|---|---|---|---|---|---|---|---|")
-  for c in levels:
-    b, u = report["batched"][c], report["unbatched"][c]
-    print(f"| {c} | {b['requests_per_s']:.0f} | {b['p50_ms']:.1f} | {b['p99_ms']:.1f} | "
-          f"{u['requests_per_s']:.0f} | {u['p50_ms']:.1f} | {u['p99_ms']:.1f} | "
-          f"{b['requests_per_s'] / max(u['requests_per_s'], 1e-9):.2f}x | "
-          f"{b['requests_per_s'] / ceiling:.0%} | {b['errors'] + u['errors']} |")
+  print_report(report, levels)
   return 0
 
 
-def _cpu() -> str:
+def print_report(report: dict, levels) -> None:
+  """The markdown tables of `report` (serving_bench.json's content)."""
+  in_process = {int(b): v for b, v in report["in_process"].items()}
+  ceiling = max(v["images_per_s"] for v in in_process.values())
+  best = max(in_process, key=lambda b: in_process[b]["images_per_s"])
+  sides = [s for s in ("batched", "unbatched", "kserve") if s in report]
+  print(f"\n{report['cpu']}; {report['config']}, {report['picture_bytes']} bytes per picture "
+        f"({report['protocol']} to ours, v2 JSON with base64 text to the peer)\n")
+  print(f"In-process ceiling: {ceiling:.1f} images/s at batch {best}; batch-1 latency "
+        f"{in_process[1]['p50_ms']:.1f} ms.\n")
+  print("| concurrency | " + " | ".join(f"{s} req/s | p50 ms | p99 ms" for s in sides) +
+        " | batched / unbatched | batched / ceiling" +
+        (" | batched / kserve" if "kserve" in report else "") + " | errors |")
+  print("|---" * (1 + 3 * len(sides) + 3 + ("kserve" in report)) + "|")
+  for c in levels:
+    rows = [report[s][c] if c in report[s] else report[s][str(c)] for s in sides]
+    ms = lambda v: "-" if v is None else f"{v:.1f}"  # pylint: disable=unnecessary-lambda-assignment
+    cells = [f"{r['requests_per_s']:.1f} | {ms(r['p50_ms'])} | {ms(r['p99_ms'])}" for r in rows]
+    rate = {s: r["requests_per_s"] for s, r in zip(sides, rows)}
+    ratios = [f"{rate['batched'] / max(rate['unbatched'], 1e-9):.2f}x",
+              f"{rate['batched'] / ceiling:.0%}"]
+    if "kserve" in rate:
+      ratios.append(f"{rate['batched'] / max(rate['kserve'], 1e-9):.2f}x")
+    errors = sum(r["errors"] for r in rows)
+    print(f"| {c} | " + " | ".join(cells + ratios) + f" | {errors} |")
+
+
+def cpu() -> str:
   name, flags = "?", []
   with open("/proc/cpuinfo") as f:
     for line in f:
