@@ -40,7 +40,8 @@ import secrets
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from tpu_models.errors import DataError
-from tpu_models.export.record import EXPORT_JSON, FORMATS, parse_record, record_path, sha256
+from tpu_models.export.record import (EXPORT_JSON, FORMATS, parse_record, read_export,
+                                      record_path, sha256)
 
 CONFIG_FILE = "serving.yaml"
 _INCOMING = ".incoming-"  # Where `publish` writes a version before it gets its number.
@@ -115,12 +116,11 @@ def fingerprint(path: str) -> Tuple[Tuple[str, int, int], ...]:
 
 def read_record(path: str) -> Dict[str, Any]:
   """The `export.json` of the export at `path`; a DamagedVersion when missing or unreadable."""
-  candidate = record_path(path)
-  if candidate is None:
-    raise DamagedVersion(f"{path} has no {EXPORT_JSON} (incomplete, or not written by "
-                         f"tpu-models export)")
   try:
-    return parse_record(candidate)
+    return read_export(path)
+  except FileNotFoundError:
+    raise DamagedVersion(f"{path} has no {EXPORT_JSON} (incomplete, or not written by "
+                         f"tpu-models export)") from None
   except DataError as e:
     raise DamagedVersion(str(e)) from None
 
