@@ -187,6 +187,19 @@ def torch_hub_file(url: str, size_mib: Optional[float] = None, size_source: str 
                     size_tolerance=int(0.0005 * 2 ** 20) + 1 if size else 0, published=published)
 
 
+TORCHVISION_MODELS_URL = "https://download.pytorch.org/models"
+
+
+def torchvision_checkpoint(stem: str, weights_enum: str, size_mib: Optional[float] = None,
+                           size_source: str = "") -> Dict[str, Any]:
+  """`download`, `files` and `remote` of a WeightsEntry for torchvision's checkpoint
+  `stem` (NAME-<sha256 prefix>): the .pth at download.pytorch.org, named by its weights
+  enum (e.g. "torchvision ResNet50_Weights.IMAGENET1K_V1"), or its .safetensors conversion."""
+  url = f"{TORCHVISION_MODELS_URL}/{stem}.pth"
+  return dict(download=f"{url} ({weights_enum})", files=(f"{stem}.safetensors", f"{stem}.pth"),
+              remote=torch_hub_file(url, size_mib, size_source))
+
+
 WEIGHTS: Dict[str, WeightsEntry] = {}
 
 

@@ -13,7 +13,6 @@ Light at import time (the CLI builds its parser before TensorFlow loads):
         [--family F] [--option KEY=VALUE]
 """
 
-import argparse
 import os
 
 

@@ -16,8 +16,7 @@ records written by `tpu_models.vision.classification.convert` use 0..K-1. Subtra
 decode_fn when reading the former.
 """
 
-import os
-from typing import Dict, List, Union
+from typing import Dict, Union
 
 import tensorflow as tf
 

@@ -16,7 +16,7 @@ from tpu_models.vision.classification import model_garden  # noqa: F401 (registe
 from tpu_models.vision.classification import timm  # noqa: F401 (registers its importers)
 from tpu_models.vision.classification import torchvision  # noqa: F401 (registers its importers)
 from tpu_models.weights.catalogue import (LabelSet, Preprocessing, RemoteFile, WeightsEntry,
-                                          register_weights, torch_hub_file)
+                                          register_weights, torchvision_checkpoint)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -82,14 +82,11 @@ def _torchvision(depth: int, version: str, file_hash: str, top1: float, top5: fl
   return register_weights(WeightsEntry(
       name=f"torchvision_resnet{depth}_{version.lower()}", family="resnet",
       source_format="torchvision",
-      download=f"https://download.pytorch.org/models/{stem}.pth "
-               f"(torchvision ResNet{depth}_Weights.{version})",
-      files=(f"{stem}.safetensors", f"{stem}.pth"), model=f"resnet{depth}",
-      params=dict(_TORCH_RESNET), task=classification_task(pre),
+      **torchvision_checkpoint(stem, f"torchvision ResNet{depth}_Weights.{version}",
+                               _TORCHVISION_FILE_MIB.get(stem), "torchvision's weights meta"),
+      model=f"resnet{depth}", params=dict(_TORCH_RESNET), task=classification_task(pre),
       accuracy={"top1": top1, "top5": top5}, preprocessing=pre, labels=IMAGENET_1K,
-      notes=_TORCH_NOTE,
-      remote=torch_hub_file(f"https://download.pytorch.org/models/{stem}.pth",
-                            _TORCHVISION_FILE_MIB.get(stem), "torchvision's weights meta")))
+      notes=_TORCH_NOTE))
 
 
 _torchvision(18, "IMAGENET1K_V1", "f37072fd", 69.758, 89.078)

@@ -11,7 +11,7 @@ from tpu_models.vision.detection import model_garden  # noqa: F401 (registers it
 from tpu_models.vision.detection import torchvision  # (registers its importer)
 from tpu_models.vision.detection import torchvision_maskrcnn  # (registers its importer)
 from tpu_models.weights.catalogue import (LabelSet, Preprocessing, RemoteFile, WeightsEntry,
-                                          register_weights, torch_hub_file)
+                                          register_weights, torchvision_checkpoint)
 
 _IMAGENET_MEAN = (0.485, 0.456, 0.406)
 _IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -59,11 +59,8 @@ _TORCHVISION_TASK = {
 register_weights(WeightsEntry(
     name="torchvision_retinanet_resnet50_fpn_coco", family="retinanet",
     source_format="torchvision",
-    download="https://download.pytorch.org/models/retinanet_resnet50_fpn_coco-eeacb38b.pth "
-             "(torchvision RetinaNet_ResNet50_FPN_Weights.COCO_V1)",
-    files=("retinanet_resnet50_fpn_coco-eeacb38b.safetensors",
-           "retinanet_resnet50_fpn_coco-eeacb38b.pth"),
-    remote=torch_hub_file("https://download.pytorch.org/models/retinanet_resnet50_fpn_coco-eeacb38b.pth"),
+    **torchvision_checkpoint("retinanet_resnet50_fpn_coco-eeacb38b",
+                             "torchvision RetinaNet_ResNet50_FPN_Weights.COCO_V1"),
     model="retinanet_resnet50_fpn",
     params={"num_classes": 91, "image_size": TORCHVISION_IMAGE_SIZE,
             **torchvision.TORCHVISION_RETINANET_V1},
@@ -79,11 +76,8 @@ register_weights(WeightsEntry(
 register_weights(WeightsEntry(
     name="torchvision_retinanet_resnet50_fpn_v2_coco", family="retinanet",
     source_format="torchvision",
-    download="https://download.pytorch.org/models/retinanet_resnet50_fpn_v2_coco-5905b1c5.pth "
-             "(torchvision RetinaNet_ResNet50_FPN_V2_Weights.COCO_V1)",
-    files=("retinanet_resnet50_fpn_v2_coco-5905b1c5.safetensors",
-           "retinanet_resnet50_fpn_v2_coco-5905b1c5.pth"),
-    remote=torch_hub_file("https://download.pytorch.org/models/retinanet_resnet50_fpn_v2_coco-5905b1c5.pth"),
+    **torchvision_checkpoint("retinanet_resnet50_fpn_v2_coco-5905b1c5",
+                             "torchvision RetinaNet_ResNet50_FPN_V2_Weights.COCO_V1"),
     model="retinanet_resnet50_fpn", params={"num_classes": 91},
     accuracy={"box_ap": 41.5}, preprocessing=_TORCHVISION_PRE, labels=COCO_91_TORCHVISION,
     refused="v2's head normalises every subnet conv with GroupNorm (32 groups; its convs have "
@@ -98,11 +92,8 @@ COCO_90_FROM_TORCHVISION = LabelSet(
 register_weights(WeightsEntry(
     name="torchvision_maskrcnn_resnet50_fpn_coco", family="maskrcnn",
     source_format="torchvision",
-    download="https://download.pytorch.org/models/maskrcnn_resnet50_fpn_coco-bf2d0c1e.pth "
-             "(torchvision MaskRCNN_ResNet50_FPN_Weights.COCO_V1)",
-    files=("maskrcnn_resnet50_fpn_coco-bf2d0c1e.safetensors",
-           "maskrcnn_resnet50_fpn_coco-bf2d0c1e.pth"),
-    remote=torch_hub_file("https://download.pytorch.org/models/maskrcnn_resnet50_fpn_coco-bf2d0c1e.pth"),
+    **torchvision_checkpoint("maskrcnn_resnet50_fpn_coco-bf2d0c1e",
+                             "torchvision MaskRCNN_ResNet50_FPN_Weights.COCO_V1"),
     model="maskrcnn_resnet50_fpn",
     params={"num_classes": 90, "image_size": TORCHVISION_IMAGE_SIZE,
             **torchvision_maskrcnn.TORCHVISION_MASKRCNN_V1},
