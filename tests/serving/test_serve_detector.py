@@ -84,7 +84,9 @@ def _pixels(images, size=64):
 
 def _assert_same(answer, expected, keys=None):
   """`answer` {output: array or nested lists} equals the in-process `expected` {output: tensor}:
-  counts, classes, validity and masks exactly, boxes and scores to float rounding."""
+  counts, classes and validity exactly, boxes and scores to float rounding, masks (0/1,
+  thresholded probabilities) but for at most 1 pixel in 1000: the server's TensorFlow runs on
+  fewer threads, and a probability within rounding of the threshold may fall either side."""
   keys = keys or sorted(expected)
   for key in keys:
     want = expected[key].numpy()
@@ -95,6 +97,8 @@ def _assert_same(answer, expected, keys=None):
     assert got.shape == want.shape, (key, got.shape, want.shape)
     if want.dtype.kind == "f":
       np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=key)
+    elif key.endswith("masks"):
+      assert np.mean(got != want) <= 1e-3, (key, int(np.sum(got != want)), got.size)
     else:
       np.testing.assert_array_equal(got, want, err_msg=key)
 
