@@ -50,8 +50,9 @@ def started(tmp_path_factory):
       config, model_dir = made[kind]
       assert tiny_exports.publish_saved_model(config, model_dir, bases[name]) == 1
 
+  # Loading and warming up two detectors in a replica takes minutes on a box loaded ~30.
   with serve(*(f"{name}={base}" for name, base in bases.items()), "--batch-timeout-ms",
-             str(BATCH_TIMEOUT_MS), while_starting=publish) as server:
+             str(BATCH_TIMEOUT_MS), while_starting=publish, timeout=300) as server:
     yield server, bases, tiny_exports.detection_pictures()
 
 
