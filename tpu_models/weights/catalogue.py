@@ -194,7 +194,7 @@ def torchvision_checkpoint(stem: str, weights_enum: str, size_mib: Optional[floa
                            size_source: str = "") -> Dict[str, Any]:
   """`download`, `files` and `remote` of a WeightsEntry for torchvision's checkpoint
   `stem` (NAME-<sha256 prefix>): the .pth at download.pytorch.org, named by its weights
-  enum (e.g. "torchvision ResNet50_Weights.IMAGENET1K_V1"), or its .safetensors conversion."""
+  enum (e.g. "torchvision <Model>_Weights.<VERSION>"), or its .safetensors conversion."""
   url = f"{TORCHVISION_MODELS_URL}/{stem}.pth"
   return dict(download=f"{url} ({weights_enum})", files=(f"{stem}.safetensors", f"{stem}.pth"),
               remote=torch_hub_file(url, size_mib, size_source))
