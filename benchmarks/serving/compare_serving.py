@@ -139,7 +139,9 @@ def _start(command, port: int, tmp: str, env: dict) -> tuple:
   deadline = time.monotonic() + 180
   while time.monotonic() < deadline:
     if process.poll() is not None:
-      raise RuntimeError(open(log.name).read()[-3000:])
+      text = open(log.name).read()[-3000:]
+      stop(process, tmp)  # Ray's processes it started, in its session.
+      raise RuntimeError(text)
     try:
       if requests.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2).ok:
         return process, port, tmp
@@ -148,6 +150,19 @@ def _start(command, port: int, tmp: str, env: dict) -> tuple:
     time.sleep(0.25)
   stop(process, tmp)
   raise RuntimeError("the server did not get ready in 180 s")
+
+
+def start_retrying(start, attempts: int = 3) -> tuple:
+  """start() again when a server does not come up: on a loaded machine Ray's node can time
+  out during its start ("The current node timed out during startup")."""
+  for attempt in range(1, attempts + 1):
+    try:
+      return start()
+    except RuntimeError as e:
+      if attempt == attempts:
+        raise
+      print(f"the server did not start (attempt {attempt}): {str(e)[-300:]}", flush=True)
+  raise AssertionError("unreachable")
 
 
 def stop(process, ray_tmp: str) -> None:
@@ -260,7 +275,7 @@ def main() -> int:
   if args.kserve_python:
     sides.append(("kserve", lambda: _serve_kserve(args.kserve_python, base), "v2-json"))
   for side, start, protocol in sides:
-    process, port, tmp = start()
+    process, port, tmp = start_retrying(start)
     try:
       target = request(port, png, protocol, signature_input)
       _load(target, 4, 2.0)  # Warm the proxy and the replica.

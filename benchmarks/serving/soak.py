@@ -149,8 +149,8 @@ def main() -> int:
   else:
     picture = compare_serving.payload(args.image_size, args.channels)
   signature_input = compare_serving.input_name(args.model_base)
-  process, port, tmp = compare_serving.serve(
-      args.model_base, ["--max-batch-size", "32", "--batch-timeout-ms", "5"])
+  process, port, tmp = compare_serving.start_retrying(lambda: compare_serving.serve(
+      args.model_base, ["--max-batch-size", "32", "--batch-timeout-ms", "5"]))
   samples, problems = [], []
   try:
     target = compare_serving.request(port, picture, args.protocol, signature_input)
