@@ -7,13 +7,12 @@ and without batching vs a peer server (KServe's ModelServer), on 127.0.0.1, in o
 
 1. Unless WORK_DIR/base/1 exists: `tpu-models train` a few steps and `tpu-models export
    --to WORK_DIR/base` (the weights do not change the cost).
-2. (a) the SavedModel's serving_default called in this process on encoded PNGs of the
-   model's input size, at batch 1, 8 and 32: images/s of the best batch (the ceiling) and
+2. (a) the SavedModel's serving_default called in this process on copies of the picture
+   the requests send, at batch 1, 8 and 32: images/s of the best batch (the ceiling) and
    the batch-1 latency.
 3. (b) `tpu-models serve WORK_DIR/base` (one replica of all the CPUs, batches up to 32 within
    5 ms) and (c) the same with `--max-batch-size 1`, each loaded by a bounded load
-   generator: C client threads, each sending TF Serving REST requests (one b64 PNG each) back
-   to back for `--seconds`, every request with a 60 s timeout; requests/s, p50 and p99.
+   generator: C client threads, each sending requests (one picture each) back to back for `--seconds`, every request with a 60 s timeout; requests/s, p50 and p99.
    The request is one encoded picture for `serving_default`: `--picture FILE`, else a seeded
    noise PNG of `--image-size` x `--image-size` x `--channels`. `--protocol rest`: TF Serving
    REST (`{"instances": [{"b64": ...}]}`); `--protocol v2`: the v2 protocol's infer with the
@@ -24,6 +23,13 @@ and without batching vs a peer server (KServe's ModelServer), on 127.0.0.1, in o
    request's rows: KServe's Python server has no batcher of its own), loaded at the same
    concurrencies with v2 JSON, the picture as base64 text in the BYTES input (kserve 0.21's
    REST parser cannot take a binary BYTES element that is not UTF-8: kserve_peer.py).
+
+All the servers are up at once (idle while another is measured) and the sides take turns:
+each concurrency is measured `--rounds` times per side (`--seconds` split among them), the
+order rotated every round, so a change in the machine's other load falls on every side;
+a side's figure is its answers over its summed time, p50/p99 over its pooled latencies.
+The in-process figures are measured before the servers start and again after they stop;
+the ceiling is the higher.
 
 The client threads run on the same machine as the server (Python, requests): on a small
 machine they take CPU from it, which the in-process ceiling does not pay. Prints a markdown
@@ -237,6 +243,19 @@ def _load(target: tuple, concurrency: int, seconds: float) -> dict:
   elapsed = time.perf_counter() - started
   return {"requests_per_s": len(latencies) / elapsed, "errors": errors[0],
           "first_error": first_error[0] if first_error else None,
+          "elapsed_s": elapsed, "latencies": latencies,
+          "p50_ms": 1000 * float(np.percentile(latencies, 50)) if latencies else None,
+          "p99_ms": 1000 * float(np.percentile(latencies, 99)) if latencies else None}
+
+
+def _combine(runs: list) -> dict:
+  """One figure of several `_load` runs: answers over their summed time, pooled latencies."""
+  latencies = [x for run in runs for x in run["latencies"]]
+  errors = [run["first_error"] for run in runs if run["first_error"]]
+  return {"requests_per_s": len(latencies) / sum(run["elapsed_s"] for run in runs),
+          "errors": sum(run["errors"] for run in runs),
+          "first_error": errors[0] if errors else None,
+          "rounds_requests_per_s": [run["requests_per_s"] for run in runs],
           "p50_ms": 1000 * float(np.percentile(latencies, 50)) if latencies else None,
           "p99_ms": 1000 * float(np.percentile(latencies, 99)) if latencies else None}
 
@@ -255,6 +274,8 @@ def main() -> int:
                       "(default: a noise PNG of --image-size and --channels)")
   parser.add_argument("--protocol", choices=("rest", "v2"), default="rest",
                       help="what our server is sent (the peer always gets v2)")
+  parser.add_argument("--rounds", type=int, default=2, help="each level is measured this many "
+                      "times per side (--seconds split among them), the sides in turn")
   parser.add_argument("--kserve-python", help="the Python of the KServe venv "
                       "(benchmarks/serving/setup_kserve_venv.sh): measures the peer too")
   args = parser.parse_args()
@@ -267,21 +288,32 @@ def main() -> int:
   levels = [int(c) for c in args.concurrency.split(",")]
   signature_input = input_name(base)
   report = {"cpu": cpu(), "config": args.config, "picture": args.picture,
-            "picture_bytes": len(png), "protocol": args.protocol,
+            "picture_bytes": len(png), "protocol": args.protocol, "rounds": args.rounds,
             "in_process": _in_process(base, png, args.seconds)}
   sides = [("batched", lambda: serve(base, ["--max-batch-size", "32",
                                              "--batch-timeout-ms", "5"]), args.protocol),
            ("unbatched", lambda: serve(base, ["--max-batch-size", "1"]), args.protocol)]
   if args.kserve_python:
     sides.append(("kserve", lambda: _serve_kserve(args.kserve_python, base), "v2-json"))
-  for side, start, protocol in sides:
-    process, port, tmp = start_retrying(start)
-    try:
-      target = request(port, png, protocol, signature_input)
-      _load(target, 4, 2.0)  # Warm the proxy and the replica.
-      report[side] = {c: _load(target, c, args.seconds) for c in levels}
-    finally:
+  servers, targets = [], {}
+  try:
+    for side, start, protocol in sides:  # All up at once: the sides alternate below.
+      process, port, tmp = start_retrying(start)
+      servers.append((process, tmp))
+      targets[side] = request(port, png, protocol, signature_input)
+      _load(targets[side], 4, 2.0)  # Warm the proxy and the replica.
+    runs = {side: {c: [] for c in levels} for side in targets}
+    for i, c in enumerate(levels):
+      for r in range(args.rounds):
+        turn = (i + r) % len(sides)
+        for side in list(targets)[turn:] + list(targets)[:turn]:
+          runs[side][c].append(_load(targets[side], c, args.seconds / args.rounds))
+    for side in targets:
+      report[side] = {c: _combine(runs[side][c]) for c in levels}
+  finally:
+    for process, tmp in servers:
       stop(process, tmp)
+  report["in_process_after"] = _in_process(base, png, args.seconds)
   with open(os.path.join(args.work_dir, "serving_bench.json"), "w") as f:
     json.dump(report, f, indent=1)
   print_report(report, levels)
@@ -291,13 +323,16 @@ def main() -> int:
 def print_report(report: dict, levels) -> None:
   """The markdown tables of `report` (serving_bench.json's content)."""
   in_process = {int(b): v for b, v in report["in_process"].items()}
-  ceiling = max(v["images_per_s"] for v in in_process.values())
-  best = max(in_process, key=lambda b: in_process[b]["images_per_s"])
+  after = {int(b): v for b, v in report.get("in_process_after", {}).items()}
+  ceiling = max(v["images_per_s"] for v in [*in_process.values(), *after.values()])
   sides = [s for s in ("batched", "unbatched", "kserve") if s in report]
   print(f"\n{report['cpu']}; {report['config']}, {report['picture_bytes']} bytes per picture "
         f"({report['protocol']} to ours, v2 JSON with base64 text to the peer)\n")
-  print(f"In-process ceiling: {ceiling:.1f} images/s at batch {best}; batch-1 latency "
-        f"{in_process[1]['p50_ms']:.1f} ms.\n")
+  print(f"In-process ceiling: {ceiling:.1f} images/s (the higher of before and after the "
+        f"servers: " + ", ".join(f"batch {b} {in_process[b]['images_per_s']:.1f}"
+                                  + (f" / {after[b]['images_per_s']:.1f}" if after else "")
+                                  for b in sorted(in_process)) +
+        f"); batch-1 latency {in_process[1]['p50_ms']:.1f} ms.\n")
   print("| concurrency | " + " | ".join(f"{s} req/s | p50 ms | p99 ms" for s in sides) +
         " | batched / unbatched | batched / ceiling" +
         (" | batched / kserve" if "kserve" in report else "") + " | errors |")
