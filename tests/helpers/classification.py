@@ -6,6 +6,8 @@ import numpy as np
 import tensorflow as tf
 
 from tpu_models import config as config_lib
+
+from helpers.experiments import tiny_experiment
 from tpu_models.vision.classification import example as example_lib
 
 
@@ -41,19 +43,16 @@ def band_records_config(tmp_path, extra=(), model=None):
   if not os.path.exists(train):
     write_band_records(train, 64, 0)
     write_band_records(val, 21, 1)
-  base = {
-      "task": {"name": "classification",
-               "model": model or {"name": "resnet18", "num_classes": 4, "stem": "small",
-                                  "width": 8, "input_shape": [32, 32, 3]},
-               "image_size": 32, "augment": "inception_crop", "crop_area_range": [0.5, 1.0],
-               # Deterministic: the same batches whatever the machine's load (the accuracy
-               # bounds of the tests are about this run, not the parallel pipeline's order).
-               "train_data": {"path": train, "global_batch_size": 16, "shuffle_buffer": 64,
-                              "deterministic": True},
-               "eval_data": {"path": val, "global_batch_size": 8}},
-      "trainer": {"train_steps": 60, "steps_per_loop": 20, "checkpoint_every": 60,
-                  "optimizer": {"name": "adamw"},
-                  "schedule": {"name": "cosine", "base_lr": 0.003, "warmup_steps": 5},
-                  "tensorboard": False},
-      "runtime": {"strategy": "cpu"}}
+  base = tiny_experiment(
+      {"name": "classification",
+       "model": model or {"name": "resnet18", "num_classes": 4, "stem": "small", "width": 8,
+                          "input_shape": [32, 32, 3]},
+       "image_size": 32, "augment": "inception_crop", "crop_area_range": [0.5, 1.0],
+       # Deterministic: the same batches whatever the machine's load (the accuracy bounds of
+       # the tests are about this run, not the parallel pipeline's order).
+       "train_data": {"path": train, "global_batch_size": 16, "shuffle_buffer": 64,
+                      "deterministic": True},
+       "eval_data": {"path": val, "global_batch_size": 8}},
+      train_steps=60, steps_per_loop=20,
+      schedule={"name": "cosine", "base_lr": 0.003, "warmup_steps": 5})
   return config_lib.experiment_from_dict(base, list(extra))

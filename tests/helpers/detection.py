@@ -4,6 +4,8 @@ seconds, and the records they learn from."""
 
 import pytest
 
+from helpers.experiments import tiny_experiment
+
 TINY_RETINANET = {"name": "retinanet", "backbone_depth": 18, "backbone_width": 8,
                   "fpn_channels": 16, "head_convs": 1, "num_classes": 10, "image_size": 64,
                   "anchor_size": 3, "max_level": 5}
@@ -47,15 +49,12 @@ def retinanet_config(data_dir, steps: int):
   """The TINY_RETINANET experiment on `data_dir`'s records: `steps` steps in one loop, batch 2,
   detection scores down to 0.001."""
   from tpu_models import config as config_lib
-  return config_lib.experiment_from_dict({
-      "task": {"name": "detection", "model": dict(TINY_RETINANET),
-               "train_data": {"path": f"{data_dir}/train-*", "global_batch_size": 2},
-               "eval_data": {"path": f"{data_dir}/validation-*", "global_batch_size": 2},
-               "scale_range": [1.0, 1.0], "flip": False, "score_threshold": 0.001},
-      "trainer": {"train_steps": steps, "steps_per_loop": steps, "checkpoint_every": steps,
-                  "optimizer": {"name": "adamw"},
-                  "schedule": {"name": "constant", "base_lr": 0.003}, "tensorboard": False},
-      "runtime": {"strategy": "cpu"}})
+  return config_lib.experiment_from_dict(tiny_experiment(
+      {"name": "detection", "model": dict(TINY_RETINANET),
+       "train_data": {"path": f"{data_dir}/train-*", "global_batch_size": 2},
+       "eval_data": {"path": f"{data_dir}/validation-*", "global_batch_size": 2},
+       "scale_range": [1.0, 1.0], "flip": False, "score_threshold": 0.001},
+      train_steps=steps, steps_per_loop=steps, schedule={"name": "constant", "base_lr": 0.003}))
 
 
 def train_and_write_config(config, folder):
@@ -86,16 +85,25 @@ def maskrcnn_config(data_dir, overrides=()):
   """The TINY_MASKRCNN experiment on `data_dir`'s records: 24 steps in loops of 8, batch 2,
   no evaluation while training; `overrides` are --set strings."""
   from tpu_models import config as config_lib
-  base = {
-      "task": {"name": "maskrcnn", "model": dict(TINY_MASKRCNN),
-               "train_data": {"path": f"{data_dir}/train-*", "global_batch_size": 2},
-               "eval_data": {"path": f"{data_dir}/validation-*", "global_batch_size": 2},
-               "eval_annotation_file": f"{data_dir}/annotations/validation.json",
-               "scale_range": [1.0, 1.0], "flip": False, "max_instances": 4,
-               "mask_crop_size": 28, "rpn_batch_size": 64, "eval_images": 0},
-      "trainer": {"train_steps": 24, "steps_per_loop": 8, "checkpoint_every": 24,
-                  "eval_every": 0, "optimizer": {"name": "adamw"},
-                  "schedule": {"name": "constant", "base_lr": 0.003},
-                  "tensorboard": False},
-      "runtime": {"strategy": "cpu"}}
+  base = tiny_experiment(
+      {"name": "maskrcnn", "model": dict(TINY_MASKRCNN),
+       "train_data": {"path": f"{data_dir}/train-*", "global_batch_size": 2},
+       "eval_data": {"path": f"{data_dir}/validation-*", "global_batch_size": 2},
+       "eval_annotation_file": f"{data_dir}/annotations/validation.json",
+       "scale_range": [1.0, 1.0], "flip": False, "max_instances": 4,
+       "mask_crop_size": 28, "rpn_batch_size": 64, "eval_images": 0},
+      train_steps=24, steps_per_loop=8, schedule={"name": "constant", "base_lr": 0.003},
+      eval_every=0)
   return config_lib.override(config_lib.experiment_from_dict(base), list(overrides))
+
+
+def trained_tiny_maskrcnn(tmp_path_factory, num_train: int, num_validation: int, overrides):
+  """(config, its config.yaml, model_dir, data_dir): the TINY_MASKRCNN experiment
+  (maskrcnn_config with `overrides`) trained on `num_train` pasted-objects images
+  (`num_validation` more for validation), the config written beside the model
+  (train_and_write_config); skips the test without scikit-image."""
+  pytest.importorskip("skimage")
+  data_dir = tiny_pasted_objects(tmp_path_factory, num_train, num_validation)
+  config = maskrcnn_config(data_dir, overrides)
+  path, model_dir = train_and_write_config(config, tmp_path_factory.mktemp("maskrcnn"))
+  return config, path, model_dir, data_dir

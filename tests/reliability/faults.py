@@ -147,6 +147,16 @@ def _record_offsets(path):
   return offsets
 
 
+def tiny_experiment(tmp_path):
+  """(tmp_path/tiny.yaml, tmp_path/run, the CLI flags naming both): the tiny classifier's
+  experiment (_experiment) on 16 records (tmp_path/data-0, train and eval alike), the model
+  directory for it, and `--import tiny_image_model --model-dir` that directory."""
+  data = _write(tmp_path / "data-0", 16, np.random.default_rng(0))
+  model_dir = tmp_path / "run"
+  return (_experiment(tmp_path, "tiny", data, data), model_dir,
+          ["--import", "tiny_image_model", "--model-dir", model_dir])
+
+
 def _experiment(tmp_path, name, train, eval_path, **task):
   config = {
       "task": {"name": "classification",

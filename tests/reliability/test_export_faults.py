@@ -7,10 +7,9 @@ import json
 import os
 import subprocess
 
-import numpy as np
 import pytest
 
-from faults import _experiment, _write, driver_command, error_line
+from faults import driver_command, error_line, tiny_experiment
 from in_process import run_batch_here
 
 
@@ -26,16 +25,14 @@ def _step(export_dir):
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("export_faults")
-  data = _write(tmp / "data-0", 16, np.random.default_rng(0))
-  config = _experiment(tmp, "tiny", data, data)
-  model_dir, output = tmp / "run", tmp / "exported"
-  common = ["--import", "tiny_image_model", "--model-dir", model_dir, "--output", output]
+  config, _, flags = tiny_experiment(tmp)
+  output = tmp / "exported"
+  common = [*flags, "--output", output]
   fail = {"FAULT_EXPORT": "fail-saving"}
   first = run_batch_here(tmp, [
-      ["train", config, "--import", "tiny_image_model", "--model-dir", model_dir],
+      ["train", config, *flags],
       ["export", config, *common],
-      ["train", config, "--import", "tiny_image_model", "--model-dir", model_dir,
-       "--set", "trainer.train_steps=6"],
+      ["train", config, *flags, "--set", "trainer.train_steps=6"],
       {"argv": ["export", config, *common, "--overwrite"], "env": fail},
       {"argv": ["export", config, *common, "--overwrite"], "env": fail},
   ])

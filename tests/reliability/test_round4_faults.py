@@ -14,10 +14,10 @@ import sys
 import numpy as np
 import pytest
 
-from helpers.detection import maskrcnn_config, tiny_pasted_objects, train_and_write_config
+from helpers.detection import trained_tiny_maskrcnn
 from helpers.images import bomb_png
-from faults import (HERE, PEAK, _experiment, _write, error_line, run_batch, train_command,
-                    write_cases)
+from faults import (HERE, PEAK, _experiment, _write, error_line, run_batch, tiny_experiment,
+                    train_command, write_cases)
 from tpu_models.training import progress
 
 DRIVER4 = os.path.join(HERE, "round4_driver.py")
@@ -260,10 +260,8 @@ def test_a_run_or_output_directory_that_is_a_file_or_read_only_is_one_line(tmp_p
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("round4_tiny")
-  data = _write(tmp / "data-0", 16, np.random.default_rng(0))
-  config = _experiment(tmp, "tiny", data, data)
-  model_dir, exported = tmp / "run", tmp / "exported"
-  common = ["--import", "tiny_image_model", "--model-dir", model_dir]
+  config, model_dir, common = tiny_experiment(tmp)
+  exported = tmp / "exported"
   lite = tmp / "lite"
   done = run_batch(tmp, [["train", config, *common],
                          ["export", config, *common, "--output", exported],
@@ -427,15 +425,13 @@ def test_mask_rcnn_predict_on_an_8000_pixel_png_pastes_one_mask_at_a_time(tmp_pa
   62 KB (under max_image_pixels: a legal photo size), as every detection's mask was pasted
   over the whole image in float32 at once; 13000x13000 was killed at a 10 GiB cap. Now each
   mask is pasted on the host when drawn or written: the peak grows with the image only."""
-  pytest.importorskip("skimage")
   pytest.importorskip("pycocotools")
-  data_dir = tiny_pasted_objects(tmp_path_factory, 2, 1)
   # Every one of the model's 8 detections is real (a threshold nothing falls under).
-  config = maskrcnn_config(data_dir, ["trainer.train_steps=1", "trainer.steps_per_loop=1",
-                                      "trainer.checkpoint_every=1",
-                                      "task.model.detection_score_threshold=0.0001"])
-  tmp = tmp_path_factory.mktemp("big_photo")
-  config_file, model_dir = train_and_write_config(config, tmp)
+  _, config_file, model_dir, _ = trained_tiny_maskrcnn(
+      tmp_path_factory, 2, 1, ["trainer.train_steps=1", "trainer.steps_per_loop=1",
+                               "trainer.checkpoint_every=1",
+                               "task.model.detection_score_threshold=0.0001"])
+  tmp = config_file.parent
   big = tmp / "big.png"
   big.write_bytes(bomb_png(8000))  # 8000x8000 zeros, 62 KB.
   _, env = train_command("unused")

@@ -3,8 +3,6 @@
 import itertools
 import os
 import random
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -12,6 +10,7 @@ import tensorflow as tf
 
 import synthetic_checks
 from conftest import REPO
+from helpers.text_exports import run_text_saved_model
 from tpu_models import cli
 from tpu_models import config as config_lib
 from tpu_models import export
@@ -130,16 +129,11 @@ def test_export_sample_command_and_check(corpus, tmp_path, capsys):
   trainer.close()
   output = str(tmp_path / "saved")
   export.export_saved_model(config, model_dir, output)
-  script = (
-      "import sys, tensorflow as tf, tensorflow_text\n"
-      "m = tf.saved_model.load(sys.argv[1])\n"
+  printed = run_text_saved_model(output, (
       "for name in ('serving_default', 'sample_top_k'):\n"
       "  out = m.signatures[name](prompts=tf.constant(['The dog', '']))\n"
-      "  print(name, '|'.join(t.decode() for t in out['texts'].numpy()))\n")
-  result = subprocess.run([sys.executable, "-c", script, output], capture_output=True,
-                          text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-  assert result.returncode == 0, result.stderr[-2000:]
-  lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+      "  print(name, '|'.join(t.decode() for t in out['texts'].numpy()))\n"))
+  lines = dict(line.split(" ", 1) for line in printed.splitlines())
   task, model = export.load_model(config, model_dir)
   expected = task.sample(model, ["The dog", ""], max_new_tokens=24)
   assert lines["serving_default"] == "|".join(expected)

@@ -1,8 +1,6 @@
 """Translation end to end on a tiny German->English corpus written here: loss, packing, BLEU, export."""
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -11,6 +9,7 @@ import tensorflow as tf
 import synthetic_checks
 from helpers.translation import corpus, make_config, sentence_pairs  # noqa: F401  (corpus: a fixture)
 from conftest import REPO
+from helpers.text_exports import run_text_saved_model
 from tpu_models import config as config_lib
 from tpu_models import export
 from tpu_models.text import inputs as text_lib
@@ -94,18 +93,12 @@ def test_train_evaluate_bleu_and_export(corpus, tmp_path):
   # Export, then translate in a fresh process (the tokenizer lives in the SavedModel).
   output = str(tmp_path / "saved")
   export.export_saved_model(config, model_dir, output)
-  script = (
-      "import sys, tensorflow as tf, tensorflow_text\n"
-      "m = tf.saved_model.load(sys.argv[1])\n"
-      "out = m.signatures['serving_default'](sentences=tf.constant(sys.argv[2:]))\n"
-      "for t in out['translations'].numpy(): print(t.decode())\n")
   held_out = corpus["validation"][0]
-  inputs = [held_out[0], "", "###  ξξ xyz"]
-  result = subprocess.run([sys.executable, "-c", script, output, *inputs], capture_output=True,
-                          text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-  assert result.returncode == 0, result.stderr[-2000:]
-  lines = result.stdout.splitlines()
-  assert len(lines) == 3, result.stdout
+  printed = run_text_saved_model(
+      output, "out = m.signatures['serving_default'](sentences=tf.constant(sys.argv[2:]))\n"
+      "for t in out['translations'].numpy(): print(t.decode())\n", held_out[0], "", "###  ξξ xyz")
+  lines = printed.splitlines()
+  assert len(lines) == 3, printed
   # The same translation as the task's own beam search on the trained weights.
   task, model = export.load_model(config, model_dir)
   assert lines[0] == task.translate_texts(model, [held_out[0]])[0]

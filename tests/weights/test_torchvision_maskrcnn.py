@@ -14,11 +14,10 @@ import os
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
-from conftest import REPO
 from helpers import torchvision_maskrcnn_parity as tv_maskrcnn_parity
 from helpers import torchvision_retinanet_parity as tv_parity
+from helpers.torch_fixtures import FIXTURES, TinyDetector, assert_legacy_layout_loads_the_same
 from tpu_models.errors import ConfigError
 from tpu_models.registry import create_model
 from tpu_models.vision.detection import masks as masks_lib
@@ -26,30 +25,21 @@ from tpu_models.vision.detection import torchvision_maskrcnn as tv_maskrcnn
 from tpu_models.weights import catalogue, importing
 from tpu_models.weights.mapping import WeightsMismatchError
 
-FIXTURES = os.path.join(REPO, "tests", "fixtures", "torch")
-WEIGHTS = os.path.join(FIXTURES, "tv_maskrcnn_narrow.safetensors")
-LEGACY = os.path.join(FIXTURES, "tv_maskrcnn_narrow_legacy_keys.safetensors")
 # The fixture's narrow widths.
-NARROW = dict(tv_maskrcnn.TORCHVISION_MASKRCNN_V1, backbone_width=4, fpn_channels=16,
-              box_head_dims=32, mask_head_channels=16, num_classes=8)
+TINY = TinyDetector("tv_maskrcnn_narrow", dict(
+    tv_maskrcnn.TORCHVISION_MASKRCNN_V1, backbone_width=4, fpn_channels=16, box_head_dims=32,
+    mask_head_channels=16, num_classes=8))
+WEIGHTS, LEGACY = TINY.weights, TINY.legacy
 
 pytestmark = pytest.mark.skipif(not os.path.exists(WEIGHTS),
                                 reason="tests/fixtures/torch (the torch peer's fixtures) not here")
-
-
-@pytest.fixture(scope="module")
-def reference():
-  return dict(np.load(os.path.join(FIXTURES, "tv_maskrcnn_narrow_reference.npz")))
-
-
-def _params(reference, photo):
-  return dict(NARROW, image_size=list(reference[f"{photo}/transformed_nhwc"].shape[1:3]))
+reference = TINY.reference_fixture()
 
 
 @pytest.fixture(scope="module")
 def chelsea_model(reference):
   """Our narrow Mask R-CNN at chelsea's padded 128x192, torchvision's weights loaded."""
-  model = create_model("maskrcnn_resnet50_fpn", **_params(reference, "chelsea"))
+  model = create_model("maskrcnn_resnet50_fpn", **TINY.params(reference, "chelsea"))
   report = importing.load_weights(model, WEIGHTS, "torchvision")
   assert len(report.loaded) == len(model.variables) == 307
   return model
@@ -58,7 +48,7 @@ def chelsea_model(reference):
 def test_every_stage_equals_torchvisions(reference, chelsea_model):
   """chelsea: RPN outputs and anchors, proposals, box head, detections, mask logits, masks."""
   compared = tv_maskrcnn_parity.compare_outputs(chelsea_model, reference, "chelsea",
-                                         _params(reference, "chelsea"))
+                                         TINY.params(reference, "chelsea"))
   for level in tv_maskrcnn_parity.TORCHVISION_LEVELS:
     assert compared[f"max_abs_diff_anchors/{level}"] == 0.0  # torchvision's own anchors.
     for kind in ("objectness", "rpn_deltas"):
@@ -110,16 +100,9 @@ def test_mask_head_ious_leave_out_only_the_pixels_rounding_can_tie():
 
 
 def test_the_pre_013_key_layout_gives_the_same_model(chelsea_model):
-  model = chelsea_model
-  importing.load_weights(model, WEIGHTS, "torchvision")
-  current = [v.numpy() for v in model.variables]
-  for v in model.variables:
-    v.assign(tf.zeros_like(v))
-  report = importing.load_weights(model, LEGACY, "torchvision")
+  report = assert_legacy_layout_loads_the_same(chelsea_model, WEIGHTS, LEGACY)
   loaded = {theirs for _, theirs, _ in report.loaded}
   assert {"roi_heads.mask_head.mask_fcn1.weight", "rpn.head.conv.weight"} <= loaded
-  for ours, theirs in zip(current, model.variables):
-    np.testing.assert_array_equal(ours, theirs.numpy())
 
 
 def test_a_file_that_does_not_fit_fails_naming_the_tensor(chelsea_model):
@@ -158,7 +141,7 @@ def test_catalogue_entry_and_the_imported_model_dir(reference, tmp_path):
   assert entry.params["num_classes"] == 90 and not entry.params["roi_aligned"]
   tiny = dataclasses.replace(
       entry, name="test_tiny_tv_maskrcnn", files=(os.path.basename(WEIGHTS),),
-      params=dict(entry.params, **_params(reference, "astronaut")),
+      params=dict(entry.params, **TINY.params(reference, "astronaut")),
       task=dict(entry.task, image_size=128))
   _, model = catalogue_import.import_entry(tiny, FIXTURES, str(tmp_path / "imported"))
   outputs = model(reference["astronaut/transformed_nhwc"], training=False)

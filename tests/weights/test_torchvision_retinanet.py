@@ -10,42 +10,32 @@ torchvision's own resized and padded sizes (128x128, and 127x192 in 128x192).
 import dataclasses
 import os
 
-import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO
 from helpers import torchvision_retinanet_parity as tv_parity
+from helpers.torch_fixtures import FIXTURES, TinyDetector, assert_legacy_layout_loads_the_same
 from tpu_models.errors import ConfigError, DataError
 from tpu_models.registry import create_model
 from tpu_models.vision.detection import torchvision as tv_retinanet
 from tpu_models.weights import catalogue, importing
 from tpu_models.weights.mapping import WeightsMismatchError
 
-FIXTURES = os.path.join(REPO, "tests", "fixtures", "torch")
-WEIGHTS = os.path.join(FIXTURES, "tv_retinanet_narrow.safetensors")
-LEGACY = os.path.join(FIXTURES, "tv_retinanet_narrow_legacy_keys.safetensors")
-# Narrow widths of the fixture (stem 4, stages 4/8/16/32, FPN 16, 8 classes).
-NARROW = dict(tv_retinanet.TORCHVISION_RETINANET_V1, backbone_depth=50, backbone_width=4,
-              fpn_channels=16, num_classes=8)
-
 pytestmark = pytest.mark.skipif(not os.path.isdir(FIXTURES),
                                 reason="tests/fixtures/torch (the torch peer's fixtures) not here")
 
-
-@pytest.fixture(scope="module")
-def reference():
-  return dict(np.load(os.path.join(FIXTURES, "tv_retinanet_narrow_reference.npz")))
-
-
-def _params(reference, photo):
-  return dict(NARROW, image_size=list(reference[f"{photo}/transformed_nhwc"].shape[1:3]))
+# Narrow widths of the fixture (stem 4, stages 4/8/16/32, FPN 16, 8 classes).
+TINY = TinyDetector("tv_retinanet_narrow", dict(
+    tv_retinanet.TORCHVISION_RETINANET_V1, backbone_depth=50, backbone_width=4, fpn_channels=16,
+    num_classes=8))
+NARROW, WEIGHTS = TINY.narrow, TINY.weights
+reference = TINY.reference_fixture()
 
 
 @pytest.fixture(scope="module")
 def chelsea_model(reference):
   """Our narrow RetinaNet at chelsea's padded 128x192 (built once: seconds per build)."""
-  return create_model("retinanet", **_params(reference, "chelsea"))
+  return create_model("retinanet", **TINY.params(reference, "chelsea"))
 
 
 def _assert_same_detections(detections, reference, photo):
@@ -77,15 +67,8 @@ def test_raw_outputs_anchors_and_detections_equal_torchvisions(reference, chelse
 
 
 def test_the_pre_013_key_layout_gives_the_same_model(chelsea_model):
-  model = chelsea_model
-  importing.load_weights(model, WEIGHTS, "torchvision")
-  current = [v.numpy() for v in model.variables]
-  for v in model.variables:
-    v.assign(tf.zeros_like(v))
-  report = importing.load_weights(model, LEGACY, "torchvision")
+  report = assert_legacy_layout_loads_the_same(chelsea_model, WEIGHTS, TINY.legacy)
   assert any(theirs == "head.classification_head.conv.6.weight" for _, theirs, _ in report.loaded)
-  for ours, theirs in zip(current, model.variables):
-    np.testing.assert_array_equal(ours, theirs.numpy())
 
 
 def test_a_file_that_does_not_fit_fails_naming_the_tensor(reference, chelsea_model, tmp_path):
@@ -96,7 +79,7 @@ def test_a_file_that_does_not_fit_fails_naming_the_tensor(reference, chelsea_mod
   headline = str(error.value).split("\n")[0]
   assert headline.endswith("backbone.body.conv1.weight is not in the file (expected for our "
                            "backbone/conv1/kernel [7, 7, 3, 4]).")
-  other_classes = create_model("retinanet", **dict(_params(reference, "chelsea"),
+  other_classes = create_model("retinanet", **dict(TINY.params(reference, "chelsea"),
                                                    num_classes=5))
   with pytest.raises(WeightsMismatchError,
                      match=r"head\.classification_head\.cls_logits\.weight has shape "
@@ -115,7 +98,7 @@ def test_a_file_that_does_not_fit_fails_naming_the_tensor(reference, chelsea_mod
     (dict(backbone_bn_epsilon=1e-5), r"BN epsilon \[1e-05\].*0 \(backbone_bn_epsilon\)"),
 ])
 def test_settings_no_tensor_carries_are_checked(reference, wrong, message):
-  model = create_model("retinanet", **dict(_params(reference, "astronaut"), **wrong))
+  model = create_model("retinanet", **dict(TINY.params(reference, "astronaut"), **wrong))
   with pytest.raises(ConfigError, match=message):
     importing.load_weights(model, WEIGHTS, "torchvision")
 
@@ -141,7 +124,7 @@ def test_import_writes_a_model_dir_whose_task_gives_torchvisions_detections(refe
   entry = catalogue.get_weights("torchvision_retinanet_resnet50_fpn_coco")
   tiny = dataclasses.replace(
       entry, name="test_tiny_tv_retinanet", files=(os.path.basename(WEIGHTS),),
-      params={k: v for k, v in dict(entry.params, **_params(reference, "astronaut")).items()
+      params={k: v for k, v in dict(entry.params, **TINY.params(reference, "astronaut")).items()
               if k != "backbone_depth"},
       task=dict(entry.task, image_size=128))
   # What evaluate/export/predict read.

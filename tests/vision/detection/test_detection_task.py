@@ -16,6 +16,7 @@ from tpu_models.training.trainer import Trainer
 
 from conftest import REPO
 from helpers.detection import TINY_RETINANET, tiny_pasted_objects
+from helpers.experiments import tiny_experiment
 
 pytest.importorskip("pycocotools")
 pytest.importorskip("skimage")
@@ -27,24 +28,19 @@ def data_dir(tmp_path_factory):
 
 
 def _config(data_dir, overrides=()):
-  base = {
-      "task": {"name": "detection", "model": dict(TINY_RETINANET),
-               "train_data": {"path": f"{data_dir}/train-*", "global_batch_size": 4,
-                              "shuffle_buffer": 16},
-               # The training images, 7 of them (not a multiple of the batch): after
-               # overfitting them the AP is far from 0, so its equality means something.
-               "eval_data": {"path": f"{data_dir}/train-*", "global_batch_size": 4,
-                             "num_examples": 7},
-               # The same 7 images one at a time: no padding at all.
-               "test_data": {"path": f"{data_dir}/train-*", "global_batch_size": 1,
-                             "num_examples": 7},
-               "scale_range": [1.0, 1.0], "flip": False, "score_threshold": 0.01,
-               "per_class_ap": True, "class_agnostic_ap": True},
-      "trainer": {"train_steps": 60, "steps_per_loop": 60, "checkpoint_every": 60,
-                  "optimizer": {"name": "adamw"},
-                  "schedule": {"name": "constant", "base_lr": 0.003, "warmup_steps": 10},
-                  "tensorboard": False},
-      "runtime": {"strategy": "cpu"}}
+  base = tiny_experiment(
+      {"name": "detection", "model": dict(TINY_RETINANET),
+       "train_data": {"path": f"{data_dir}/train-*", "global_batch_size": 4,
+                      "shuffle_buffer": 16},
+       # The training images, 7 of them (not a multiple of the batch): after overfitting
+       # them the AP is far from 0, so its equality means something.
+       "eval_data": {"path": f"{data_dir}/train-*", "global_batch_size": 4, "num_examples": 7},
+       # The same 7 images one at a time: no padding at all.
+       "test_data": {"path": f"{data_dir}/train-*", "global_batch_size": 1, "num_examples": 7},
+       "scale_range": [1.0, 1.0], "flip": False, "score_threshold": 0.01,
+       "per_class_ap": True, "class_agnostic_ap": True},
+      train_steps=60, steps_per_loop=60,
+      schedule={"name": "constant", "base_lr": 0.003, "warmup_steps": 10})
   return config_lib.experiment_from_dict(base, list(overrides))
 
 

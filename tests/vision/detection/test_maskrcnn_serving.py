@@ -10,13 +10,12 @@ import pytest
 import tensorflow as tf
 
 from tpu_models import cli
-from tpu_models import config as config_lib
 from tpu_models import export
 from tpu_models.errors import ConfigError
-from tpu_models.training.trainer import Trainer
 from tpu_models.vision.detection import masks as mask_ops
 
-from helpers.detection import maskrcnn_config, tiny_pasted_objects
+from helpers.bilinear import bilinear
+from helpers.detection import trained_tiny_maskrcnn
 
 coco_mask = pytest.importorskip("pycocotools.mask")
 
@@ -32,14 +31,7 @@ def _slow_paste(mask, box, height, width):
     for c in range(max(int(np.floor(xmin)), 0), min(int(np.ceil(xmax)), width)):
       u = (r + 0.5 - ymin) / max(ymax - ymin, 1e-6) * cells - 0.5
       v = (c + 0.5 - xmin) / max(xmax - xmin, 1e-6) * cells - 0.5
-      if not (-1 < u < cells and -1 < v < cells):
-        continue
-      u, v = min(max(u, 0.0), cells - 1.0), min(max(v, 0.0), cells - 1.0)
-      u0, v0 = int(np.floor(u)), int(np.floor(v))
-      u1, v1 = min(u0 + 1, cells - 1), min(v0 + 1, cells - 1)
-      fu, fv = u - u0, v - v0
-      out[r, c] = ((1 - fu) * (1 - fv) * mask[u0, v0] + (1 - fu) * fv * mask[u0, v1] +
-                   fu * (1 - fv) * mask[u1, v0] + fu * fv * mask[u1, v1])
+      out[r, c] = bilinear(mask, u, v)
   return out
 
 
@@ -69,19 +61,11 @@ def test_pasting_in_the_graph_matches_a_pixel_by_pixel_reference():
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
   """(config, its YAML, model_dir, data_dir) of the tiny segmenter trained 8 steps."""
-  pytest.importorskip("skimage")
-  data_dir = tiny_pasted_objects(tmp_path_factory, 6, 2)
-  config = maskrcnn_config(data_dir, ["trainer.train_steps=8", "trainer.checkpoint_every=8",
-                              "task.eval_image_min_score=0.0",
-                              "task.model.detection_score_threshold=0.001"])
-  root = tmp_path_factory.mktemp("segmenter")
-  model_dir = str(root / "model")
-  trainer = Trainer(config, model_dir)
-  trainer.train()
-  trainer.close()
-  path = str(root / "config.yaml")
-  config_lib.dump_config(config, path)
-  return config, path, model_dir, data_dir
+  config, path, model_dir, data_dir = trained_tiny_maskrcnn(
+      tmp_path_factory, 6, 2, ["trainer.train_steps=8", "trainer.checkpoint_every=8",
+                               "task.eval_image_min_score=0.0",
+                               "task.model.detection_score_threshold=0.001"])
+  return config, str(path), model_dir, data_dir
 
 
 def _image_files(data_dir):

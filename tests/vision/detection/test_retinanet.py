@@ -157,25 +157,20 @@ def test_options_change_the_architecture():
   assert not any(v.path.startswith("backbone/") for v in frozen.trainable_weights)
 
 
-def test_bad_arguments_are_rejected():
-  with pytest.raises(ConfigError, match="multiple of 32"):
-    _tiny(image_size=80)
-  with pytest.raises(ConfigError, match="backbone_stem"):
-    _tiny(backbone_stem="small")
-  with pytest.raises(ConfigError, match="p67_input"):
-    _tiny(p67_input="p4")
-  with pytest.raises(ConfigError, match="min_level"):
-    _tiny(min_level=2)
-  with pytest.raises(ValueError, match="depth"):
-    _tiny(backbone_depth=42)
-  with pytest.raises(ConfigError, match="p67_padding must be one of same, symmetric"):
-    _tiny(p67_padding="valid")
-  with pytest.raises(ConfigError, match="anchor_convention must be one of"):
-    _tiny(anchor_convention="detectron")
-  with pytest.raises(ConfigError, match="BN epsilons must be >= 0"):
-    _tiny(backbone_bn_epsilon=-1.0)
-  with pytest.raises(ConfigError, match="Unknown ResNet padding"):
-    _tiny(backbone_padding="reflect")
+@pytest.mark.parametrize("bad,error,message", [
+    (dict(image_size=80), ConfigError, "multiple of 32"),
+    (dict(backbone_stem="small"), ConfigError, "backbone_stem"),
+    (dict(p67_input="p4"), ConfigError, "p67_input"),
+    (dict(min_level=2), ConfigError, "min_level"),
+    (dict(backbone_depth=42), ValueError, "depth"),
+    (dict(p67_padding="valid"), ConfigError, "p67_padding must be one of same, symmetric"),
+    (dict(anchor_convention="detectron"), ConfigError, "anchor_convention must be one of"),
+    (dict(backbone_bn_epsilon=-1.0), ConfigError, "BN epsilons must be >= 0"),
+    (dict(backbone_padding="reflect"), ConfigError, "Unknown ResNet padding"),
+])
+def test_bad_arguments_are_rejected(bad, error, message):
+  with pytest.raises(error, match=message):
+    _tiny(**bad)
 
 
 def test_torchvision_options_pad_like_pytorch_and_keep_the_variables():

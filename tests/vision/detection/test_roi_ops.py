@@ -6,10 +6,11 @@ import tensorflow as tf
 
 from tpu_models.vision.detection import roi_ops
 
+from helpers.bilinear import bilinear
+
 
 def _reference_roi_align(feature, box, stride, output_size, sampling_ratio):
   """RoIAlign of one box on one [H, W, C] map, written out with loops (the definition)."""
-  height, width, _ = feature.shape
   y0, x0, y1, x1 = np.asarray(box, np.float64) / stride
   grid = output_size * sampling_ratio
   out = np.zeros([output_size, output_size, feature.shape[-1]])
@@ -17,15 +18,7 @@ def _reference_roi_align(feature, box, stride, output_size, sampling_ratio):
     for j in range(grid):
       y = y0 + (i + 0.5) * (y1 - y0) / grid - 0.5
       x = x0 + (j + 0.5) * (x1 - x0) / grid - 0.5
-      if not (-1 < y < height and -1 < x < width):
-        continue
-      y, x = min(max(y, 0), height - 1), min(max(x, 0), width - 1)
-      yl, xl = int(np.floor(y)), int(np.floor(x))
-      yh, xh = min(yl + 1, height - 1), min(xl + 1, width - 1)
-      ly, lx = y - yl, x - xl
-      value = ((1 - ly) * (1 - lx) * feature[yl, xl] + (1 - ly) * lx * feature[yl, xh] +
-               ly * (1 - lx) * feature[yh, xl] + ly * lx * feature[yh, xh])
-      out[i // sampling_ratio, j // sampling_ratio] += value / sampling_ratio**2
+      out[i // sampling_ratio, j // sampling_ratio] += bilinear(feature, y, x) / sampling_ratio**2
   return out
 
 
