@@ -4,7 +4,9 @@ scores, classes and masks), a tiny RetinaNet's, and a SavedModel that runs only 
 Requests go through TF Serving's REST API (b64 JPEG/PNG rows to serving_default, uint8
 pixels to serve_images) and tritonclient.http (v2); the answers equal the same export
 called in this process on the same inputs. The batch-4 export answers three concurrent
-requests in one model call."""
+requests in one model call. The page at GET /, in a headless Chromium (skipped, naming
+why, where Chromium or its driver is not installed), draws the Mask R-CNN's boxes and masks
+where the export puts them."""
 
 import base64
 import concurrent.futures
@@ -23,6 +25,7 @@ pytestmark = pytest.mark.skipif(
     not all(importlib.util.find_spec(name) for name in ("ray", "starlette", "prometheus_client")),
     reason="the serve extra (ray[serve]) is not installed")
 
+import browser  # noqa: E402
 import tiny_exports  # noqa: E402
 from serve_process import serve  # noqa: E402
 from tpu_models.serving import repository  # noqa: E402
@@ -235,3 +238,159 @@ def test_a_static_batch_export_answers_concurrent_requests_in_one_padded_call(se
   assert six.status_code == 200, six.text
   assert len(six.json()["outputs"]["classes"]) == 6  # Chunks of 4: 4 + (2 padded to 4).
   assert _counter(served, "tpu_models_model_calls_total", STATIC) - calls == 6
+
+
+def _drawn_boxes(driver, tmp_path):
+  """(screen pixels of the canvas, uint8 [H', W', 3]; the detections listed, [(class, score,
+  [y0, x0, y1, x1])]): the page's answer once shown."""
+  from selenium.webdriver.common.by import By  # pylint: disable=g-import-not-at-top
+  from selenium.webdriver.support.ui import WebDriverWait  # pylint: disable=g-import-not-at-top
+  driver.find_element(By.ID, "run").click()  # Run clears data-done; the answer sets it.
+  done = WebDriverWait(driver, 20).until(
+      lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-done"))
+  out = driver.find_element(By.ID, "out").get_attribute("textContent")
+  assert done == "boxes", out
+  listed = []
+  for line in out.splitlines():
+    found = re.fullmatch(r"class (\d+) score (\d\.\d{3}) box \[([-\d.,]+)\]", line)
+    assert found, (line, out)
+    listed.append((int(found[1]), float(found[2]), [float(v) for v in found[3].split(",")]))
+  screen = browser.screenshot(driver, str(tmp_path / "page.png"))
+  return browser.region(screen, driver.find_element(By.ID, "picture"), inset=1), listed
+
+
+def _edge_hits(drawn, box, scale, color, hidden, step=2, margin=6) -> list:
+  """Per edge of `box` (picture pixels y0, x0, y1, x1) scaled by `scale`: the fraction of
+  the points along it (every `step` px, `margin` px from its corners, none where `hidden`
+  [H', W'] is True) where `color` is drawn within one screen pixel across the edge, or None
+  when every point is hidden."""
+  height, width = drawn.shape[:2]
+  y0, x0, y1, x1 = (v * scale for v in box)
+  fractions = []
+  for across, start, end, vertical in ((y0, x0, x1, False), (y1, x0, x1, False),
+                                       (x0, y0, y1, True), (x1, y0, y1, True)):
+    limit, length = (width, height) if vertical else (height, width)
+    at = min(max(int(round(across)), 0), limit - 1)
+    places = sorted({min(max(at + d, 0), limit - 1) for d in (-1, 0, 1)})
+    hits = []
+    for along in range(int(start) + margin, min(int(end) - margin, length), step):
+      if hidden[along, at] if vertical else hidden[at, along]:
+        continue
+      pixels = drawn[along, places] if vertical else drawn[places, along]
+      hits.append(bool((np.abs(pixels - color).max(axis=1) <= 8).any()))
+    fractions.append(float(np.mean(hits)) if hits else None)
+  return fractions
+
+
+def _stroke(shape, box, scale, width=4) -> np.ndarray:
+  """bool [H', W']: the screen pixels within `width` of `box`'s edges (picture pixels,
+  scaled by `scale`)."""
+  band = np.zeros(shape, bool)
+  top, left, bottom, right = (int(round(v * scale)) for v in box)
+  for row in (top, bottom):
+    band[max(row - width, 0):row + width + 1, max(left - width, 0):right + width + 1] = True
+  for column in (left, right):
+    band[max(top - width, 0):bottom + width + 1, max(column - width, 0):column + width + 1] = True
+  return band
+
+
+def _label(shape, box, scale) -> np.ndarray:
+  """bool [H', W']: where the page may draw `box`'s label (17 px high, above the box, or
+  inside it at the picture's top; the text "C 0.SS" under 60 px wide)."""
+  label = np.zeros(shape, bool)
+  top, left = int(round(box[0] * scale)), int(round(box[1] * scale))
+  top = top - 17 if top >= 17 else top
+  label[max(top - 2, 0):top + 20, max(left - 2, 0):left + 62] = True
+  return label
+
+
+def test_the_page_in_headless_chromium_draws_the_segmenters_boxes_and_masks(exports, saved,
+                                                                            tmp_path):
+  reason = browser.missing()
+  if reason:
+    pytest.skip(reason)
+  from selenium.webdriver.common.by import By  # pylint: disable=g-import-not-at-top
+  from selenium.webdriver.support.ui import Select, WebDriverWait  # pylint: disable=g-import-not-at-top
+  server, _, images = exports
+  encoded = images[1]  # A 72x64 PNG: the browser shows the very pixels the server decodes.
+  pixels = tf.io.decode_png(encoded, channels=3).numpy()
+  picture = tmp_path / "objects.png"
+  picture.write_bytes(encoded)
+  expected = {key: value.numpy()[0] for key, value in
+              saved[SEGMENTER].signatures["serving_default"](
+                  image_bytes=tf.constant([encoded])).items()}
+  count = int(expected["num_detections"])
+  scores = expected["detection_scores"][:count]
+  assert count >= 3 and np.all(np.diff(scores) <= 0), scores
+  # The page's threshold between the export's 3rd/4th score: some shown, some not.
+  shown = min(4, count - 1)
+  threshold = round(float(scores[shown - 1] + scores[shown]) / 2, 4)
+  assert scores[shown - 1] > threshold > scores[shown], (scores, threshold)
+  with browser.chromium() as driver:
+    driver.get(server.url + "/")
+    wait = WebDriverWait(driver, 20)
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"#model option[value={SEGMENTER}]"))
+    Select(driver.find_element(By.ID, "model")).select_by_value(SEGMENTER)
+    driver.find_element(By.ID, "file").send_keys(str(picture))
+    field = driver.find_element(By.ID, "threshold")
+    field.clear()
+    field.send_keys(f"{threshold}")
+    drawn, listed = _drawn_boxes(driver, tmp_path)
+    palette = driver.execute_script("return COLORS")  # The page's colours by class.
+  # The detections listed are the export's above the threshold, best first.
+  assert [c for c, _, _ in listed] == expected["detection_classes"][:shown].tolist(), listed
+  np.testing.assert_allclose([s for _, s, _ in listed], scores[:shown], atol=6e-4)
+  np.testing.assert_allclose([b for _, _, b in listed], expected["detection_boxes"][:shown],
+                             atol=0.06)  # One decimal shown.
+  # The 64 px wide picture is shown 256 wide: 4 screen pixels per picture pixel.
+  scale = 256 / pixels.shape[1]
+  assert drawn.shape == (round(pixels.shape[0] * scale), 256, 3), drawn.shape
+  drawn = drawn.astype(np.int32)
+  colors = [np.array([int(palette[c % len(palette)][k:k + 2], 16) for k in (1, 3, 5)])
+            for c in expected["detection_classes"][:shown]]
+  # Each shown box's four edges are drawn in its class's colour where the export puts them,
+  # but under the boxes of higher scores (drawn later, on top) and the labels of the others.
+  boxes = expected["detection_boxes"][:shown]
+  strokes = [_stroke(drawn.shape[:2], box, scale) for box in boxes]
+  labels = [_label(drawn.shape[:2], box, scale) for box in boxes]
+  checked = 0
+  for i in range(shown):
+    hidden = np.any([strokes[j] for j in range(i)] + [labels[j] for j in range(shown) if j != i] +
+                    [np.zeros(drawn.shape[:2], bool)], axis=0)
+    hits = [h for h in _edge_hits(drawn, boxes[i], scale, colors[i], hidden) if h is not None]
+    assert min(hits) >= 0.9, (i, hits, boxes[i])
+    checked += len(hits)
+  assert checked >= 4 * shown - 2, checked
+  # Shifted by 10 screen pixels, the top box's vertical edges are not there.
+  y0, x0, y1, x1 = boxes[0]
+  nowhere = np.zeros(drawn.shape[:2], bool)
+  shifted = _edge_hits(drawn, [y0, x0 + 10 / scale, y1, x1 + 10 / scale], scale, colors[0],
+                       nowhere)
+  assert max(shifted[2:]) < 0.5, shifted
+  # The top detection's mask tints the picture inside its box (45% of its colour); where no
+  # shown mask, box or label is, the picture is as it was.
+  height, width = drawn.shape[:2]
+  content_h, content_w = expected["mask_content_size"]
+  ys, xs = np.mgrid[0:height, 0:width]
+
+  def on_mask(i, dy=0, dx=0):  # Whether screen pixel (y+dy, x+dx) falls on mask i.
+    my = np.clip(((ys + dy + 0.5) * content_h / height).astype(int), 0, content_h - 1)
+    mx = np.clip(((xs + dx + 0.5) * content_w / width).astype(int), 0, content_w - 1)
+    return expected["detection_masks"][i][my, mx].astype(bool)
+
+  def near(i, reach):  # Pixels within `reach` screen pixels of each one, on mask i.
+    return [on_mask(i, dy, dx) for dy in range(-reach, reach + 1)
+            for dx in range(-reach, reach + 1)]
+
+  marks = np.any(strokes + labels, axis=0)  # Box edges and labels.
+  others = np.any([m for i in range(1, shown) for m in near(i, 2)], axis=0)
+  inside = np.all(near(0, 1), axis=0) & ~others & ~marks  # (Clear of rounding at edges.)
+  original = pixels[((ys + 0.5) / scale).astype(int),
+                    ((xs + 0.5) / scale).astype(int)].astype(np.int32)
+  assert inside.sum() >= 100, inside.sum()
+  tinted = np.abs(drawn[inside] - (0.55 * original[inside] + 0.45 * colors[0])).max(axis=1)
+  assert np.mean(tinted <= 4) >= 0.95, np.percentile(tinted, [50, 90, 99])
+  plain = ~np.any([m for i in range(shown) for m in near(i, 2)], axis=0) & ~marks
+  assert plain.sum() >= 1000, plain.sum()
+  untouched = np.abs(drawn[plain] - original[plain]).max(axis=1)
+  assert np.mean(untouched <= 2) >= 0.99, np.percentile(untouched, [50, 90, 99])

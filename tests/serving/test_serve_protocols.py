@@ -354,6 +354,42 @@ def test_the_page_in_headless_chromium_shows_the_exports_top_classes_and_the_pic
     assert text.size and (text.max(axis=2) < 128).sum() > 50 * len(shown), text.shape
 
 
+def test_the_page_in_headless_chromium_shows_the_translators_answer(served, exports):
+  reason = browser.missing()
+  if reason:
+    pytest.skip(reason)
+  from selenium.webdriver.common.by import By  # pylint: disable=g-import-not-at-top
+  from selenium.webdriver.common.keys import Keys  # pylint: disable=g-import-not-at-top
+  from selenium.webdriver.support.ui import Select, WebDriverWait  # pylint: disable=g-import-not-at-top
+  server, _, _ = served
+  _, bases = exports
+  sentence = "das haus ist klein und ich bin müde"
+  saved = tf.saved_model.load(os.path.join(bases[TRANSLATOR], "1"))
+  expected = saved.signatures["serving_default"](sentences=tf.constant([sentence]))
+  translation = expected["translations"].numpy()[0].decode("utf-8")
+  with browser.chromium() as driver:
+    driver.get(server.url + "/")
+    wait = WebDriverWait(driver, 20)
+    driver.find_element(By.ID, "token").send_keys(TOKEN + Keys.TAB)
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"#model option[value={TRANSLATOR}]"))
+    Select(driver.find_element(By.ID, "model")).select_by_value(TRANSLATOR)
+    assert driver.find_element(By.ID, "textbox").is_displayed()
+    assert not driver.find_element(By.ID, "imagebox").is_displayed()
+    text = driver.find_element(By.ID, "text")
+    text.clear()
+    text.send_keys(sentence)
+    driver.find_element(By.ID, "run").click()  # Run clears data-done; the answer sets it.
+    done = wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-done"))
+    out = driver.find_element(By.ID, "out")
+    shown = out.get_attribute("textContent")  # Exactly, spaces and all.
+    assert done == "text", shown
+    assert out.is_displayed()
+  lines = dict(line.split(": ", 1) for line in shown.split("\n"))
+  assert lines["translations"] == translation, (shown, translation)
+  np.testing.assert_allclose(float(lines["scores"]), expected["scores"].numpy()[0], rtol=1e-5,
+                             atol=1e-5)
+
+
 def test_the_translator_answers_strings_as_its_export_does_in_process(served, exports):
   server, session, _ = served
   _, bases = exports

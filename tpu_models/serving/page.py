@@ -6,11 +6,14 @@ the browser's decoded uint8 pixels, resized to the export's fixed size if it has
 the one taking pixels: a LiteRT export, e.g.) to see its answer drawn by structure: boxes
 (and masks) over the picture where the row has `<kind>_boxes`, else the five largest
 `probabilities`; for a model that takes text type a sentence, press Run and see the
-strings it answers. Pictures smaller than 256 pixels wide are shown scaled up (pixels
-kept sharp). The page holds no data: it reads `/ui/models` and calls the REST API like
-any client, with the bearer token typed in its field when the server has one. When an
-answer is shown, `<body data-done>` says which kind ("classes", "boxes", "text" or
-"error"): what a test driving the page waits for.
+strings it answers. The picture is drawn at its displayed size (small ones at least 256
+pixels wide, pixels kept sharp; large ones at most the page's width), boxes, masks and
+labels over it at that size: thin lines and readable labels at any picture size. Only
+the boxes whose score is at least the page's "Boxes with score >=" field are drawn and
+listed (0.3; changing it redraws the last answer). The page holds no data: it
+reads `/ui/models` and calls the REST API like any client, with the bearer token typed in
+its field when the server has one. When an answer is shown, `<body data-done>` says which
+kind ("classes", "boxes", "text" or "error"): what a test driving the page waits for.
 """
 
 HTML = """<!doctype html>
@@ -24,8 +27,10 @@ HTML = """<!doctype html>
 <h1>tpu-models serve</h1>
 <div class="row"><label>Model <select id="model"></select></label>
  <label>Token <input id="token" type="password" placeholder="(when the server has one)"></label></div>
-<form id="ask">
-<div class="row" id="imagebox"><input id="file" type="file" accept="image/*"></div>
+<form id="ask" novalidate>
+<div class="row" id="imagebox"><input id="file" type="file" accept="image/*">
+ <label>Boxes with score &ge; <input id="threshold" type="number" min="0" max="1" step="0.05"
+  value="0.3" style="width:5em"></label></div>
 <div class="row" id="textbox"><textarea id="text" rows="3" cols="60">Guten Morgen</textarea></div>
 <div class="row"><button id="run" type="submit">Run</button></div>
 </form>
@@ -78,12 +83,21 @@ async function load() {
       `<option value="${m.name}">${m.name} (version ${m.version}, ${m.task})</option>`).join("");
   showInputs();
 }
-function show(img) {  // The picture on the canvas; small ones displayed at least 256 wide.
-  const c = $("picture");
-  c.width = img.naturalWidth; c.height = img.naturalHeight;
-  c.style.width = Math.max(256, img.naturalWidth) + "px";
-  c.getContext("2d").drawImage(img, 0, 0);
-  return c.getContext("2d");
+function show(img) {  // The picture on the canvas at its displayed size: [context, scale].
+  // Small pictures are shown at least 256 wide, large ones at most the page's width; the
+  // canvas holds as many pixels as are displayed (times the device's pixel ratio), so what
+  // is drawn over the picture is sharp at any size. scale: displayed px per picture px.
+  const c = $("picture"), room = Math.max(1, c.parentElement.clientWidth - 2);
+  const width = Math.min(Math.max(256, img.naturalWidth), room);
+  const scale = width / img.naturalWidth, height = Math.round(img.naturalHeight * scale);
+  const ratio = window.devicePixelRatio || 1;
+  c.style.width = width + "px"; c.style.height = height + "px";
+  c.width = Math.round(width * ratio); c.height = Math.round(height * ratio);
+  const g = c.getContext("2d");
+  g.setTransform(ratio, 0, 0, ratio, 0, 0);
+  g.imageSmoothingEnabled = scale < 1;  // Scaled up: each picture pixel a sharp block.
+  g.drawImage(img, 0, 0, width, height);
+  return [g, scale];
 }
 async function picture() {  // (data URL, loaded Image) of the chosen file, or null.
   const file = $("file").files[0]; if (!file) return null;
@@ -92,31 +106,60 @@ async function picture() {  // (data URL, loaded Image) of the chosen file, or n
   return [url, img];
 }
 function boxesKey(row) { return Object.keys(row).find(k => k.endsWith("_boxes")); }
-function draw(img, row) {
-  const g = show(img);
+function rgb(color) { return [1, 3, 5].map(i => parseInt(color.slice(i, i + 2), 16)); }
+function maskPicture(m, height, width, color) {  // A canvas height x width: color where m is 1.
+  const c = document.createElement("canvas"); c.width = width; c.height = height;
+  const g = c.getContext("2d"), data = g.createImageData(width, height), [r, gr, b] = rgb(color);
+  for (let y = 0; y < height; y++) for (let x = 0; x < width; x++) {
+    if (!m[y][x]) continue;
+    const i = 4 * (y * width + x);
+    data.data[i] = r; data.data[i + 1] = gr; data.data[i + 2] = b; data.data[i + 3] = 255;
+  }
+  g.putImageData(data, 0, 0);
+  return c;
+}
+function threshold() { const t = parseFloat($("threshold").value); return isNaN(t) ? 0.3 : t; }
+function draw(img, row, frame) {
+  // The boxes scoring at least the threshold, over the picture: masks (45% tint),
+  // then boxes, then labels. Boxes are in the pixels of `frame` [H, W] (the picture's,
+  // or the size its pixels were sent at); masks over the model's frame (its top-left
+  // mask_content_size part is the picture) or, without mask_content_size, over the picture.
+  const [g, scale] = show(img);
   const kind = boxesKey(row).slice(0, -"_boxes".length);
   const boxes = row[kind + "_boxes"], scores = row[kind + "_scores"],
         classes = row[kind + "_classes"], masks = row[kind + "_masks"],
-        n = row["num_" + kind], lines = [];
-  for (let i = 0; i < n; i++) {
-    if (scores[i] < 0.3) continue;
-    const color = COLORS[classes[i] % COLORS.length];
-    const [y0, x0, y1, x1] = boxes[i];
-    if (masks && row.mask_content_size) {  // Over the model's frame: scaled to the picture.
-      const [h, w] = row.mask_content_size, m = masks[i];
-      const sy = img.naturalHeight / h, sx = img.naturalWidth / w;
-      g.fillStyle = color; g.globalAlpha = 0.45;
-      for (let y = 0; y < h; y++) for (let x = 0; x < w; x++)
-        if (m[y][x]) g.fillRect(x * sx, y * sy, Math.ceil(sx), Math.ceil(sy));
-      g.globalAlpha = 1;
+        n = row["num_" + kind + "s"] ?? row["num_" + kind] ?? boxes.length,  // num_<kind>s
+        least = threshold(), lines = [], shown = [];
+  const width = img.naturalWidth * scale, height = img.naturalHeight * scale;
+  const sy = height / frame[0], sx = width / frame[1];
+  for (let i = n - 1; i >= 0; i--) if (scores[i] >= least) shown.push(i);  // Best drawn last.
+  const color = i => COLORS[classes[i] % COLORS.length];
+  if (masks) {
+    g.imageSmoothingEnabled = false; g.globalAlpha = 0.45;
+    for (const i of shown) {
+      const [h, w] = row.mask_content_size || [masks[i].length, masks[i][0].length];
+      g.drawImage(maskPicture(masks[i], h, w, color(i)), 0, 0, width, height);
     }
-    g.strokeStyle = color; g.lineWidth = 3; g.strokeRect(x0, y0, x1 - x0, y1 - y0);
-    g.fillStyle = color; g.font = "14px sans-serif";
-    g.fillText(`${classes[i]} ${scores[i].toFixed(2)}`, x0 + 2, Math.max(12, y0 - 3));
-    lines.push(`class ${classes[i]} score ${scores[i].toFixed(3)} box [${boxes[i].map(v => v.toFixed(1))}]`);
+    g.globalAlpha = 1;
   }
-  return lines.length ? lines.join("\\n") : "nothing with score >= 0.3";
+  g.lineWidth = 3;
+  for (const i of shown) {
+    const [y0, x0, y1, x1] = boxes[i];
+    g.strokeStyle = color(i); g.strokeRect(x0 * sx, y0 * sy, (x1 - x0) * sx, (y1 - y0) * sy);
+  }
+  g.font = "13px sans-serif"; g.textBaseline = "top";
+  for (const i of shown) {  // Above the box, or inside it at the picture's top.
+    const [y0, x0] = boxes[i], label = `${classes[i]} ${scores[i].toFixed(2)}`;
+    const x = x0 * sx, y = y0 * sy >= 17 ? y0 * sy - 17 : y0 * sy;
+    g.fillStyle = color(i); g.fillRect(x, y, g.measureText(label).width + 6, 17);
+    g.fillStyle = "#fff"; g.fillText(label, x + 3, y + 2);
+    const box = boxes[i].map(v => v.toFixed(1));
+    lines.unshift(`class ${classes[i]} score ${scores[i].toFixed(3)} box [${box}]`);
+  }
+  return lines.length ? lines.join("\\n") : `nothing with score >= ${least}`;
 }
+let last = null;  // The last boxes answer: [picture, row, frame], redrawn on a new threshold.
+function redraw() { if (last) $("out").textContent = draw(...last); }
 async function onImage() {
   try {
     const chosenFile = await picture();
@@ -125,7 +168,11 @@ async function onImage() {
     if (!send) throw new Error("this model takes no pictures");
     const [row] = await predict(chosen().name, pictureBody(send, url, img));
     if (!row.valid && row.reason) throw new Error(row.reason);
-    if (boxesKey(row)) { $("out").textContent = draw(img, row); document.body.dataset.done = "boxes"; return; }
+    if (boxesKey(row)) {
+      const frame = [img.naturalHeight, img.naturalWidth];  // The boxes' pixels: those sent.
+      if (send.as === "pixels") frame.splice(0, 2, send.height || frame[0], send.width || frame[1]);
+      last = [img, row, frame]; redraw(); document.body.dataset.done = "boxes"; return;
+    }
     show(img);
     const top = row.probabilities.map((p, k) => [p, k]).sort((a, b) => b[0] - a[0]).slice(0, 5);
     $("out").textContent = top.map(([p, k]) => `class ${k}: ${p.toFixed(3)}`).join("\\n");
@@ -140,17 +187,17 @@ async function onText() {
   } catch (e) { $("out").textContent = "Error: " + e.message; document.body.dataset.done = "error"; }
 }
 async function onFile() {  // The chosen picture at once; its answer on Run.
-  $("out").textContent = ""; delete document.body.dataset.done;
+  $("out").textContent = ""; delete document.body.dataset.done; last = null;
   try { const chosenFile = await picture(); if (chosenFile) show(chosenFile[1]); }
   catch (e) { $("out").textContent = "Error: " + e.message; }
 }
 $("ask").onsubmit = event => {
   event.preventDefault();
-  $("out").textContent = "..."; delete document.body.dataset.done;
+  $("out").textContent = "..."; delete document.body.dataset.done; last = null;
   if (chosen().input === "text") onText(); else onImage();
 };
 $("model").onchange = showInputs; $("file").onchange = onFile;
-$("token").onchange = load;
+$("token").onchange = load; $("threshold").oninput = redraw;
 load();
 </script></body></html>
 """
