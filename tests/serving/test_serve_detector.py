@@ -5,8 +5,8 @@ Requests go through TF Serving's REST API (b64 JPEG/PNG rows to serving_default,
 pixels to serve_images) and tritonclient.http (v2); the answers equal the same export
 called in this process on the same inputs. The batch-4 export answers three concurrent
 requests in one model call. The page at GET /, in a headless Chromium (skipped, naming
-why, where Chromium or its driver is not installed), draws the Mask R-CNN's boxes and masks
-where the export puts them."""
+why, where Chromium or its driver is not installed), draws the RetinaNet's boxes and the
+Mask R-CNN's boxes and masks where the exports put them."""
 
 import base64
 import concurrent.futures
@@ -304,53 +304,44 @@ def _label(shape, box, scale) -> np.ndarray:
   return label
 
 
-def test_the_page_in_headless_chromium_draws_the_segmenters_boxes_and_masks(exports, saved,
-                                                                            tmp_path):
-  reason = browser.missing()
-  if reason:
-    pytest.skip(reason)
-  from selenium.webdriver.common.by import By  # pylint: disable=g-import-not-at-top
-  from selenium.webdriver.support.ui import Select, WebDriverWait  # pylint: disable=g-import-not-at-top
-  server, _, images = exports
-  encoded = images[1]  # A 72x64 PNG: the browser shows the very pixels the server decodes.
-  pixels = tf.io.decode_png(encoded, channels=3).numpy()
-  picture = tmp_path / "objects.png"
-  picture.write_bytes(encoded)
+def _expected_and_threshold(model, encoded):
+  """({output: the export's answer for `encoded`, in-process}, boxes to show, a threshold
+  between the export's scores there): some detections shown, some not."""
   expected = {key: value.numpy()[0] for key, value in
-              saved[SEGMENTER].signatures["serving_default"](
-                  image_bytes=tf.constant([encoded])).items()}
+              model.signatures["serving_default"](image_bytes=tf.constant([encoded])).items()}
   count = int(expected["num_detections"])
   scores = expected["detection_scores"][:count]
-  assert count >= 3 and np.all(np.diff(scores) <= 0), scores
-  # The page's threshold between the export's 3rd/4th score: some shown, some not.
+  assert count >= 2 and np.all(np.diff(scores) <= 0), scores
   shown = min(4, count - 1)
   threshold = round(float(scores[shown - 1] + scores[shown]) / 2, 4)
   assert scores[shown - 1] > threshold > scores[shown], (scores, threshold)
-  with browser.chromium() as driver:
-    driver.get(server.url + "/")
-    wait = WebDriverWait(driver, 20)
-    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"#model option[value={SEGMENTER}]"))
-    Select(driver.find_element(By.ID, "model")).select_by_value(SEGMENTER)
-    driver.find_element(By.ID, "file").send_keys(str(picture))
-    field = driver.find_element(By.ID, "threshold")
-    field.clear()
-    field.send_keys(f"{threshold}")
-    drawn, listed = _drawn_boxes(driver, tmp_path)
-    palette = driver.execute_script("return COLORS")  # The page's colours by class.
-  # The detections listed are the export's above the threshold, best first.
+  return expected, shown, threshold
+
+
+def _page_answer(driver, model, threshold, tmp_path):
+  """_drawn_boxes of `model`'s answer to the chosen picture, the page's field at `threshold`."""
+  from selenium.webdriver.common.by import By  # pylint: disable=g-import-not-at-top
+  from selenium.webdriver.support.ui import Select  # pylint: disable=g-import-not-at-top
+  Select(driver.find_element(By.ID, "model")).select_by_value(model)
+  field = driver.find_element(By.ID, "threshold")
+  field.clear()
+  field.send_keys(f"{threshold}")
+  return _drawn_boxes(driver, tmp_path / model)
+
+
+def _assert_boxes_drawn(drawn, listed, expected, shown, palette, scale):
+  """The detections listed are the export's first `shown` (class, score, box), and each one's
+  four edges are drawn in its class's colour on the screen's canvas pixels `drawn` where the
+  export puts them (but under the boxes of higher scores, drawn later, on top, and the
+  labels of the others), not 10 px beside them. Returns (colours, [where each box's edges
+  are], [where each label may be])."""
   assert [c for c, _, _ in listed] == expected["detection_classes"][:shown].tolist(), listed
-  np.testing.assert_allclose([s for _, s, _ in listed], scores[:shown], atol=6e-4)
-  np.testing.assert_allclose([b for _, _, b in listed], expected["detection_boxes"][:shown],
-                             atol=0.06)  # One decimal shown.
-  # The 64 px wide picture is shown 256 wide: 4 screen pixels per picture pixel.
-  scale = 256 / pixels.shape[1]
-  assert drawn.shape == (round(pixels.shape[0] * scale), 256, 3), drawn.shape
-  drawn = drawn.astype(np.int32)
+  np.testing.assert_allclose([s for _, s, _ in listed], expected["detection_scores"][:shown],
+                             atol=6e-4)
+  boxes = expected["detection_boxes"][:shown]
+  np.testing.assert_allclose([b for _, _, b in listed], boxes, atol=0.06)  # One decimal shown.
   colors = [np.array([int(palette[c % len(palette)][k:k + 2], 16) for k in (1, 3, 5)])
             for c in expected["detection_classes"][:shown]]
-  # Each shown box's four edges are drawn in its class's colour where the export puts them,
-  # but under the boxes of higher scores (drawn later, on top) and the labels of the others.
-  boxes = expected["detection_boxes"][:shown]
   strokes = [_stroke(drawn.shape[:2], box, scale) for box in boxes]
   labels = [_label(drawn.shape[:2], box, scale) for box in boxes]
   checked = 0
@@ -361,17 +352,58 @@ def test_the_page_in_headless_chromium_draws_the_segmenters_boxes_and_masks(expo
     assert min(hits) >= 0.9, (i, hits, boxes[i])
     checked += len(hits)
   assert checked >= 4 * shown - 2, checked
-  # Shifted by 10 screen pixels, the top box's vertical edges are not there.
   y0, x0, y1, x1 = boxes[0]
-  nowhere = np.zeros(drawn.shape[:2], bool)
   shifted = _edge_hits(drawn, [y0, x0 + 10 / scale, y1, x1 + 10 / scale], scale, colors[0],
-                       nowhere)
+                       np.zeros(drawn.shape[:2], bool))
   assert max(shifted[2:]) < 0.5, shifted
+  return colors, strokes, labels
+
+
+def test_the_page_in_headless_chromium_draws_the_detectors_boxes_and_masks(exports, saved,
+                                                                             tmp_path):
+  reason = browser.missing()
+  if reason:
+    pytest.skip(reason)
+  from selenium.webdriver.common.by import By  # pylint: disable=g-import-not-at-top
+  from selenium.webdriver.support.ui import WebDriverWait  # pylint: disable=g-import-not-at-top
+  server, _, images = exports
+  encoded = images[1]  # A 72x64 PNG: the browser shows the very pixels the server decodes.
+  pixels = tf.io.decode_png(encoded, channels=3).numpy()
+  picture = tmp_path / "objects.png"
+  picture.write_bytes(encoded)
+  answers = {name: _expected_and_threshold(saved[name], encoded)
+             for name in (RETINANET, SEGMENTER)}
+  shown_by_page = {}
+  with browser.chromium() as driver:
+    driver.get(server.url + "/")
+    WebDriverWait(driver, 20).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, f"#model option[value={SEGMENTER}]"))
+    driver.find_element(By.ID, "file").send_keys(str(picture))
+    for name in (RETINANET, SEGMENTER):  # The segmenter's answer on the screen at the end.
+      (tmp_path / name).mkdir()
+      shown_by_page[name] = _page_answer(driver, name, answers[name][2], tmp_path)
+    palette = driver.execute_script("return COLORS")  # The page's colours by class.
+  # The 64 px wide picture is shown 256 wide: 4 screen pixels per picture pixel.
+  scale = 256 / pixels.shape[1]
+  height, width = round(pixels.shape[0] * scale), 256
+  ys, xs = np.mgrid[0:height, 0:width]
+  original = pixels[((ys + 0.5) / scale).astype(int),
+                    ((xs + 0.5) / scale).astype(int)].astype(np.int32)
+  drawn, listed = shown_by_page[RETINANET]  # Boxes only: the picture untouched elsewhere.
+  assert drawn.shape == (height, width, 3), drawn.shape
+  drawn = drawn.astype(np.int32)
+  expected, shown, _ = answers[RETINANET]
+  _, strokes, labels = _assert_boxes_drawn(drawn, listed, expected, shown, palette, scale)
+  plain = ~np.any(strokes + labels, axis=0)
+  assert np.mean(np.abs(drawn[plain] - original[plain]).max(axis=1) <= 2) >= 0.99
+  drawn, listed = shown_by_page[SEGMENTER]
+  assert drawn.shape == (height, width, 3), drawn.shape
+  drawn = drawn.astype(np.int32)
+  expected, shown, _ = answers[SEGMENTER]
+  colors, strokes, labels = _assert_boxes_drawn(drawn, listed, expected, shown, palette, scale)
   # The top detection's mask tints the picture inside its box (45% of its colour); where no
   # shown mask, box or label is, the picture is as it was.
-  height, width = drawn.shape[:2]
   content_h, content_w = expected["mask_content_size"]
-  ys, xs = np.mgrid[0:height, 0:width]
 
   def on_mask(i, dy=0, dx=0):  # Whether screen pixel (y+dy, x+dx) falls on mask i.
     my = np.clip(((ys + dy + 0.5) * content_h / height).astype(int), 0, content_h - 1)
@@ -385,8 +417,6 @@ def test_the_page_in_headless_chromium_draws_the_segmenters_boxes_and_masks(expo
   marks = np.any(strokes + labels, axis=0)  # Box edges and labels.
   others = np.any([m for i in range(1, shown) for m in near(i, 2)], axis=0)
   inside = np.all(near(0, 1), axis=0) & ~others & ~marks  # (Clear of rounding at edges.)
-  original = pixels[((ys + 0.5) / scale).astype(int),
-                    ((xs + 0.5) / scale).astype(int)].astype(np.int32)
   assert inside.sum() >= 100, inside.sum()
   tinted = np.abs(drawn[inside] - (0.55 * original[inside] + 0.45 * colors[0])).max(axis=1)
   assert np.mean(tinted <= 4) >= 0.95, np.percentile(tinted, [50, 90, 99])
