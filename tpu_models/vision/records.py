@@ -1,7 +1,7 @@
 """What every image converter of the vision families shares: header checks, re-encoding, progress.
 
 The classification converters (`vision/classification/convert.py`: image folders,
-Fashion-MNIST) and the detection converters (`vision/detection/convert.py`: COCO,
+Fashion-MNIST) and the detection converters (`vision/detection/convert/`: COCO,
 VOC, CSV) read image files the same way:
 
     encoded, height, width, reencoded = prepare_image(data, image_size=None)

@@ -19,7 +19,7 @@ def add_options(command: str, parser) -> None:
 
 
 def add_convert_sources(sources) -> None:
-  """Adds `convert coco|voc|csv|pasted-objects` (vision/detection/convert.py, pasted_objects.py)."""
+  """Adds `convert coco|voc|csv|pasted-objects` (vision/detection/convert/, pasted_objects.py)."""
 
   def common(c):
     c.add_argument("output_prefix", help="e.g. /data/coco/train (writes train-00000-of-00008 "
