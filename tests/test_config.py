@@ -132,6 +132,28 @@ def test_bounds_declared_with_a_setting_are_the_only_ranges():
       config_lib.from_dict(Settings, data, "s")
 
 
+@pytest.mark.parametrize("change,message", [
+    (lambda c: setattr(c.trainer, "eval_every", -1), "'trainer.eval_every' must be >= 0; got -1."),
+    (lambda c: setattr(c.trainer, "train_steps", 0), "'trainer.train_steps' must be >= 1; got 0."),
+    (lambda c: setattr(c.trainer, "nan_policy", "ignore"),
+     "'trainer.nan_policy' must be one of raise, restore; got 'ignore'."),
+    (lambda c: setattr(c.task.train_data, "global_batch_size", 0),
+     "'task.train_data.global_batch_size' must be >= 1; got 0."),
+    (lambda c: setattr(c.task.train_data, "num_examples", 0),
+     "'task.train_data.num_examples' must be >= 1; got 0."),
+    (lambda c: c.task.model.params.update(num_classes=0),
+     "'task.model.num_classes' is a size and must be > 0; got 0."),
+])
+def test_a_config_built_in_code_gets_the_declared_checks_in_the_same_words(change, message):
+  """`validate` (the Trainer calls it on configs made in code) walks every field's declared
+  Bounds and Choices, as loading does, rather than a hand-kept list of some of them."""
+  config = toy_task.toy_config([])
+  config_lib.validate(config)
+  change(config)
+  with pytest.raises(ConfigError, match=re.escape(message)):
+    config_lib.validate(config)
+
+
 def test_base_cycles_and_lists_are_one_line_errors(tmp_path):
   (tmp_path / "self.yaml").write_text("base: self.yaml\n")
   with pytest.raises(ConfigError, match=r"self.yaml makes a cycle: .*self.yaml -> .*self.yaml\."):

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Union
 
 from tpu_models.config.checks import (Bounds, Choices, checked_number, join_key, type_name,
                                       unknown_key_message, where)
-from tpu_models.config.schema import DataConfig, ExperimentConfig, ModelConfig, TaskConfig
+from tpu_models.config.schema import ExperimentConfig, ModelConfig, TaskConfig
 from tpu_models.errors import ConfigError
 
 
@@ -178,19 +178,60 @@ def validate(config: ExperimentConfig) -> ExperimentConfig:
   Raises:
     ConfigError: naming the keys and what is expected.
   """
+  _check_declared(config, "")
   trainer = config.trainer
-  for key in ("train_steps", "steps_per_loop", "checkpoint_every", "max_checkpoints"):
-    if getattr(trainer, key) < 1:
-      raise ConfigError(f"Config key 'trainer.{key}' must be >= 1; got {getattr(trainer, key)!r}.")
   if trainer.stop_at_target and (trainer.target_metric is None or trainer.target_value is None):
     raise ConfigError("Config key 'trainer.stop_at_target' needs both 'trainer.target_metric' "
                       "and 'trainer.target_value'; without them the run would never stop early.")
-  for field in dataclasses.fields(config.task):
-    data = getattr(config.task, field.name)
-    if isinstance(data, DataConfig) and data.global_batch_size < 1:
-      raise ConfigError(f"Config key 'task.{field.name}.global_batch_size' must be >= 1; "
-                        f"got {data.global_batch_size!r}.")
   return config
+
+
+def _check_declared(config, path: str) -> None:
+  """Every field's declared `Bounds` and `Choices`, on a config built in code.
+
+  `from_dict` checks them as it converts; a config made with the dataclasses' own
+  constructors (a test, a user's script) gets the same check, in the same words, here.
+  """
+  if isinstance(config, ModelConfig):
+    _check_model_params(config, path)
+    return
+  hints = typing.get_type_hints(type(config), include_extras=True)
+  for field in dataclasses.fields(config):
+    value, key = getattr(config, field.name), join_key(path, field.name)
+    _check_value(hints[field.name], value, key)
+    if dataclasses.is_dataclass(value):
+      _check_declared(value, key)
+
+
+def _check_model_params(config: ModelConfig, path: str) -> None:
+  from tpu_models import registry  # Deferred: the registry imports the task modules.
+  try:
+    hints = typing.get_type_hints(registry.MODELS.get(config.name), include_extras=True)
+  except KeyError:
+    return  # An unregistered name is refused where the model is built, naming the choices.
+  for key, value in config.params.items():
+    if key in hints:
+      _check_value(hints[key], value, join_key(path, key))
+
+
+def _check_value(tp, value, path: str) -> None:
+  """The `Bounds`/`Choices` declared in `tp` (through Optional) checked on `value`."""
+  if value is None:
+    return
+  origin, args = typing.get_origin(tp), typing.get_args(tp)
+  if origin in (Union, types.UnionType):
+    for arg in args:
+      if typing.get_origin(arg) is typing.Annotated:
+        _check_value(arg, value, path)
+    return
+  if origin is not typing.Annotated:
+    return
+  for declared in args[1:]:
+    if isinstance(declared, Choices) and isinstance(value, str):
+      declared.check(value, path)
+    elif (isinstance(declared, Bounds) and isinstance(value, (int, float))
+          and not isinstance(value, bool)):
+      declared.check(value, path)
 
 
 def config_warnings(config: ExperimentConfig) -> List[str]:
