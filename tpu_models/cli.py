@@ -292,11 +292,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     from tpu_models import onednn
     onednn.default_on()  # Before TensorFlow is imported, which reads it once.
   startup.import_tensorflow_quietly()
-  from tpu_models.errors import USER_ERRORS
+  from tpu_models.errors import user_error_behind
   try:
     return args.run(args)
-  except USER_ERRORS as e:  # Wrong input: one clear line. Anything else is a bug: a traceback.
-    print(f"tpu-models {args.command}: error: {e}", file=sys.stderr)
+  except Exception as e:  # pylint: disable=broad-except
+    wrong_input = user_error_behind(e)
+    if wrong_input is None:  # Anything but wrong input is a bug: its traceback.
+      raise
+    print(f"tpu-models {args.command}: error: {wrong_input}", file=sys.stderr)
     return 2
   except KeyboardInterrupt:  # Ctrl-C outside the training loop (which saves and stops itself).
     print(f"tpu-models {args.command}: interrupted (Ctrl-C).", file=sys.stderr)

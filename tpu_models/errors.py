@@ -9,6 +9,9 @@ its traceback.
     UnknownNameError    no registered model/task/dataset has this name (lists close matches)
     DiskFullError       a write failed for lack of space (names the path and the free space)
     ExportMismatchError an export answers otherwise than the SavedModel path (names how often)
+
+One raised while TensorFlow traces a step reaches the caller wrapped in AutoGraph's
+StagingError (a FileNotFoundError among them); `user_error_behind` finds it again.
 """
 
 
@@ -46,3 +49,22 @@ class ExportMismatchError(ValueError):
 
 USER_ERRORS = (ConfigError, DataError, MissingExtraError, UnknownNameError, FileNotFoundError,
                DiskFullError, ExportMismatchError)
+
+
+def user_error_behind(error: BaseException):
+  """The `USER_ERRORS` instance `error` is, or wraps as AutoGraph's StagingError; else None.
+
+  AutoGraph re-raises an error from a traced function as its own type only for a few
+  types (ValueError, TypeError, ...); any other (FileNotFoundError, DiskFullError) comes
+  out as a StagingError whose context is the original. Only that wrapper is looked
+  through: a bug raised while handling a user error stays a bug.
+  """
+  seen = set()
+  while error is not None and id(error) not in seen:
+    if isinstance(error, USER_ERRORS):
+      return error
+    if type(error).__name__ != "StagingError":
+      return None
+    seen.add(id(error))
+    error = error.__cause__ or error.__context__
+  return None

@@ -52,3 +52,37 @@ def test_cli_exit_codes(capfd):
   bad = run_main(capfd, cli.main, base + ["--set", "task.model.name=toy_dynamic"])
   assert bad.returncode == 1, bad.stdout + bad.stderr
   assert "NOT TPU-ready" in bad.stdout and "dynamic_shape" in bad.stdout
+
+
+def _read_token_counts():
+  raise FileNotFoundError("counts.npy does not exist: run `count` first.")
+
+
+class _ReadsCountsWhenTraced(toy_task.ToyTask):
+  """An eval step that reads a file while it is traced (as the LM's unigram baseline
+  does): AutoGraph re-raises the FileNotFoundError as its own StagingError."""
+
+  def eval_step(self, model, features, labels, weights):
+    if self.config.data_seed >= 0:
+      _read_token_counts()
+    return super().eval_step(model, features, labels, weights)
+
+
+def test_a_step_that_reads_a_missing_file_is_named_in_one_line(capfd, tmp_path):
+  from tpu_models import registry
+  with registry.scoped():
+    registry.register_task("toy_reads_counts")(_ReadsCountsWhenTraced)
+    report = tpu_check.check_config(toy_task.toy_config(["task.name=toy_reads_counts"]))
+    # The eval step was not checked (a warning naming the file), the train step was.
+    assert report.ready and report.compiled == ["train"], report.format()
+    assert "the eval step reads data that is not here (counts.npy does not exist" in \
+        report.format()
+    # Training reaches the eval step: one line naming the file, exit 2, no traceback.
+    train = run_main(capfd, cli.main, [
+        "train", os.path.join(TESTS, "toy.yaml"), "--import", "toy_task",
+        "--model-dir", str(tmp_path / "run"), "--set", "task.name=toy_reads_counts",
+        "--set", "trainer.train_steps=2", "--set", "trainer.steps_per_loop=1",
+        "--set", "trainer.eval_every=2"])
+  assert train.returncode == 2, train.stdout + train.stderr
+  assert "tpu-models train: error: counts.npy does not exist: run `count` first." in train.stderr
+  assert "Traceback" not in train.stderr

@@ -30,7 +30,7 @@ from typing import List
 import tensorflow as tf
 
 from tpu_models import config as config_lib
-from tpu_models.errors import ConfigError, DataError
+from tpu_models.errors import ConfigError, DataError, user_error_behind
 from tpu_models.task import DataReporter
 from tpu_models.training.trainer import Trainer
 
@@ -110,14 +110,33 @@ def check_config(config: config_lib.ExperimentConfig, per_replica_batch: int = 2
         _check_graph(graph, report)
         compiled(batch)
         report.compiled.append(split)
-      except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError,
-              tf.errors.InternalError, ValueError, TypeError) as e:
-        report.add("error", "xla_compile", _summarize_xla_error(str(e), split))
+      except Exception as e:  # pylint: disable=broad-except
+        missing = user_error_behind(e)
+        if isinstance(missing, (FileNotFoundError, DataError)):
+          # Data the step itself reads while it is traced (a file, counts over a split).
+          _step_not_checked(report, split, missing)
+        elif isinstance(e, (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError,
+                            tf.errors.InternalError, ValueError, TypeError)):
+          report.add("error", "xla_compile", _summarize_xla_error(str(e), split))
+        else:
+          raise
     if isinstance(trainer.task, DataReporter):
       for severity, message in trainer.task.data_report():
         report.add(severity, "data", message)
     trainer.close()
   return report
+
+
+def _step_not_checked(report: CheckReport, split: str, missing: Exception) -> None:
+  """The `split` step reads data that is not on this machine: as for missing inputs, the train
+  step unchecked is an error, the eval step a warning (and no longer required)."""
+  if split == "train":
+    report.add("error", "input", f"the train step reads data that is not here ({missing}): "
+               f"it was not checked.")
+    return
+  report.required.remove(split)
+  report.add("warning", "input", f"the {split} step reads data that is not here ({missing}): "
+             f"it was not checked.")
 
 
 def _data_fields(task_config) -> List[str]:
