@@ -286,8 +286,9 @@ def main(argv: Optional[List[str]] = None) -> int:
   args = _parser().parse_args(argv)
   # Environment variables only before TensorFlow starts (startup.py says why); a command's
   # own (`environ` of its parser) too, e.g. the sweep driver's Ray Tune settings.
+  environ = getattr(args, "environ", {})
   startup.set_defaults_before_tensorflow(
-      {"TF_CPP_MIN_LOG_LEVEL": "2", **getattr(args, "environ", {})})
+      {"TF_CPP_MIN_LOG_LEVEL": "2", **(environ(args) if callable(environ) else environ)})
   if getattr(args, "onednn_default", True):
     from tpu_models import onednn
     onednn.default_on()  # Before TensorFlow is imported, which reads it once.

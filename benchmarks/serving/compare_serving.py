@@ -248,6 +248,61 @@ def _load(target: tuple, concurrency: int, seconds: float) -> dict:
           "p99_ms": 1000 * float(np.percentile(latencies, 99)) if latencies else None}
 
 
+_WRK_SCRIPT = """
+local f = assert(io.open(%(body)s, "rb"))
+wrk.method = "POST"
+wrk.body = f:read("*a")
+f:close()
+%(headers)s
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("WRK_SUMMARY %%d %%d %%d %%d %%d %%d %%d\\n", summary.requests,
+    summary.duration, e.connect, e.read, e.write, e.status, e.timeout))
+  for i = 1, #latency do
+    local value, count = latency(i)
+    io.write(string.format("WRK_LATENCY %%d %%d\\n", value, count))
+  end
+end
+"""
+
+
+def _load_wrk(target: tuple, concurrency: int, seconds: float) -> dict:
+  """As `_load`, with `wrk` (C, one thread, event-driven: a small share of a core where the
+  Python clients take much of one) holding `concurrency` connections, each request bounded
+  at 60 s. Latencies come from wrk's histogram (microseconds); an error is a connect, read,
+  write or timeout error or a non-2xx answer."""
+  url, body, headers = target
+  with tempfile.TemporaryDirectory(prefix="wrk") as tmp:
+    body_path, script_path = os.path.join(tmp, "body"), os.path.join(tmp, "request.lua")
+    with open(body_path, "wb") as f:
+      f.write(body)
+    lua_headers = "\n".join(f'wrk.headers["{k}"] = "{v}"' for k, v in headers.items())
+    with open(script_path, "w") as f:
+      f.write(_WRK_SCRIPT % {"body": json.dumps(body_path), "headers": lua_headers})
+    command = ["wrk", "-t1", f"-c{concurrency}", f"-d{max(1, round(seconds))}s",
+               "--timeout", "60s", "-s", script_path, url]
+    out = subprocess.run(command, capture_output=True, text=True, check=True,
+                         timeout=seconds + 120).stdout
+  latencies, summary = [], None
+  for line in out.splitlines():
+    if line.startswith("WRK_LATENCY "):
+      value, count = map(int, line.split()[1:])
+      latencies += [value / 1e6] * count
+    elif line.startswith("WRK_SUMMARY "):
+      summary = list(map(int, line.split()[1:]))
+  if summary is None:
+    raise RuntimeError(f"wrk printed no summary: {out[-2000:]}")
+  requests, duration_us, *error_counts = summary
+  errors, answered = sum(error_counts), requests - error_counts[3]  # [3]: non-2xx answers.
+  elapsed = duration_us / 1e6
+  return {"requests_per_s": answered / elapsed, "errors": errors,
+          "first_error": (f"wrk errors connect/read/write/status/timeout {error_counts}"
+                          if errors else None),
+          "elapsed_s": elapsed, "latencies": latencies,
+          "p50_ms": 1000 * float(np.percentile(latencies, 50)) if latencies else None,
+          "p99_ms": 1000 * float(np.percentile(latencies, 99)) if latencies else None}
+
+
 def _combine(runs: list) -> dict:
   """One figure of several `_load` runs: answers over their summed time, pooled latencies."""
   latencies = [x for run in runs for x in run["latencies"]]
@@ -276,6 +331,14 @@ def main() -> int:
                       help="what our server is sent (the peer always gets v2)")
   parser.add_argument("--rounds", type=int, default=2, help="each level is measured this many "
                       "times per side (--seconds split among them), the sides in turn")
+  parser.add_argument("--load-generator", choices=("python", "wrk"), default="python",
+                      help="python: C threads of `requests` (portable); wrk: `wrk -t1 -cC` "
+                      "(apt-get install wrk), which leaves the server most of the CPU")
+  parser.add_argument("--ingress", choices=("proxy", "haproxy"), default="proxy",
+                      help="`tpu-models serve --ingress` of the batched and unbatched sides")
+  parser.add_argument("--with-proxy", action="store_true",
+                      help="with --ingress haproxy: also the batched server on Ray Serve's "
+                      "Python proxy (side batched_proxy)")
   parser.add_argument("--kserve-python", help="the Python of the KServe venv "
                       "(benchmarks/serving/setup_kserve_venv.sh): measures the peer too")
   args = parser.parse_args()
@@ -290,11 +353,19 @@ def main() -> int:
   report = {"cpu": cpu(), "config": args.config, "picture": args.picture,
             "picture_bytes": len(png), "protocol": args.protocol, "rounds": args.rounds,
             "in_process": _in_process(base, png, args.seconds)}
-  sides = [("batched", lambda: serve(base, ["--max-batch-size", "32",
-                                             "--batch-timeout-ms", "5"]), args.protocol),
-           ("unbatched", lambda: serve(base, ["--max-batch-size", "1"]), args.protocol)]
+  ingress = ["--ingress", args.ingress]
+  sides = [("batched", lambda: serve(base, ["--max-batch-size", "32", "--batch-timeout-ms", "5",
+                                            *ingress]), args.protocol),
+           ("unbatched", lambda: serve(base, ["--max-batch-size", "1", *ingress]), args.protocol)]
+  if args.ingress == "haproxy" and args.with_proxy:
+    sides.append(("batched_proxy", lambda: serve(base, ["--max-batch-size", "32",
+                                                        "--batch-timeout-ms", "5"]),
+                  args.protocol))
   if args.kserve_python:
     sides.append(("kserve", lambda: _serve_kserve(args.kserve_python, base), "v2-json"))
+  load = _load_wrk if args.load_generator == "wrk" else _load
+  report["load_generator"] = args.load_generator
+  report["ingress"] = args.ingress
   servers, targets = [], {}
   try:
     for side, start, protocol in sides:  # All up at once: the sides alternate below.
@@ -307,7 +378,7 @@ def main() -> int:
       for r in range(args.rounds):
         turn = (i + r) % len(sides)
         for side in list(targets)[turn:] + list(targets)[:turn]:
-          runs[side][c].append(_load(targets[side], c, args.seconds / args.rounds))
+          runs[side][c].append(load(targets[side], c, args.seconds / args.rounds))
     for side in targets:
       report[side] = {c: _combine(runs[side][c]) for c in levels}
   finally:
@@ -325,9 +396,10 @@ def print_report(report: dict, levels) -> None:
   in_process = {int(b): v for b, v in report["in_process"].items()}
   after = {int(b): v for b, v in report.get("in_process_after", {}).items()}
   ceiling = max(v["images_per_s"] for v in [*in_process.values(), *after.values()])
-  sides = [s for s in ("batched", "unbatched", "kserve") if s in report]
+  sides = [s for s in ("batched", "unbatched", "batched_proxy", "kserve") if s in report]
   print(f"\n{report['cpu']}; {report['config']}, {report['picture_bytes']} bytes per picture "
-        f"({report['protocol']} to ours, v2 JSON with base64 text to the peer)\n")
+        f"({report['protocol']} to ours, v2 JSON with base64 text to the peer; load generator "
+        f"{report.get('load_generator', 'python')}; ingress {report.get('ingress', 'proxy')})\n")
   print(f"In-process ceiling: {ceiling:.1f} images/s (the higher of before and after the "
         f"servers: " + ", ".join(f"batch {b} {in_process[b]['images_per_s']:.1f}"
                                   + (f" / {after[b]['images_per_s']:.1f}" if after else "")

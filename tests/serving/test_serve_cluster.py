@@ -50,7 +50,8 @@ def test_replicas_on_both_nodes_of_a_two_node_cluster_answer_through_one_endpoin
     with serve(base, "--name", "fm", "--address", address, "--replicas", "2",
                "--replica-cpus", "1") as server:
       # /v2/health/ready answers once one replica is up; serve.run returns with both.
-      ready = wait_for(lambda: server.lines("Ray node(s))."), 120, "serve.run's ready line")
+      ready = wait_for(lambda: server.lines("tpu-models serve: ready in"), 120,
+                       "serve.run's ready line")
       assert "2 replica(s)" in ready[0] and "2 Ray node(s)" in ready[0], ready
       pixels = tiny_exports.band_picture(1, 5)[None].tolist()
       for _ in range(8):

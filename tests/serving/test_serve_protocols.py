@@ -10,8 +10,10 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -57,16 +59,18 @@ def exports(tmp_path_factory, corpus):  # pylint: disable=redefined-outer-name
   return root, bases
 
 
-@pytest.fixture(scope="module")
-def served(exports):  # pylint: disable=redefined-outer-name
-  """(Server of the three models, session sending the token, version 1 of NAME loaded here)."""
+@pytest.fixture(scope="module", params=["proxy", "haproxy"])
+def served(request, exports):  # pylint: disable=redefined-outer-name
+  """(Server of the three models, session sending the token, version 1 of NAME loaded here):
+  every test runs against both ingresses, Ray Serve's Python proxy and its HAProxy ingress."""
   root, bases = exports
   token_file = os.path.join(root, "token")
   with open(token_file, "w") as f:
     f.write(TOKEN + "\n")
   os.chmod(token_file, 0o600)
   with serve(*(f"{name}={base}" for name, base in bases.items()), "--auth-token-file",
-             token_file, "--max-body-bytes", str(MAX_BODY), "--batch-timeout-ms", "20") as server:
+             token_file, "--max-body-bytes", str(MAX_BODY), "--batch-timeout-ms", "20",
+             "--ingress", request.param) as server:
     session = requests.Session()
     session.headers["Authorization"] = f"Bearer {TOKEN}"
     yield server, session, tf.saved_model.load(os.path.join(bases[NAME], "1"))
@@ -437,3 +441,55 @@ def test_serve_without_ray_serve_names_the_extra_and_exits_2(tmp_path):
                         env={**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "3"})
   assert done.returncode == 2, done.stderr
   assert "pip install 'tpu-models[serve]'" in done.stderr.strip().splitlines()[-1]
+
+
+def _haproxy_folders() -> set:
+  return {name for name in os.listdir("/tmp") if name.startswith("hap")}
+
+
+def _processes_naming(text: str) -> list:
+  found = []
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      with open(f"/proc/{pid}/cmdline", "rb") as f:
+        if text.encode() in f.read():
+          found.append(int(pid))
+    except OSError:
+      pass
+  return found
+
+
+def test_the_ingress_is_the_one_asked_for(served, request):
+  server, _, _ = served
+  (ready,) = server.lines("ready in")
+  if request.node.callspec.params["served"] == "haproxy":
+    assert "HAProxy ingress; its stats page :" in ready, ready
+  else:
+    assert "Ray Serve's proxy" in ready, ready
+
+
+def test_the_haproxy_ingress_stops_clean_and_is_refused_on_a_cluster(exports):
+  """SIGTERM: exit 0 within seconds (each replica drains its own HTTP server 1 s, not Ray's
+  30 s), no HAProxy left, its folder gone. With --address: one line, exit 2, nothing made."""
+  _, bases = exports
+  before = _haproxy_folders()
+  with serve(f"{NAME}={bases[NAME]}", "--ingress", "haproxy") as server:
+    (folder,) = _haproxy_folders() - before
+    assert _processes_naming(f"/tmp/{folder}/"), "no HAProxy runs from the server's folder"
+    answer = requests.get(f"{server.url}/v1/models/{NAME}", timeout=30)
+    assert answer.json()["model_version_status"][0]["state"] == "AVAILABLE"
+    started = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    assert server.process.wait(60) == 0, server.log()[-3000:]
+    stopped_in = time.monotonic() - started
+  assert stopped_in < 30, f"stopping took {stopped_in:.0f} s"
+  assert not _processes_naming(f"/tmp/{folder}/")
+  assert not os.path.exists(f"/tmp/{folder}")
+  done = subprocess.run(
+      [sys.executable, "-m", "tpu_models.cli", "serve", bases[NAME], "--ingress", "haproxy",
+       "--address", "auto"], capture_output=True, text=True, timeout=120,
+      env={**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  assert done.returncode == 2, done.stderr
+  assert "--ingress haproxy needs the Ray this command starts" in \
+      done.stderr.strip().splitlines()[-1]
+  assert _haproxy_folders() - before == set()

@@ -2,8 +2,12 @@
 parser before TensorFlow, Ray or Serve are imported)."""
 
 import argparse
+import math
 import os
 import re
+import socket
+import tempfile
+from typing import Dict
 
 DEFAULT_PORT = 8501  # TF Serving's REST port.
 
@@ -52,6 +56,65 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="Ray Serve's end-to-end timeout of one request (default 60)")
   parser.add_argument("--num-cpus", type=int, default=None,
                       help="without --address: CPUs of the local Ray (default: all)")
+  parser.add_argument("--ingress", choices=("proxy", "haproxy"), default="proxy",
+                      help="what takes the HTTP requests: Ray Serve's Python proxy (default), "
+                           "or its HAProxy ingress (each replica serves HTTP itself behind "
+                           "HAProxy: ~3x the requests/s on a small machine; HAProxy's stats "
+                           "page and Prometheus exporter then also listen on every interface, "
+                           "on ports printed at start). Not with --address")
+  parser.set_defaults(environ=ray_environment)
+
+
+# Ray Serve's own throughput settings (the set its RAY_SERVE_THROUGHPUT_OPTIMIZED turns on,
+# direct ingress aside). User code and the router run on their process's event loop, not on
+# a thread of their own (a hop per request); access-log lines are buffered rather than
+# flushed per request; the proxy reaches replicas over gRPC; the garbage collector skips
+# what existed at start-up. Measured in benchmarks/README.md ("Serving").
+RAY_SERVE_SETTINGS = {
+    "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+    "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
+    "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1000",
+    "RAY_SERVE_USE_GRPC_BY_DEFAULT": "1",
+    "RAY_SERVE_FREEZE_GC_ON_STARTUP": "1",
+}
+
+
+def ray_environment(args) -> Dict[str, str]:
+  """The environment Ray's processes start with (set in this process before TensorFlow and
+  Ray are imported; a variable the user set wins): RAY_SERVE_SETTINGS, and for `--ingress
+  haproxy` Ray Serve's HAProxy ingress with ports and files of this server's own (Ray's
+  defaults are fixed ports and /tmp paths every server on the machine would share).
+  Records `args.haproxy_dir` and `args.haproxy_ports` for the server's messages and clean-up.
+  """
+  environ = dict(RAY_SERVE_SETTINGS)
+  args.haproxy_dir, args.haproxy_ports = None, {}
+  if getattr(args, "ingress", "proxy") != "haproxy" or args.address:
+    return environ  # serve() refuses haproxy with --address (the cluster's Ray is set up).
+  # Short: Ray adds a 57-character folder, and a socket's path may have 97 at most.
+  folder = tempfile.mkdtemp(prefix="hap", dir="/tmp")
+  ports = {"stats": _free_port(), "metrics": _free_port(), "fallback": _free_port()}
+  args.haproxy_dir, args.haproxy_ports = folder, ports
+  environ.update({
+      "RAY_SERVE_ENABLE_HA_PROXY": "1",
+      # Stopping drains each replica's own HTTP server this long (Ray's default 30 s).
+      "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "1",
+      "RAY_SERVE_HAPROXY_TIMEOUT_SERVER_S": str(math.ceil(args.request_timeout_s)),
+      "RAY_SERVE_HAPROXY_STATS_PORT": str(ports["stats"]),
+      "RAY_SERVE_HAPROXY_METRICS_PORT": str(ports["metrics"]),
+      "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(ports["fallback"]),
+      "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": os.path.join(folder, "haproxy.cfg"),
+      "RAY_SERVE_HAPROXY_SOCKET_PATH": os.path.join(folder, "admin.sock"),
+      "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": folder,
+      "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": os.path.join(folder, "server-state"),
+      "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": os.path.join(folder, "metrics.sock"),
+  })
+  return environ
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
 
 
 def models_of(args) -> dict:

