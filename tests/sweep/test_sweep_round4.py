@@ -1,6 +1,7 @@
 """Sweep faults of reliability round 4 (docs/reliability.md, the sweeps table S7-): each on a
 real `tpu-models sweep` process with its own local Ray (sweep_helpers.ray_sandbox)."""
 
+import contextlib
 import ipaddress
 import os
 import signal
@@ -112,10 +113,59 @@ def test_sigterm_to_the_driver_stops_the_sweep_in_one_line_with_143_and_it_resum
     wait_for(lambda: not [p for p in sandbox_processes(ray_tmp) if p.is_running()
                           and p.status() != psutil.STATUS_ZOMBIE], 60, "Ray's processes to end")
     resumed = run_sweep(ray_tmp, *args)
+  assert _train_steps_after_resuming(resumed, directory) == [[10, 20, 30, 40]] * 2
+
+
+def _kill_ray_core_and_expect_one_line(ray_tmp, directory, args, log, name):
+  driver = start_sweep(ray_tmp, *args, log_path=log)
+
+  def core_with_a_trial_running():  # This driver's: an earlier one's trial records "running".
+    names = {}
+    for process in sandbox_processes(ray_tmp):
+      with contextlib.suppress(psutil.Error):
+        names[process.name()] = process
+    return any(n.startswith("ray::ImplicitFunc") for n in names) and names.get(name)
+
+  core = wait_for(core_with_a_trial_running, 240, f"{name} and a trial's worker",
+                  process=driver, log_path=log)
+  core.kill()
+  assert driver.wait(timeout=60) == 1, open(log).read()[-3000:]
+  output = open(log).read()
+  ours = [l for l in output.splitlines() if l.startswith("tpu-models sweep")]
+  assert ours == [f"tpu-models sweep: error: Ray's {name} (pid {core.pid}) ended mid-sweep, and "
+                  f"the sweep cannot go on without it. The trials' checkpoints and Tune's state "
+                  f"are in {directory}: run the same command again to resume."], output[-3000:]
+  assert output.rstrip().splitlines()[-1] == ours[0]
+  # The agents and the trial's worker (a dead raylet's children are no longer the driver's
+  # descendants) are ended with it.
+  wait_for(lambda: not [p for p in sandbox_processes(ray_tmp) if p.is_running()
+                        and p.status() != psutil.STATUS_ZOMBIE], 30, "Ray's processes to end")
+
+
+def test_a_killed_raylet_or_gcs_ends_the_sweep_in_one_line_and_it_resumes(tmp_path):
+  """Before: a killed GCS server left the driver silent for 60 s, then exit 1 with a line of
+  Ray's C++; a killed raylet, ~50 lines of Ray's logs and no line of ours; both left the
+  agents or the trial's worker running. Now the driver watches its local Ray's GCS and
+  raylet: one line of ours within seconds, exit 1, nothing left, and the same command
+  resumes (here twice: the raylet killed, then the GCS, then to the end)."""
+  directory = str(tmp_path / "sweep")
+  args = two_trials_one_at_a_time(directory, 0.2)
+  with ray_sandbox() as ray_tmp:
+    _kill_ray_core_and_expect_one_line(ray_tmp, directory, args, str(tmp_path / "1.log"),
+                                       "raylet")
+    _kill_ray_core_and_expect_one_line(ray_tmp, directory, args, str(tmp_path / "2.log"),
+                                       "gcs_server")
+    resumed = run_sweep(ray_tmp, *args)
+  for steps in _train_steps_after_resuming(resumed, directory):
+    assert steps == sorted(set(steps)) and steps[-1] == 40, steps
+
+
+def _train_steps_after_resuming(resumed, directory) -> list:
+  """Each trial's train steps in metrics.jsonl, once `resumed` (the same command again) has
+  resumed the sweep and ended with both trials done."""
   assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
   assert "Resuming the sweep" in resumed.stdout
   records = trial_records(directory)
   assert sorted(r["state"] for r in records.values()) == ["done"] * 2, records
-  for record in records.values():
-    steps = [r["step"] for r in metric_rows(record["model_dir"]) if r["split"] == "train"]
-    assert steps == [10, 20, 30, 40], steps
+  return [[r["step"] for r in metric_rows(record["model_dir"]) if r["split"] == "train"]
+          for record in records.values()]

@@ -87,7 +87,9 @@ def run_sweep(sweep: spec_lib.Sweep, *, address: Optional[str] = None,
         tuner = _new_tuner(sweep, trainable, progress_every)
       recorded = (contextlib.nullcontext() if address
                   else local_ray.recorded(directory, ray_start))
-      with _stop_on_sigterm() as stop, recorded:
+      watched = (contextlib.nullcontext() if address else local_ray.watched_core(
+          ray_start, lambda name, pid: _local_ray_lost(directory, ray_start, name, pid)))
+      with _stop_on_sigterm() as stop, recorded, watched:
         tuner.fit()
     finally:
       local = None if address else local_ray.processes_since(ray_start)
@@ -109,6 +111,22 @@ def run_sweep(sweep: spec_lib.Sweep, *, address: Optional[str] = None,
     return run
   finally:
     lock.release()
+
+
+def _local_ray_lost(directory: str, ray_start: float, name: str, pid: int) -> None:
+  """The local Ray's GCS or raylet ended mid-sweep (killed, OOM): one line of ours, the local
+  Ray's other processes (agents, the trials' workers) ended, exit 1. Tune keeps its state in
+  the sweep directory as it goes, so the same command resumes."""
+  sys.stdout.flush()
+  print(f"tpu-models sweep: error: Ray's {name} (pid {pid}) ended mid-sweep, and the sweep "
+        f"cannot go on without it. The trials' checkpoints and Tune's state are in {directory}: "
+        f"run the same command again to resume.", file=sys.stderr, flush=True)
+  # A dead raylet's workers are no longer this process's descendants: the recorded list has them.
+  processes = {p.pid: p for p in local_ray.processes_since(ray_start)}
+  processes.update((p.pid, p) for p in local_ray.listed_alive(directory)[1])
+  local_ray.end_processes(list(processes.values()), grace_seconds=3)
+  local_ray.forget(directory)
+  os._exit(1)  # Not sys.exit: this is the watcher's thread, and Ray's would hang in teardown.
 
 
 class SweepStopped(Exception):

@@ -14,7 +14,7 @@ import json
 import os
 import socket
 import threading
-from typing import Callable, Iterator, List
+from typing import Callable, Iterator, List, Tuple
 
 import psutil
 
@@ -65,10 +65,9 @@ def _write(directory: str, processes: List[psutil.Process]) -> None:
 def recorded(directory: str, since: float) -> Iterator[None]:
   """While the block runs, DIRECTORY/LEFT_FILE lists the local Ray's processes started since
   `since` (refreshed every REFRESH_SECONDS: trial workers come and go); removed after it."""
-  stop = threading.Event()
   known = {}  # pid -> psutil.Process: the ones that ended stay listed (checked by start time).
 
-  def refresh():
+  def refresh(stop: threading.Event):
     while True:
       new = [p for p in processes_since(since) if p.pid not in known]
       if new:
@@ -77,13 +76,59 @@ def recorded(directory: str, since: float) -> Iterator[None]:
       if stop.wait(REFRESH_SECONDS):
         return
 
-  watcher = threading.Thread(target=refresh, name="local-ray-record", daemon=True)
-  watcher.start()
+  with _in_background("local-ray-record", refresh):
+    yield
+
+
+CORE = ("gcs_server", "raylet")  # Without either, a local Ray cannot go on.
+WATCH_SECONDS = 0.5
+
+
+@contextlib.contextmanager
+def watched_core(since: float, on_lost: Callable[[str, int], None]) -> Iterator[None]:
+  """While the block runs, `on_lost(name, pid)` is called (on a thread of its own) as soon as
+  the local Ray's GCS server or raylet started since `since` has ended. Ray's own reaction is
+  slow and wordy: its core worker waits 60 s for a lost GCS, then exits 1 with a line of
+  C++; a lost raylet ends the driver ~13 s later amid ~50 lines of Ray's logs, with no
+  chance for the driver to say anything or end the trials' workers."""
+  core = [p for p in processes_since(since) if _name(p) in CORE]
+
+  def watch(stop: threading.Event):
+    while not stop.wait(WATCH_SECONDS):
+      for process in core:
+        if not _alive(process):
+          on_lost(_name(process) or "process", process.pid)
+          return
+
+  with _in_background("local-ray-core", watch):  # Stopped before ray.shutdown ends the core.
+    yield
+
+
+@contextlib.contextmanager
+def _in_background(name: str, body: Callable[[threading.Event], None]) -> Iterator[None]:
+  """`body(stop)` on a daemon thread while the block runs; `stop` is set when it ends."""
+  stop = threading.Event()
+  thread = threading.Thread(target=body, args=(stop,), name=name, daemon=True)
+  thread.start()
   try:
     yield
   finally:
     stop.set()
-    watcher.join(timeout=10)
+    thread.join(timeout=10)
+
+
+def _name(process: psutil.Process) -> str:
+  try:
+    return process.name()
+  except psutil.Error:
+    return ""
+
+
+def _alive(process: psutil.Process) -> bool:
+  try:
+    return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+  except psutil.Error:
+    return False
 
 
 def forget(directory: str) -> None:
@@ -92,20 +137,18 @@ def forget(directory: str) -> None:
     os.remove(os.path.join(directory, LEFT_FILE))
 
 
-def end_left_over(directory: str, say: Callable[[str], None]) -> List[str]:
-  """Ends the processes of an earlier driver's local Ray that are still alive (the driver was
-  killed before it could), says so in one line, and removes the list; the names ended."""
-  path = os.path.join(directory, LEFT_FILE)
+def listed_alive(directory: str) -> Tuple[dict, List[psutil.Process]]:
+  """(DIRECTORY/LEFT_FILE's record, its processes still alive: the same pid and start time);
+  nothing for a list of another machine's processes (a shared folder)."""
   try:
-    with open(path) as f:
+    with open(os.path.join(directory, LEFT_FILE)) as f:
       record = json.load(f)
   except FileNotFoundError:
-    return []
-  except ValueError:  # Cut short by the kill: nothing usable.
-    forget(directory)
-    return []
+    return {}, []
+  except ValueError:  # Cut short by a kill: nothing usable.
+    return {}, []
   if record.get("host") != socket.gethostname():
-    return []  # Another machine's processes (a shared folder): not ours to end.
+    return record, []
   alive = []
   for entry in record.get("processes", []):
     with contextlib.suppress(psutil.Error, KeyError, TypeError):
@@ -113,6 +156,15 @@ def end_left_over(directory: str, say: Callable[[str], None]) -> List[str]:
       if abs(process.create_time() - entry["started"]) < 0.5 and (
           process.status() != psutil.STATUS_ZOMBIE):
         alive.append(process)
+  return record, alive
+
+
+def end_left_over(directory: str, say: Callable[[str], None]) -> List[str]:
+  """Ends the processes of an earlier driver's local Ray that are still alive (the driver was
+  killed before it could), says so in one line, and removes the list; the names ended."""
+  record, alive = listed_alive(directory)
+  if record.get("host", socket.gethostname()) != socket.gethostname():
+    return []  # Another machine's processes (a shared folder): not ours to end.
   names = []
   for process in alive:
     with contextlib.suppress(psutil.Error):
