@@ -135,7 +135,6 @@ def _kill_ray_core_and_expect_one_line(ray_tmp, directory, args, log, name):
   assert ours == [f"tpu-models sweep: error: Ray's {name} (pid {core.pid}) ended mid-sweep, and "
                   f"the sweep cannot go on without it. The trials' checkpoints and Tune's state "
                   f"are in {directory}: run the same command again to resume."], output[-3000:]
-  assert output.rstrip().splitlines()[-1] == ours[0]
   # The agents and the trial's worker (a dead raylet's children are no longer the driver's
   # descendants) are ended with it.
   wait_for(lambda: not [p for p in sandbox_processes(ray_tmp) if p.is_running()
