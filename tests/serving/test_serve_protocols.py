@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(
 
 import browser  # noqa: E402
 import tiny_exports  # noqa: E402
-from serve_process import REPO, serve  # noqa: E402
+from serve_process import REPO, serve, wait_for  # noqa: E402
 from helpers.translation import corpus, make_config  # noqa: E402,F401  pylint: disable=unused-import
 from tpu_models import export  # noqa: E402
 from tpu_models.serving import repository  # noqa: E402
@@ -461,7 +461,8 @@ def _processes_naming(text: str) -> list:
 
 def test_the_ingress_is_the_one_asked_for(served, request):
   server, _, _ = served
-  (ready,) = server.lines("ready in")
+  # /v2/health/ready answers once the replica is up, a moment before serve.run returns.
+  (ready,) = wait_for(lambda: server.lines("tpu-models serve: ready in"), 60, "the ready line")
   if request.node.callspec.params["served"] == "haproxy":
     assert "HAProxy ingress; its stats page :" in ready, ready
   else:

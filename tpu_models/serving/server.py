@@ -101,7 +101,9 @@ def _serve(models: Dict[str, str], args) -> int:
 
 
 def _ingress_text(args) -> str:
-  if not getattr(args, "haproxy_dir", None):
+  # The environment says what Ray's processes got (command.ray_environment sets it only
+  # before TensorFlow starts: not in a process that already runs it).
+  if not getattr(args, "haproxy_dir", None) or os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") != "1":
     return "Ray Serve's proxy"
   ports = args.haproxy_ports
   return (f"HAProxy ingress; its stats page :{ports['stats']}/stats and Prometheus exporter "
