@@ -4,6 +4,7 @@ with a bearer token and a small body cap. Answers are compared with the same exp
 called in this process; the page at GET / is driven in a headless Chromium (skipped, naming
 why, where Chromium or its driver is not installed)."""
 
+import argparse
 import base64
 import concurrent.futures
 import importlib.util
@@ -443,8 +444,10 @@ def test_serve_without_ray_serve_names_the_extra_and_exits_2(tmp_path):
   assert "pip install 'tpu-models[serve]'" in done.stderr.strip().splitlines()[-1]
 
 
-def _haproxy_folders() -> set:
-  return {name for name in os.listdir("/tmp") if name.startswith("hap")}
+def _haproxy_folders(url: str) -> list:
+  """The HAProxy folders of the server at `url` (command.ray_environment names them by port)."""
+  port = url.rsplit(":", 1)[1]
+  return [name for name in os.listdir("/tmp") if name.startswith(f"hap{port}_")]
 
 
 def _processes_naming(text: str) -> list:
@@ -473,9 +476,8 @@ def test_the_haproxy_ingress_stops_clean_and_is_refused_on_a_cluster(exports):
   """SIGTERM: exit 0 within seconds (each replica drains its own HTTP server 1 s, not Ray's
   30 s), no HAProxy left, its folder gone. With --address: one line, exit 2, nothing made."""
   _, bases = exports
-  before = _haproxy_folders()
   with serve(f"{NAME}={bases[NAME]}", "--ingress", "haproxy") as server:
-    (folder,) = _haproxy_folders() - before
+    (folder,) = _haproxy_folders(server.url)
     assert _processes_naming(f"/tmp/{folder}/"), "no HAProxy runs from the server's folder"
     answer = requests.get(f"{server.url}/v1/models/{NAME}", timeout=30)
     assert answer.json()["model_version_status"][0]["state"] == "AVAILABLE"
@@ -493,4 +495,25 @@ def test_the_haproxy_ingress_stops_clean_and_is_refused_on_a_cluster(exports):
   assert done.returncode == 2, done.stderr
   assert "--ingress haproxy needs the Ray this command starts" in \
       done.stderr.strip().splitlines()[-1]
-  assert _haproxy_folders() - before == set()
+
+
+def test_ray_environment_makes_no_haproxy_folder_unless_asked_and_local():
+  from tpu_models.serving import command  # pylint: disable=g-import-not-at-top
+  for ingress, address in (("proxy", None), ("haproxy", "auto")):
+    args = argparse.Namespace(ingress=ingress, address=address, port=8501,
+                              request_timeout_s=60.0)
+    environ = command.ray_environment(args)
+    assert environ == command.RAY_SERVE_SETTINGS and args.haproxy_dir is None
+  args = argparse.Namespace(ingress="haproxy", address=None, port=8501, request_timeout_s=7.5)
+  environ = command.ray_environment(args)
+  try:
+    assert os.path.basename(args.haproxy_dir).startswith("hap8501_")
+    assert environ["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+    assert environ["RAY_SERVE_HAPROXY_TIMEOUT_SERVER_S"] == "8"
+    ports = {environ[f"RAY_SERVE_{key}"] for key in (
+        "HAPROXY_STATS_PORT", "HAPROXY_METRICS_PORT", "FALLBACK_PROXY_HTTP_PORT")}
+    assert len(ports) == 3 and "8404" not in ports and "9101" not in ports
+    assert all(v.startswith(args.haproxy_dir) for k, v in environ.items()
+               if k.endswith(("_LOC", "_PATH", "_BASE", "_FILE")))
+  finally:
+    os.rmdir(args.haproxy_dir)

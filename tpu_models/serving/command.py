@@ -90,8 +90,9 @@ def ray_environment(args) -> Dict[str, str]:
   args.haproxy_dir, args.haproxy_ports = None, {}
   if getattr(args, "ingress", "proxy") != "haproxy" or args.address:
     return environ  # serve() refuses haproxy with --address (the cluster's Ray is set up).
-  # Short: Ray adds a 57-character folder, and a socket's path may have 97 at most.
-  folder = tempfile.mkdtemp(prefix="hap", dir="/tmp")
+  # Named by the port (whose server it is); short: Ray adds a 57-character folder, and a
+  # socket's path may have 97 at most.
+  folder = tempfile.mkdtemp(prefix=f"hap{args.port}_", dir="/tmp")
   ports = {"stats": _free_port(), "metrics": _free_port(), "fallback": _free_port()}
   args.haproxy_dir, args.haproxy_ports = folder, ports
   environ.update({
