@@ -65,16 +65,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.set_defaults(environ=ray_environment)
 
 
-# Ray Serve's own throughput settings (the set its RAY_SERVE_THROUGHPUT_OPTIMIZED turns on,
-# direct ingress aside). User code and the router run on their process's event loop, not on
-# a thread of their own (a hop per request); access-log lines are buffered rather than
-# flushed per request; the proxy reaches replicas over gRPC; the garbage collector skips
-# what existed at start-up. Measured in benchmarks/README.md ("Serving").
+# Ray Serve's own throughput settings (most of the set its RAY_SERVE_THROUGHPUT_OPTIMIZED
+# turns on). User code and the router run on their process's event loop, not on a thread of
+# their own (a hop per request); access-log lines are buffered rather than flushed per
+# request; the garbage collector skips what existed at start-up. Left out: direct ingress
+# (--ingress haproxy is that, with one endpoint) and gRPC between the proxy and the replicas
+# (RAY_SERVE_USE_GRPC_BY_DEFAULT, which Ray's own constants call a testing switch).
+# Measured in benchmarks/README.md ("Serving").
 RAY_SERVE_SETTINGS = {
     "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
     "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
     "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1000",
-    "RAY_SERVE_USE_GRPC_BY_DEFAULT": "1",
     "RAY_SERVE_FREEZE_GC_ON_STARTUP": "1",
 }
 
